@@ -1,0 +1,25 @@
+# pgtenant: `make run` starts a local fleet and the daemon; `make test` runs
+# every test against real PostgreSQL servers the tests start themselves.
+GO        ?= go
+BIN       := bin/pgtenant
+STATICCHECK_VERSION := v0.8.2
+
+.PHONY: build run test test-short lint bench
+
+build:
+	$(GO) build -o $(BIN) ./cmd/pgtenant
+
+run: build
+	./$(BIN) up
+
+# -p 2: two test packages at a time, each with its own PostgreSQL cluster(s).
+test:
+	$(GO) test -count=1 -p 2 -timeout 20m ./...
+
+test-short:
+	$(GO) test -count=1 -short -p 2 -timeout 10m ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt: $$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...

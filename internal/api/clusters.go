@@ -1,0 +1,83 @@
+package api
+
+import (
+	"net/http"
+	"regexp"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+var clusterNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,30}$`)
+
+func (s *Server) listClusters(w http.ResponseWriter, r *http.Request) error {
+	cs, err := s.Store.Clusters(r.Context())
+	if err != nil {
+		return err
+	}
+	out := make([]Cluster, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, s.clusterView(r.Context(), c))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) showCluster(w http.ResponseWriter, r *http.Request) error {
+	c, err := s.Store.GetCluster(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	d := ClusterDetail{Cluster: s.clusterView(r.Context(), c)}
+	if d.Status == "up" {
+		cl, err := s.Clusters.Get(c.Name)
+		if err != nil {
+			return err
+		}
+		info, err := cl.Info(r.Context())
+		if err != nil {
+			d.Status, d.Error = "down", err.Error()
+		} else {
+			d.Info = &info
+		}
+	}
+	writeJSON(w, http.StatusOK, d)
+	return nil
+}
+
+// addCluster registers an external cluster after checking that pgtenant can
+// reach it with the DSN given.
+func (s *Server) addCluster(w http.ResponseWriter, r *http.Request) error {
+	var req AddClusterRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if !clusterNameRE.MatchString(req.Name) {
+		return invalid("cluster name %q: use lowercase letters, digits and _, starting with a letter, at most 31 characters", req.Name)
+	}
+	if req.DSN == "" {
+		return invalid("dsn is required, e.g. postgres://admin:PASSWORD@host:5432/postgres")
+	}
+	if existing, err := s.Store.GetCluster(r.Context(), req.Name); err == nil && existing.Kind == "managed" {
+		return invalid("cluster %q is managed by pgtenant up; it cannot be replaced by an external DSN", req.Name)
+	}
+	cl, err := cluster.New(req.Name, req.DSN, req.Standbys, s.Logger)
+	if err != nil {
+		return invalid("%v", err)
+	}
+	if _, err := cl.Probe(r.Context()); err != nil {
+		cl.Close()
+		return invalid("cannot reach cluster %s with that DSN: %s", req.Name, cluster.RedactError(err, req.DSN))
+	}
+	if err := s.Store.UpsertCluster(r.Context(), catalog.Cluster{Name: req.Name, Kind: "external", DSN: req.DSN, StandbyDSNs: req.Standbys}); err != nil {
+		cl.Close()
+		return err
+	}
+	s.Clusters.Put(cl)
+	c, err := s.Store.GetCluster(r.Context(), req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, s.clusterView(r.Context(), c))
+	return nil
+}

@@ -1,0 +1,69 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+// Errors a handler returns to choose a status; everything else maps through
+// statusOf from the domain errors of the packages below.
+var (
+	ErrInvalid      = errors.New("invalid request")
+	ErrUnauthorized = errors.New("unauthorized")
+)
+
+// invalid returns a 400 error with a message naming the bad input.
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// statusOf maps domain errors to HTTP status codes and error codes. It is the
+// one place that does.
+func statusOf(err error) (int, string) {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest, "invalid"
+	case errors.Is(err, ErrUnauthorized):
+		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, cluster.ErrUnknownCluster):
+		return http.StatusNotFound, "not_found"
+	case errors.Is(err, catalog.ErrConflict):
+		return http.StatusConflict, "conflict"
+	case errors.Is(err, cluster.ErrUnavailable):
+		return http.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusGatewayTimeout, "timeout"
+	}
+	return http.StatusInternalServerError, "internal"
+}
+
+// Error is an error response as the client sees it.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Is lets callers match client errors against the same sentinels the server uses.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case catalog.ErrNotFound:
+		return e.Code == "not_found"
+	case catalog.ErrConflict:
+		return e.Code == "conflict"
+	case ErrInvalid:
+		return e.Code == "invalid"
+	case ErrUnauthorized:
+		return e.Code == "unauthorized"
+	case cluster.ErrUnavailable:
+		return e.Code == "unavailable"
+	}
+	return false
+}

@@ -1,0 +1,143 @@
+// Package api is pgtenant's HTTP JSON API (/v1, bearer token), /healthz and
+// /metrics, and the Go client the CLI and tests use. Handlers validate input
+// and call the workflow packages; they hold no business rules themselves.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+// Version is reported by /healthz.
+const Version = "0.1.0"
+
+// Deps are what the API serves.
+type Deps struct {
+	Store    *catalog.Store
+	Clusters *cluster.Registry
+	Registry *prometheus.Registry
+	Token    string
+	Logger   *slog.Logger
+	// Console, if set, is served at /.
+	Console http.Handler
+}
+
+// Server routes requests to handlers.
+type Server struct {
+	Deps
+	mux *http.ServeMux
+	log *slog.Logger
+}
+
+// NewServer builds the routes.
+func NewServer(d Deps) *Server {
+	s := &Server{Deps: d, mux: http.NewServeMux(), log: d.Logger.With("component", "api")}
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
+	s.handle("GET /v1/clusters", s.listClusters)
+	s.handle("POST /v1/clusters", s.addCluster)
+	s.handle("GET /v1/clusters/{name}", s.showCluster)
+	s.handle("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
+		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
+	})
+	if d.Console != nil {
+		s.mux.Handle("/", d.Console)
+	}
+	return s
+}
+
+// Handle registers an extra authenticated /v1 route (used by workflow packages' wiring).
+func (s *Server) Handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	s.handle(pattern, h)
+}
+
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// handle wraps a /v1 handler with token auth and error mapping.
+func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
+			writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
+			return
+		}
+		if err := h(w, r); err != nil {
+			status, _ := statusOf(err)
+			if status >= 500 {
+				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			writeError(w, err)
+		}
+	})
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && s.Token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) == 1
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	status, code := statusOf(err)
+	msg := err.Error()
+	if code == "invalid" {
+		msg = strings.TrimPrefix(msg, ErrInvalid.Error()+": ")
+	}
+	writeJSON(w, status, ErrorBody{Error: ErrorDetail{Code: code, Message: msg}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// decode reads a JSON body strictly.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 16<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return invalid("request body: %v", err)
+	}
+	return nil
+}
+
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	h := Health{Status: "ok", Catalog: "ok", Version: Version}
+	if err := s.Store.Ping(r.Context()); err != nil {
+		h.Status, h.Catalog = "degraded", err.Error()
+		writeJSON(w, http.StatusServiceUnavailable, h)
+		return
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
+// clusterView is the list row of one cluster: from the last probe when
+// fresh, else probed now.
+func (s *Server) clusterView(ctx context.Context, c catalog.Cluster) Cluster {
+	v := Cluster{Name: c.Name, Kind: c.Kind, DSN: cluster.RedactDSN(c.DSN), CreatedAt: c.CreatedAt, Standbys: []cluster.StandbyState{}, Status: "up"}
+	cl, err := s.Clusters.Get(c.Name)
+	if err == nil {
+		var h cluster.Health
+		if h, err = cl.Probe(ctx); err == nil {
+			if h.Standbys != nil {
+				v.Standbys = h.Standbys
+			}
+			return v
+		}
+	}
+	v.Status, v.Error = "down", err.Error()
+	return v
+}

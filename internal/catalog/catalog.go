@@ -1,0 +1,137 @@
+// Package catalog is pgtenant's own state in PostgreSQL: the schema (embedded
+// goose migrations), row types and queries for clusters, templates, tenants,
+// events and jobs. It does not talk to tenant clusters.
+package catalog
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+//go:embed migrations/*.sql
+var migrations embed.FS
+
+// ErrNotFound is returned when a row does not exist.
+var ErrNotFound = errors.New("not found")
+
+// ErrConflict is returned when a write conflicts with a row (duplicate name,
+// wrong state).
+var ErrConflict = errors.New("conflict")
+
+// Store is the catalog. Several daemons may share one.
+type Store struct {
+	pool *pgxpool.Pool
+	log  *slog.Logger
+}
+
+// Catalog pool size: API requests and job workers share it; each holds a
+// connection only for a short transaction.
+const poolMaxConns = 16
+
+// Open connects to the catalog, creating the database if it does not exist
+// (when the role may), and applies pending migrations under an advisory lock
+// so that daemons starting together migrate once.
+func Open(ctx context.Context, dsn string, logger *slog.Logger) (*Store, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("catalog dsn: %s", cluster.RedactError(err, dsn))
+	}
+	cfg.MaxConns = poolMaxConns
+	cfg.ConnConfig.RuntimeParams["application_name"] = "pgtenant"
+	if err := ensureDatabase(ctx, cfg.ConnConfig); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("catalog: %w", cluster.Classify(err))
+	}
+	s := &Store{pool: pool, log: logger.With("component", "catalog")}
+	if err := s.migrate(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// ensureDatabase creates the catalog database when it is missing.
+func ensureDatabase(ctx context.Context, cc *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+		return fmt.Errorf("connect to catalog: %w", cluster.Classify(err))
+	}
+	admin := cc.Copy()
+	admin.Database = "postgres"
+	conn, err = pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return fmt.Errorf("catalog database %q does not exist and cannot connect to create it: %w", cc.Database, cluster.Classify(err))
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+cluster.Ident(cc.Database)); err != nil && cluster.SQLState(err) != "42P04" {
+		return fmt.Errorf("create catalog database %q: %w", cc.Database, err)
+	}
+	return nil
+}
+
+func (s *Store) migrate(ctx context.Context) error {
+	fsys, err := fs.Sub(migrations, "migrations")
+	if err != nil {
+		return err
+	}
+	// 0x70677465 = "pgte": one catalog, one migration at a time.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(0x70677465))
+	if err != nil {
+		return err
+	}
+	db := stdlib.OpenDBFromPool(s.pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithSessionLocker(locker))
+	if err != nil {
+		return fmt.Errorf("catalog migrations: %w", err)
+	}
+	res, err := p.Up(ctx)
+	if err != nil {
+		return fmt.Errorf("apply catalog migrations: %w", err)
+	}
+	for _, r := range res {
+		s.log.Info("applied catalog migration", "version", r.Source.Version, "file", r.Source.Path)
+	}
+	return nil
+}
+
+// Pool exposes the catalog pool to packages that keep their own tables here
+// (jobs). Others use the Store's methods.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }
+
+// Close closes the pool.
+func (s *Store) Close() { s.pool.Close() }
+
+// Ping checks the catalog answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// notFound turns pgx.ErrNoRows into ErrNotFound with context.
+func notFound(err error, what string) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%s: %w", what, ErrNotFound)
+	}
+	return err
+}

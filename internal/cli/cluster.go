@@ -1,0 +1,140 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+)
+
+func newClusterCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "cluster", Short: "Register and inspect PostgreSQL clusters"}
+
+	var dsn string
+	var standbys []string
+	add := &cobra.Command{
+		Use:   "add NAME --dsn DSN",
+		Short: "Register an external cluster by the admin DSN of its primary",
+		Long: `Register an external cluster. pgtenant connects with the DSN first and refuses
+one it cannot reach. The DSN's role needs SUPERUSER (or CREATEDB and CREATEROLE).
+The password is stored in the catalog and never printed.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.AddCluster(cmd.Context(), api.AddClusterRequest{Name: args[0], DSN: dsn, Standbys: standbys})
+			if err != nil {
+				return err
+			}
+			return g.print(out, func(w io.Writer) { clusterTable(w, []api.Cluster{out}) })
+		},
+	}
+	add.Flags().StringVar(&dsn, "dsn", "", "admin DSN of the primary, e.g. postgres://admin:PASSWORD@host:5432/postgres (required)")
+	add.Flags().StringSliceVar(&standbys, "standby", nil, "DSN of a standby (repeatable); a listed standby that is not streaming counts as down")
+	_ = add.MarkFlagRequired("dsn")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List clusters with their status and standbys",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.Clusters(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return g.print(out, func(w io.Writer) { clusterTable(w, out) })
+		},
+	}
+
+	show := &cobra.Command{
+		Use:   "show NAME",
+		Short: "Show a cluster: version, standbys and lag, files, checkpoints and fleet settings",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.Cluster(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(d, func(w io.Writer) { clusterDetail(w, d) })
+		},
+	}
+	cmd.AddCommand(add, list, show)
+	return cmd
+}
+
+func clusterTable(w io.Writer, cs []api.Cluster) {
+	row(w, "NAME", "KIND", "STATUS", "STANDBYS", "DSN")
+	for _, c := range cs {
+		var sb []string
+		for _, s := range c.Standbys {
+			sb = append(sb, fmt.Sprintf("%s:%s lag=%s", s.Name, s.State, humanBytes(s.ReplayLagBytes)))
+		}
+		if len(sb) == 0 {
+			sb = []string{"-"}
+		}
+		row(w, c.Name, c.Kind, c.Status, strings.Join(sb, ", "), c.DSN)
+	}
+}
+
+func clusterDetail(w io.Writer, d api.ClusterDetail) {
+	row(w, "name", d.Name)
+	row(w, "kind", d.Kind)
+	row(w, "dsn", d.DSN)
+	row(w, "status", d.Status)
+	if d.Error != "" {
+		row(w, "error", d.Error)
+	}
+	if d.Info == nil {
+		return
+	}
+	in := d.Info
+	role := "primary"
+	if in.InRecovery {
+		role = "standby"
+	}
+	row(w, "server_version", in.ServerVersion)
+	row(w, "role", role)
+	row(w, "started", in.PostmasterStart.Format("2006-01-02 15:04:05 MST"))
+	row(w, "databases", in.Databases)
+	row(w, "relation_files", in.RelationFiles)
+	row(w, "checkpoints", fmt.Sprintf("%d timed, %d requested, in progress: %v", in.CheckpointsTimed, in.CheckpointsRequested, in.CheckpointInProgress))
+	for _, s := range in.Standbys {
+		row(w, "standby "+s.Name, fmt.Sprintf("%s, replay lag %s / %.1fs", s.State, humanBytes(s.ReplayLagBytes), s.ReplayLagSeconds))
+	}
+	if in.MissingStandbys > 0 {
+		row(w, "missing standbys", in.MissingStandbys)
+	}
+	keys := make([]string, 0, len(in.Settings))
+	for k := range in.Settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		row(w, "setting "+k, in.Settings[k])
+	}
+	for _, e := range []string{"pg_prewarm", "pg_buffercache"} {
+		st := in.Extensions[e]
+		v := "not available (install the contrib package)"
+		if st.Available {
+			v = "available"
+			if st.Installed != "" {
+				v = "installed " + st.Installed
+			}
+		}
+		row(w, "extension "+e, v)
+	}
+}

@@ -1,0 +1,83 @@
+// Package cli is pgtenant's command line: one file per command group. Client
+// commands talk to the daemon through the API client; `up` and `serve` run
+// the daemon in this process.
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+)
+
+// globals are the flags every command shares.
+type globals struct {
+	output  string // table or json
+	server  string
+	dataDir string
+	stdout  io.Writer
+	stderr  io.Writer
+}
+
+// Run executes the command line args.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	root := newRoot(stdout, stderr)
+	root.SetArgs(args)
+	return root.ExecuteContext(ctx)
+}
+
+func newRoot(stdout, stderr io.Writer) *cobra.Command {
+	g := &globals{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:   "pgtenant",
+		Short: "Multi-tenant PostgreSQL: provision, drop, upgrade and move tenants across a fleet",
+		Long: `pgtenant turns a fleet of PostgreSQL servers into a multi-tenant database service.
+Tenants are provisioned from versioned templates in milliseconds, as a database or a
+schema, and dropped, restored and upgraded without stalling the standby.
+
+Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if g.output != "table" && g.output != "json" {
+				return fmt.Errorf("--output must be table or json, not %q", g.output)
+			}
+			return nil
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	pf := root.PersistentFlags()
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", "http://127.0.0.1:8080"), "pgtenant API address (env PGTENANT_SERVER)")
+	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", ".pgtenant"), "data directory of `pgtenant up`; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset")
+
+	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g))
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// client builds the API client: token from PGTENANT_TOKEN, else DATA_DIR/token.
+func (g *globals) client() (*api.Client, error) {
+	token := os.Getenv("PGTENANT_TOKEN")
+	if token == "" {
+		b, err := os.ReadFile(filepath.Join(g.dataDir, "token"))
+		if err != nil {
+			return nil, fmt.Errorf("no API token: set PGTENANT_TOKEN (printed by `pgtenant up`) or run from the directory holding %s/token (or pass --data-dir)", g.dataDir)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return api.NewClient(g.server, token), nil
+}

@@ -1,0 +1,162 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/fleet"
+)
+
+// upInfo is what `up` prints once the fleet and the daemon run.
+type upInfo struct {
+	URL          string     `json:"url"`
+	Token        string     `json:"token"`
+	TokenFile    string     `json:"token_file"`
+	PasswordFile string     `json:"superuser_password_file"`
+	Nodes        []nodeInfo `json:"nodes"`
+}
+
+type nodeInfo struct {
+	Name string `json:"name"`
+	DSN  string `json:"dsn"` // without the password
+}
+
+func newUpCmd(g *globals) *cobra.Command {
+	var listen, cfgPath string
+	var standbys int
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Start a local fleet (primary + standbys) and the daemon, in the foreground",
+		Long: `Start a local managed PostgreSQL cluster named "local" (a primary and --standbys
+streaming standbys, made with initdb and pg_basebackup on free loopback ports) under
+--data-dir, its catalog, and the pgtenant daemon. Ctrl-C stops the daemon, then the
+primary, then the standbys. Running it again restarts what is there.
+
+As root, PostgreSQL runs as the postgres OS user.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg := config.Default()
+			if cfgPath != "" {
+				var err error
+				if cfg, err = config.Load(cfgPath); err != nil {
+					return err
+				}
+			}
+			if cmd.Flags().Changed("listen") || cfgPath == "" {
+				cfg.Listen = listen
+			}
+			return runUp(cmd.Context(), g, cfg, standbys)
+		},
+	}
+	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
+	cmd.Flags().IntVar(&standbys, "standbys", 1, "streaming standbys of the local cluster")
+	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
+	return cmd
+}
+
+func runUp(ctx context.Context, g *globals, cfg config.Config, standbys int) error {
+	if standbys < 0 || standbys > 5 {
+		return fmt.Errorf("--standbys must be between 0 and 5")
+	}
+	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	dir, err := filepath.Abs(g.dataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "local"), Name: "local", Standbys: standbys, Logger: log})
+	if err != nil {
+		return err
+	}
+	if fc.RunsAsPostgres() {
+		fmt.Fprintln(g.stderr, "running as root: PostgreSQL runs as the postgres OS user; the cluster files are owned by it")
+	}
+	fmt.Fprintf(g.stderr, "starting cluster local (PostgreSQL %s from %s) in %s\n", fc.Binaries().Version, fc.Binaries().Dir, dir)
+	// The clusters are stopped with a context of their own: ctx is already
+	// cancelled when Ctrl-C brings us here.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		fmt.Fprintln(g.stderr, "stopping cluster local")
+		if err := fc.Stop(sctx); err != nil {
+			fmt.Fprintln(g.stderr, "stop:", err)
+		}
+	}()
+	if err := fc.Start(ctx); err != nil {
+		return err
+	}
+
+	cfg.Catalog.DSN = fc.PrimaryDSN("pgtenant")
+	cfg.TokenFile = filepath.Join(dir, "token")
+	managed := catalog.Cluster{Name: "local", DSN: fc.PrimaryDSN("postgres")}
+	for _, s := range fc.Standbys() {
+		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
+	}
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Logger: log})
+	if err != nil {
+		return err
+	}
+	info := upInfo{URL: "http://" + d.Addr(), Token: d.Token(), TokenFile: cfg.TokenFile,
+		PasswordFile: filepath.Join(dir, "local", "superuser.password")}
+	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
+		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
+			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
+	}
+	if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
+		return err
+	}
+	return d.Run(ctx)
+}
+
+func printUp(w io.Writer, in upInfo) {
+	fmt.Fprintf(w, "pgtenant is up.\n\n")
+	for _, n := range in.Nodes {
+		fmt.Fprintf(w, "  %-9s %s\n", n.Name, n.DSN)
+	}
+	fmt.Fprintf(w, "  %-9s superuser password in %s\n", "", in.PasswordFile)
+	fmt.Fprintf(w, "  %-9s %s  (console, /v1 API, /metrics, /healthz)\n\n", "API", in.URL)
+	fmt.Fprintf(w, "In another shell:\n")
+	fmt.Fprintf(w, "  export PGTENANT_TOKEN=%s PGTENANT_SERVER=%s\n", in.Token, in.URL)
+	fmt.Fprintf(w, "  ./bin/pgtenant cluster show local\n")
+	fmt.Fprintf(w, "  ./bin/pgtenant template create saas --from examples/templates/saas\n")
+	fmt.Fprintf(w, "  ./bin/pgtenant tenant create --template saas --name \"Acme Inc\"\n\n")
+	fmt.Fprintf(w, "Ctrl-C stops the daemon, then the clusters.\n")
+}
+
+// lockDir takes an exclusive lock on the data dir so that two `up`s never run
+// (and stop) the same fleet.
+func lockDir(dir string) (func(), error) {
+	path := filepath.Join(dir, "up.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		pid, _ := os.ReadFile(path)
+		f.Close()
+		return nil, fmt.Errorf("another `pgtenant up` (pid %s) is running on %s; stop it first or use another --data-dir", string(pid), dir)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())), 0)
+	return func() { f.Close() }, nil
+}

@@ -1,0 +1,302 @@
+// Package config holds the daemon's configuration: defaults, strict YAML over
+// them, ${ENV} expansion and validation that names the bad field. It owns no
+// behaviour; secrets in it (DSNs) are never logged.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Config is the whole daemon configuration.
+type Config struct {
+	// Listen is the HTTP address of the API, /metrics and the console.
+	Listen string `yaml:"listen"`
+	// TokenFile holds the API bearer token; generated (0600) if missing.
+	TokenFile string `yaml:"token_file"`
+	// Catalog is where pgtenant keeps its own state.
+	Catalog CatalogConfig `yaml:"catalog"`
+	// Clusters are registered (upserted) in the catalog at start.
+	Clusters []ClusterConfig `yaml:"clusters"`
+	// Pacer is the default budget of every cluster; a cluster may override it.
+	Pacer PacerConfig `yaml:"pacer"`
+	// Jobs tunes the durable job runner.
+	Jobs JobsConfig `yaml:"jobs"`
+	// Tiers are named sets of per-tenant limits; "default" always exists.
+	Tiers map[string]Tier `yaml:"tiers"`
+	// Pools keep spare tenants ready per template, mode and cluster.
+	Pools []PoolConfig `yaml:"pools"`
+	// Provision tunes how tenants and templates are built.
+	Provision ProvisionConfig `yaml:"provision"`
+	// Drop tunes soft delete and purge.
+	Drop DropConfig `yaml:"drop"`
+	// Reconcile sets the period of the daemon's reconciler (0 = off).
+	Reconcile ReconcileConfig `yaml:"reconcile"`
+}
+
+// CatalogConfig locates the catalog database.
+type CatalogConfig struct {
+	DSN string `yaml:"dsn"`
+}
+
+// ClusterConfig is one external cluster given by DSN.
+type ClusterConfig struct {
+	Name     string       `yaml:"name"`
+	DSN      string       `yaml:"dsn"`      // admin (superuser or CREATEROLE+CREATEDB) on the primary
+	Standbys []string     `yaml:"standbys"` // optional standby DSNs: a missing one counts as down
+	Pacer    *PacerConfig `yaml:"pacer"`    // overrides the global pacer
+}
+
+// PacerConfig is the budget a cluster gives heavy steps.
+type PacerConfig struct {
+	// MaxReplayLag: heavy steps wait while any standby lags more than this.
+	MaxReplayLag ByteSize `yaml:"max_replay_lag"`
+	// HeavyDDLSlots: heavy DDL steps (CREATE/DROP DATABASE, batches) in flight per cluster.
+	HeavyDDLSlots int `yaml:"heavy_ddl_slots"`
+	// WaitForCheckpoint: wait while a checkpoint is running before a step that forces another.
+	WaitForCheckpoint bool `yaml:"wait_for_checkpoint"`
+	// StandbyDown: "proceed" (report and go on) or "wait" (hold heavy work until it is back).
+	StandbyDown string `yaml:"standby_down"`
+	// PollInterval between budget checks while waiting.
+	PollInterval Duration `yaml:"poll_interval"`
+}
+
+// JobsConfig tunes the job runner.
+type JobsConfig struct {
+	Workers     int      `yaml:"workers"`      // jobs run at once by this daemon
+	Lease       Duration `yaml:"lease"`        // a job whose lease expires is resumed by any daemon
+	MaxAttempts int      `yaml:"max_attempts"` // then the job ends failed
+	Backoff     Duration `yaml:"backoff"`      // first retry delay, doubled each attempt
+	MaxBackoff  Duration `yaml:"max_backoff"`
+}
+
+// Tier is a set of limits applied to a tenant's role.
+type Tier struct {
+	ConnectionLimit                 int      `yaml:"connection_limit"`
+	StatementTimeout                Duration `yaml:"statement_timeout"`
+	IdleInTransactionSessionTimeout Duration `yaml:"idle_in_transaction_session_timeout"`
+	WorkMem                         ByteSize `yaml:"work_mem"`
+	TempFileLimit                   ByteSize `yaml:"temp_file_limit"`
+	Priority                        int      `yaml:"priority"` // higher goes first (prewarm)
+}
+
+// PoolConfig keeps Size spares of a template's current version.
+type PoolConfig struct {
+	Template string `yaml:"template"`
+	Mode     string `yaml:"mode"`    // database or schema
+	Cluster  string `yaml:"cluster"` // empty: every cluster
+	Size     int    `yaml:"size"`
+}
+
+// ProvisionConfig tunes building.
+type ProvisionConfig struct {
+	// BatchLocks bounds the locks one build transaction holds (and so its commit record).
+	BatchLocks int `yaml:"batch_locks"`
+	// WALLogMaxSize: CREATE DATABASE uses STRATEGY WAL_LOG for templates up to
+	// this size and FILE_COPY above it (see README, "Creating databases").
+	WALLogMaxSize ByteSize `yaml:"wal_log_max_size"`
+	// DefaultPoolSize is the spare count for pools not listed in Pools.
+	DefaultPoolSize int `yaml:"default_pool_size"`
+	// DefaultMode is the tenant mode when a create request names none.
+	DefaultMode string `yaml:"default_mode"`
+}
+
+// DropConfig tunes dropping.
+type DropConfig struct {
+	Retention Duration `yaml:"retention"` // dropped tenants are restorable this long
+	// BatchRelations bounds the relations one purge transaction drops (schema mode).
+	BatchRelations int `yaml:"batch_relations"`
+}
+
+// ReconcileConfig tunes the periodic reconciler.
+type ReconcileConfig struct {
+	Interval Duration `yaml:"interval"`
+}
+
+// Default returns the configuration used when a file sets nothing.
+func Default() Config {
+	return Config{
+		Listen: "127.0.0.1:8080",
+		Pacer: PacerConfig{
+			MaxReplayLag:      64 << 20,
+			HeavyDDLSlots:     1,
+			WaitForCheckpoint: true,
+			StandbyDown:       "proceed",
+			PollInterval:      Duration(250 * time.Millisecond),
+		},
+		Jobs: JobsConfig{
+			Workers:     4,
+			Lease:       Duration(30 * time.Second),
+			MaxAttempts: 5,
+			Backoff:     Duration(time.Second),
+			MaxBackoff:  Duration(time.Minute),
+		},
+		Tiers: map[string]Tier{
+			"default": {ConnectionLimit: 20, StatementTimeout: Duration(30 * time.Second),
+				IdleInTransactionSessionTimeout: Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 1 << 30, Priority: 1},
+		},
+		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database"},
+		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200},
+		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
+	}
+}
+
+// Load reads a YAML file over Default(): ${VAR} is replaced by the
+// environment (an unset variable is an error), unknown fields are errors.
+func Load(path string) (Config, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := Parse(raw)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// Parse is Load without the file.
+func Parse(raw []byte) (Config, error) {
+	var missing []string
+	expanded := envRef.ReplaceAllStringFunc(string(raw), func(m string) string {
+		name := envRef.FindStringSubmatch(m)[1]
+		v, ok := os.LookupEnv(name)
+		if !ok {
+			missing = append(missing, name)
+		}
+		return v
+	})
+	if len(missing) > 0 {
+		return Config{}, fmt.Errorf("environment variable(s) not set: %s", strings.Join(missing, ", "))
+	}
+	cfg := Default()
+	dec := yaml.NewDecoder(bytes.NewReader([]byte(expanded)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // an empty file is the defaults
+		return Config{}, err
+	}
+	if _, ok := cfg.Tiers["default"]; !ok {
+		cfg.Tiers["default"] = Default().Tiers["default"]
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,30}$`)
+
+// Validate checks every field and names the first bad one.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...)))
+	}
+	if c.Listen == "" {
+		bad("listen", "required (host:port)")
+	}
+	seen := map[string]bool{}
+	for i, cl := range c.Clusters {
+		f := fmt.Sprintf("clusters[%d]", i)
+		if !nameRE.MatchString(cl.Name) {
+			bad(f+".name", "%q must be lowercase letters, digits and _, starting with a letter, at most 31 characters", cl.Name)
+		}
+		if seen[cl.Name] {
+			bad(f+".name", "%q is listed twice", cl.Name)
+		}
+		seen[cl.Name] = true
+		if cl.DSN == "" {
+			bad(f+".dsn", "required")
+		}
+		if cl.Pacer != nil {
+			if err := cl.Pacer.validate(); err != nil {
+				bad(f+".pacer."+err.field, "%s", err.msg)
+			}
+		}
+	}
+	if err := c.Pacer.validate(); err != nil {
+		bad("pacer."+err.field, "%s", err.msg)
+	}
+	if c.Jobs.Workers < 1 {
+		bad("jobs.workers", "must be at least 1")
+	}
+	if c.Jobs.Lease.D() < time.Second {
+		bad("jobs.lease", "must be at least 1s")
+	}
+	if c.Jobs.MaxAttempts < 1 {
+		bad("jobs.max_attempts", "must be at least 1")
+	}
+	for name, t := range c.Tiers {
+		f := "tiers." + name
+		if !nameRE.MatchString(name) {
+			bad(f, "tier names must be lowercase letters, digits and _")
+		}
+		if t.ConnectionLimit < -1 {
+			bad(f+".connection_limit", "must be -1 (no limit) or more")
+		}
+	}
+	for i, p := range c.Pools {
+		f := fmt.Sprintf("pools[%d]", i)
+		if !nameRE.MatchString(p.Template) {
+			bad(f+".template", "required: a template name")
+		}
+		if p.Mode != "database" && p.Mode != "schema" {
+			bad(f+".mode", "must be database or schema, not %q", p.Mode)
+		}
+		if p.Size < 0 || p.Size > 1000 {
+			bad(f+".size", "must be between 0 and 1000")
+		}
+	}
+	if c.Provision.BatchLocks < 10 {
+		bad("provision.batch_locks", "must be at least 10")
+	}
+	if c.Provision.DefaultPoolSize < 0 {
+		bad("provision.default_pool_size", "must be 0 or more")
+	}
+	if c.Provision.DefaultMode != "database" && c.Provision.DefaultMode != "schema" {
+		bad("provision.default_mode", "must be database or schema")
+	}
+	if c.Drop.BatchRelations < 1 {
+		bad("drop.batch_relations", "must be at least 1")
+	}
+	if c.Drop.Retention.D() < 0 {
+		bad("drop.retention", "must not be negative")
+	}
+	return errors.Join(errs...)
+}
+
+type fieldError struct{ field, msg string }
+
+func (p PacerConfig) validate() *fieldError {
+	switch {
+	case p.MaxReplayLag <= 0:
+		return &fieldError{"max_replay_lag", "must be positive, e.g. 64MB"}
+	case p.HeavyDDLSlots < 1:
+		return &fieldError{"heavy_ddl_slots", "must be at least 1"}
+	case p.StandbyDown != "proceed" && p.StandbyDown != "wait":
+		return &fieldError{"standby_down", fmt.Sprintf("must be proceed or wait, not %q", p.StandbyDown)}
+	case p.PollInterval.D() <= 0:
+		return &fieldError{"poll_interval", "must be positive"}
+	}
+	return nil
+}
+
+// PacerFor returns the pacer budget of a cluster.
+func (c Config) PacerFor(cluster string) PacerConfig {
+	for _, cl := range c.Clusters {
+		if cl.Name == cluster && cl.Pacer != nil {
+			return *cl.Pacer
+		}
+	}
+	return c.Pacer
+}

@@ -1,0 +1,78 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/config"
+)
+
+func TestParse_Defaults(t *testing.T) {
+	cfg, err := config.Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Pacer.MaxReplayLag, config.ByteSize(64<<20); got != want {
+		t.Errorf("pacer.max_replay_lag = %v, want %v", got, want)
+	}
+	if got, want := cfg.Drop.Retention.D(), 7*24*time.Hour; got != want {
+		t.Errorf("drop.retention = %v, want %v", got, want)
+	}
+}
+
+func TestParse_EnvAndUnits(t *testing.T) {
+	t.Setenv("C1_DSN", "postgres://admin:secret@db1:5432/postgres")
+	cfg, err := config.Parse([]byte(`
+listen: 0.0.0.0:9000
+catalog:
+  dsn: ${C1_DSN}
+clusters:
+  - name: c1
+    dsn: ${C1_DSN}
+    pacer:
+      max_replay_lag: 16MB
+      heavy_ddl_slots: 2
+      standby_down: wait
+      poll_interval: 1s
+drop:
+  retention: 3d
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Clusters[0].DSN, "postgres://admin:secret@db1:5432/postgres"; got != want {
+		t.Errorf("clusters[0].dsn = %q, want %q", got, want)
+	}
+	if got, want := cfg.PacerFor("c1").MaxReplayLag, config.ByteSize(16<<20); got != want {
+		t.Errorf("pacer for c1 = %v, want %v", got, want)
+	}
+	if got, want := cfg.Drop.Retention.D(), 72*time.Hour; got != want {
+		t.Errorf("drop.retention = %v, want %v", got, want)
+	}
+}
+
+// TestParse_Errors: every bad input names the field (or variable) at fault.
+func TestParse_Errors(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"unknown field", "listen: x\nlisen: y\n", "field lisen not found"},
+		{"unset env", "catalog:\n  dsn: ${PGTENANT_TEST_UNSET_VAR}\n", "PGTENANT_TEST_UNSET_VAR"},
+		{"cluster without dsn", "clusters:\n  - name: c1\n", "clusters[0].dsn: required"},
+		{"bad cluster name", "clusters:\n  - name: 'C1; DROP'\n    dsn: x\n", "clusters[0].name"},
+		{"duplicate cluster", "clusters:\n  - {name: a, dsn: x}\n  - {name: a, dsn: y}\n", "clusters[1].name"},
+		{"bad size", "pacer:\n  max_replay_lag: lots\n", "bad size"},
+		{"bad duration", "drop:\n  retention: soon\n", "bad duration"},
+		{"bad standby_down", "pacer:\n  standby_down: maybe\n", "pacer.standby_down"},
+		{"bad pool mode", "pools:\n  - {template: saas, mode: table, size: 1}\n", "pools[0].mode"},
+		{"zero workers", "jobs:\n  workers: 0\n", "jobs.workers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := config.Parse([]byte(tc.yaml))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}

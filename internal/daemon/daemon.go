@@ -1,0 +1,154 @@
+// Package daemon wires pgtenant's components into one process: catalog,
+// cluster registry and monitor, job runner and workflows, HTTP API, metrics
+// and console. It is the only place dependencies are constructed; both
+// `pgtenant up` and `pgtenant serve` run it.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/metrics"
+)
+
+// Options configure a daemon.
+type Options struct {
+	Config config.Config
+	// Managed are clusters run by `pgtenant up`, registered with kind managed.
+	Managed []catalog.Cluster
+	Logger  *slog.Logger
+}
+
+// Daemon is a running pgtenant server.
+type Daemon struct {
+	cfg      config.Config
+	log      *slog.Logger
+	store    *catalog.Store
+	clusters *cluster.Registry
+	listener net.Listener
+	http     *http.Server
+	token    string
+	monitor  *cluster.Monitor
+}
+
+// New opens the catalog, registers clusters and binds the listener. Nothing
+// runs until Run.
+func New(ctx context.Context, opts Options) (*Daemon, error) {
+	cfg, log := opts.Config, opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Catalog.DSN == "" {
+		return nil, errors.New("catalog.dsn: required")
+	}
+	if cfg.TokenFile == "" {
+		return nil, errors.New("token_file: required")
+	}
+	token, _, err := LoadOrCreateToken(cfg.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	store, err := catalog.Open(ctx, cfg.Catalog.DSN, log)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{cfg: cfg, log: log, store: store, clusters: cluster.NewRegistry(), token: token}
+	if err := d.registerClusters(ctx, opts.Managed); err != nil {
+		d.Close()
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		metrics.NewClusterCollector(d.clusters))
+	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log})
+	d.monitor = &cluster.Monitor{Clusters: d.clusters, Interval: 5 * time.Second, Logger: log}
+
+	d.listener, err = net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		d.Close()
+		return nil, fmt.Errorf("listen on %s: %w (is another pgtenant running? choose another address with --listen)", cfg.Listen, err)
+	}
+	d.http = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	return d, nil
+}
+
+// registerClusters upserts configured and managed clusters in the catalog,
+// then loads every registered cluster into the registry.
+func (d *Daemon) registerClusters(ctx context.Context, managed []catalog.Cluster) error {
+	for _, c := range d.cfg.Clusters {
+		if err := d.store.UpsertCluster(ctx, catalog.Cluster{Name: c.Name, Kind: "external", DSN: c.DSN, StandbyDSNs: c.Standbys}); err != nil {
+			return err
+		}
+	}
+	for _, c := range managed {
+		c.Kind = "managed"
+		if err := d.store.UpsertCluster(ctx, c); err != nil {
+			return err
+		}
+	}
+	all, err := d.store.Clusters(ctx)
+	if err != nil {
+		return fmt.Errorf("load clusters: %w", err)
+	}
+	for _, c := range all {
+		cl, err := cluster.New(c.Name, c.DSN, c.StandbyDSNs, d.log)
+		if err != nil {
+			return err
+		}
+		d.clusters.Put(cl)
+	}
+	return nil
+}
+
+// Addr is the address the API listens on.
+func (d *Daemon) Addr() string { return d.listener.Addr().String() }
+
+// Token is the API bearer token.
+func (d *Daemon) Token() string { return d.token }
+
+// Store is the catalog (for tests and the in-process CLI).
+func (d *Daemon) Store() *catalog.Store { return d.store }
+
+// Run serves until ctx is cancelled, then shuts down: first the HTTP server
+// stops taking requests (in-flight ones finish), then background workers
+// stop (a job in progress is left with its lease to be resumed), and last the
+// pools close.
+func (d *Daemon) Run(ctx context.Context) error {
+	defer d.Close()
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := d.http.Serve(d.listener); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("http: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return d.monitor.Run(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return d.http.Shutdown(sctx)
+	})
+	d.log.Info("pgtenant daemon running", "listen", d.Addr())
+	return g.Wait()
+}
+
+// Close releases the catalog and cluster pools.
+func (d *Daemon) Close() {
+	d.clusters.Close()
+	d.store.Close()
+}

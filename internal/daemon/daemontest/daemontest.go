@@ -1,0 +1,55 @@
+// Package daemontest runs an in-process pgtenant daemon against a pgtest
+// cluster, with a private catalog database, for tests that go through the API.
+package daemontest
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+)
+
+// Config returns the configuration Start uses before mutate: a fresh catalog
+// database on pg, a token file in a temp dir, quick job timings.
+func Config(t testing.TB, pg *pgtest.Cluster) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Catalog.DSN = pg.PrimaryDSN(pg.NewDatabase(t))
+	cfg.TokenFile = filepath.Join(t.TempDir(), "token")
+	cfg.Jobs.Backoff = config.Duration(50 * time.Millisecond)
+	cfg.Jobs.Lease = config.Duration(5 * time.Second)
+	cfg.Pacer.PollInterval = config.Duration(50 * time.Millisecond)
+	cfg.Reconcile.Interval = 0
+	return cfg
+}
+
+// Start runs a daemon with cfg until the test ends and returns it with a client.
+func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	managed := catalog.Cluster{Name: "local", DSN: pg.PrimaryDSN("postgres")}
+	for _, s := range pg.Standbys() {
+		managed.StandbyDSNs = append(managed.StandbyDSNs, pg.DSN(s, "postgres"))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Logger: pgtest.Logger(t)})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	return d, api.NewClient(d.Addr(), d.Token())
+}

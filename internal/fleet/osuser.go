@@ -1,0 +1,92 @@
+package fleet
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+)
+
+// runAs is the OS identity PostgreSQL runs under. PostgreSQL refuses to run as
+// root, so when pgtenant runs as root it runs the server programs as the
+// `postgres` OS user; otherwise as the current user (zero value).
+type runAs struct {
+	uid, gid uint32
+	name     string
+}
+
+func (r runAs) isOther() bool { return r.name != "" }
+
+// serverUser decides who runs PostgreSQL.
+func serverUser() (runAs, error) {
+	if os.Geteuid() != 0 {
+		return runAs{}, nil
+	}
+	u, err := user.Lookup("postgres")
+	if err != nil {
+		return runAs{}, fmt.Errorf("running as root: PostgreSQL refuses to run as root and there is no `postgres` OS user to run it as; " +
+			"create one (useradd --system --home-dir /var/lib/postgresql postgres) or run pgtenant as a normal user")
+	}
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return runAs{uid: uint32(uid), gid: uint32(gid), name: "postgres"}, nil
+}
+
+// command builds an exec.Cmd that runs as the server user, in its own process
+// group so that a terminal's Ctrl-C reaches pgtenant only (pgtenant stops the
+// servers itself, in order).
+func (r runAs) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if r.isOther() {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: r.uid, Gid: r.gid}
+	}
+	// A stable environment: no inherited PG* variables, C messages so errors parse.
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "LC_ALL=C", "LANG=C"}
+	if home, err := os.UserHomeDir(); err == nil && !r.isOther() {
+		cmd.Env = append(cmd.Env, "HOME="+home)
+	}
+	return cmd
+}
+
+// own makes path (recursively) owned by the server user and lets it traverse
+// every parent up to stop, so that a root-owned data dir works.
+func (r runAs) own(path string) error {
+	if !r.isOther() {
+		return nil
+	}
+	return filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(r.uid), int(r.gid))
+	})
+}
+
+// checkTraversable makes sure the server user can reach dir: every parent
+// must be searchable by others. It does not chmod directories it does not own
+// (e.g. /root); it says what to do instead.
+func (r runAs) checkTraversable(dir string) error {
+	if !r.isOther() {
+		return nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := filepath.Dir(abs); p != "/"; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("the postgres OS user cannot reach %s because %s is not searchable by others (mode %v); "+
+				"run `chmod o+x %s` or choose a --data-dir outside it", abs, p, fi.Mode().Perm(), p)
+		}
+	}
+	return nil
+}
