@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+)
+
+// binary is the pgtenant binary built once for the end-to-end tests here.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "pgtenant-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "pgtenant")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build pgtenant: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// upProcess is a running `pgtenant up`.
+type upProcess struct {
+	cmd  *exec.Cmd
+	info struct {
+		URL   string `json:"url"`
+		Token string `json:"token"`
+		Nodes []struct {
+			Name string `json:"name"`
+			DSN  string `json:"dsn"`
+		} `json:"nodes"`
+	}
+	stderr *strings.Builder
+}
+
+// startUp runs `pgtenant up -o json` and waits for it to print its info.
+func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
+	t.Helper()
+	args := append([]string{"up", "-o", "json", "--data-dir", dataDir, "--listen", "127.0.0.1:0"}, extra...)
+	p := &upProcess{cmd: exec.Command(binary, args...), stderr: &strings.Builder{}}
+	p.cmd.Stderr = p.stderr
+	stdout, err := p.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dec := json.NewDecoder(bufio.NewReader(stdout))
+	decoded := make(chan error, 1)
+	go func() { decoded <- dec.Decode(&p.info) }()
+	select {
+	case err := <-decoded:
+		if err != nil {
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+			t.Fatalf("up printed no info: %v\nstderr:\n%s", err, p.stderr)
+		}
+	case <-time.After(3 * time.Minute):
+		p.cmd.Process.Kill()
+		t.Fatalf("up did not come up\nstderr:\n%s", p.stderr)
+	}
+	return p
+}
+
+// stop sends SIGINT (Ctrl-C) and waits for a clean exit.
+func (p *upProcess) stop(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("up exited with %v\nstderr:\n%s", err, p.stderr)
+		}
+	case <-time.After(2 * time.Minute):
+		p.cmd.Process.Kill()
+		t.Fatalf("up did not stop\nstderr:\n%s", p.stderr)
+	}
+}
+
+// TestUp_StartStopRestart is the newcomer's path: up brings a primary, a
+// streaming standby and the API; Ctrl-C leaves no server behind; up again
+// restarts the same fleet on the same ports.
+func TestUp_StartStopRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	dataDir := filepath.Join(pgtest.TempDir(t), "data")
+	ctx := context.Background()
+
+	p := startUp(t, dataDir)
+	c := api.NewClient(p.info.URL, p.info.Token)
+	cs, err := c.Clusters(ctx)
+	if err != nil {
+		p.stop(t)
+		t.Fatal(err)
+	}
+	if len(cs) != 1 || cs[0].Name != "local" || len(cs[0].Standbys) != 1 || cs[0].Standbys[0].State != "streaming" {
+		p.stop(t)
+		t.Fatalf("clusters = %+v, want local with one streaming standby", cs)
+	}
+	firstNodes := p.info.Nodes
+	// A second up on the same data dir is refused while the first runs.
+	out, err := exec.Command(binary, "up", "--data-dir", dataDir, "--listen", "127.0.0.1:0").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another `pgtenant up`") {
+		t.Errorf("second concurrent up: err=%v out=%s; want a refusal", err, out)
+	}
+	p.stop(t)
+
+	for _, n := range []string{"primary", "standby1"} {
+		if _, err := os.Stat(filepath.Join(dataDir, "local", n, "postmaster.pid")); !os.IsNotExist(err) {
+			t.Errorf("%s: postmaster.pid still there after Ctrl-C (err=%v)", n, err)
+		}
+	}
+
+	p = startUp(t, dataDir)
+	defer p.stop(t)
+	if got, want := fmt.Sprint(p.info.Nodes), fmt.Sprint(firstNodes); got != want {
+		t.Errorf("restarted nodes = %s, want the same %s", got, want)
+	}
+	c = api.NewClient(p.info.URL, p.info.Token)
+	if _, err := c.Clusters(ctx); err != nil {
+		t.Errorf("after restart: %v", err)
+	}
+}
