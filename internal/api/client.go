@@ -12,6 +12,10 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // Client calls the API. The CLI and the tests use it.
@@ -96,4 +100,100 @@ func (c *Client) Cluster(ctx context.Context, name string) (ClusterDetail, error
 func (c *Client) AddCluster(ctx context.Context, req AddClusterRequest) (Cluster, error) {
 	var out Cluster
 	return out, c.Do(ctx, http.MethodPost, "/v1/clusters", req, &out)
+}
+
+// CreateTemplate stores version 1 of a new template.
+func (c *Client) CreateTemplate(ctx context.Context, name string, files []templates.Upload) (templates.Added, error) {
+	var out templates.Added
+	return out, c.Do(ctx, http.MethodPost, "/v1/templates", CreateTemplateRequest{Name: name, Files: files}, &out)
+}
+
+// PushTemplate stores the next version of a template.
+func (c *Client) PushTemplate(ctx context.Context, name string, files []templates.Upload) (templates.Added, error) {
+	var out templates.Added
+	return out, c.Do(ctx, http.MethodPost, "/v1/templates/"+url.PathEscape(name)+"/versions", CreateTemplateRequest{Files: files}, &out)
+}
+
+// Templates lists templates.
+func (c *Client) Templates(ctx context.Context) ([]TemplateSummary, error) {
+	var out []TemplateSummary
+	return out, c.Do(ctx, http.MethodGet, "/v1/templates", nil, &out)
+}
+
+// Template shows one template.
+func (c *Client) Template(ctx context.Context, name string) (TemplateDetail, error) {
+	var out TemplateDetail
+	return out, c.Do(ctx, http.MethodGet, "/v1/templates/"+url.PathEscape(name), nil, &out)
+}
+
+// CreateTenant provisions a tenant.
+func (c *Client) CreateTenant(ctx context.Context, req provision.Request) (CreateTenantResponse, error) {
+	var out CreateTenantResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants", req, &out)
+}
+
+// Tenants lists tenants; q filters (state, cluster, template, mode, limit, after).
+func (c *Client) Tenants(ctx context.Context, q url.Values) ([]Tenant, error) {
+	var out []Tenant
+	return out, c.Do(ctx, http.MethodGet, "/v1/tenants?"+q.Encode(), nil, &out)
+}
+
+// Tenant shows one tenant with its history.
+func (c *Client) Tenant(ctx context.Context, id string) (Tenant, error) {
+	var out Tenant
+	return out, c.Do(ctx, http.MethodGet, "/v1/tenants/"+url.PathEscape(id), nil, &out)
+}
+
+// Jobs lists jobs; q filters (state, type, target_kind, target, limit).
+func (c *Client) Jobs(ctx context.Context, q url.Values) ([]jobs.Job, error) {
+	var out []jobs.Job
+	return out, c.Do(ctx, http.MethodGet, "/v1/jobs?"+q.Encode(), nil, &out)
+}
+
+// Job shows one job with its completed steps.
+func (c *Client) Job(ctx context.Context, id int64) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodGet, fmt.Sprintf("/v1/jobs/%d", id), nil, &out)
+}
+
+// CancelJob asks a job to stop.
+func (c *Client) CancelJob(ctx context.Context, id int64) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, fmt.Sprintf("/v1/jobs/%d/cancel", id), nil, &out)
+}
+
+// RetryJob requeues a failed or cancelled job.
+func (c *Client) RetryJob(ctx context.Context, id int64) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, fmt.Sprintf("/v1/jobs/%d/retry", id), nil, &out)
+}
+
+// WaitJob polls a job until it is finished or paused, calling onChange when
+// its state or progress changes.
+func (c *Client) WaitJob(ctx context.Context, id int64, onChange func(jobs.Job)) (jobs.Job, error) {
+	var last string
+	for {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			return j, err
+		}
+		if sig := fmt.Sprint(j.State, j.ProgressDone, j.ProgressTotal, j.ProgressMsg); sig != last && onChange != nil {
+			onChange(j)
+			last = sig
+		}
+		if jobs.Finished(j.State) || j.State == jobs.Paused {
+			return j, nil
+		}
+		select {
+		case <-ctx.Done():
+			return j, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Reconcile compares the catalog with the clusters (and repairs with fix).
+func (c *Client) Reconcile(ctx context.Context, req ReconcileRequest) (reconcile.Report, error) {
+	var out reconcile.Report
+	return out, c.Do(ctx, http.MethodPost, "/v1/reconcile", req, &out)
 }

@@ -8,6 +8,9 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // Errors a handler returns to choose a status; everything else maps through
@@ -26,13 +29,13 @@ func invalid(format string, args ...any) error {
 // one place that does.
 func statusOf(err error) (int, string) {
 	switch {
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, ErrInvalid), errors.Is(err, provision.ErrInvalid), errors.Is(err, templates.ErrInvalid):
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized, "unauthorized"
-	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, cluster.ErrUnknownCluster):
+	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, cluster.ErrUnknownCluster), errors.Is(err, jobs.ErrNotFound):
 		return http.StatusNotFound, "not_found"
-	case errors.Is(err, catalog.ErrConflict):
+	case errors.Is(err, catalog.ErrConflict), errors.Is(err, jobs.ErrWrongState):
 		return http.StatusConflict, "conflict"
 	case errors.Is(err, cluster.ErrUnavailable):
 		return http.StatusServiceUnavailable, "unavailable"

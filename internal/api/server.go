@@ -17,6 +17,10 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // Version is reported by /healthz.
@@ -29,6 +33,11 @@ type Deps struct {
 	Registry *prometheus.Registry
 	Token    string
 	Logger   *slog.Logger
+
+	Runner    *jobs.Runner
+	Templates *templates.Service
+	Provision  *provision.Service
+	Reconciler *reconcile.Reconciler
 	// Console, if set, is served at /.
 	Console http.Handler
 }
@@ -48,6 +57,18 @@ func NewServer(d Deps) *Server {
 	s.handle("GET /v1/clusters", s.listClusters)
 	s.handle("POST /v1/clusters", s.addCluster)
 	s.handle("GET /v1/clusters/{name}", s.showCluster)
+	s.handle("GET /v1/templates", s.listTemplates)
+	s.handle("POST /v1/templates", s.createTemplate)
+	s.handle("GET /v1/templates/{name}", s.showTemplate)
+	s.handle("POST /v1/templates/{name}/versions", s.pushTemplate)
+	s.handle("GET /v1/tenants", s.listTenants)
+	s.handle("POST /v1/tenants", s.createTenant)
+	s.handle("GET /v1/tenants/{id}", s.showTenant)
+	s.handle("GET /v1/jobs", s.listJobs)
+	s.handle("GET /v1/jobs/{id}", s.showJob)
+	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)
+	s.handle("POST /v1/jobs/{id}/retry", s.retryJob)
+	s.handle("POST /v1/reconcile", s.reconcile)
 	s.handle("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
 	})

@@ -3,7 +3,10 @@ package api
 import (
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // Wire types shared by the server, the Go client (CLI, tests) and the console.
@@ -48,4 +51,43 @@ type Health struct {
 	Status  string `json:"status"` // ok or degraded
 	Catalog string `json:"catalog"`
 	Version string `json:"version"`
+}
+
+// CreateTemplateRequest uploads a template's files (create or push).
+type CreateTemplateRequest struct {
+	Name  string             `json:"name,omitempty"` // create only; push takes it from the path
+	Files []templates.Upload `json:"files"`
+}
+
+// TemplateSummary is a template as listed.
+type TemplateSummary struct {
+	Name           string    `json:"name"`
+	CurrentVersion int       `json:"current_version"`
+	CreatedAt      time.Time `json:"created_at"`
+}
+
+// TemplateDetail is `template show`.
+type TemplateDetail struct {
+	TemplateSummary
+	Versions []catalog.TemplateVersion `json:"versions"`
+	Builds   []catalog.TemplateBuild   `json:"builds"`
+	// Tenants counts active, suspended and dropped tenants by version ("1": 12).
+	Tenants map[string]int `json:"tenants_by_version"`
+}
+
+// Tenant is a tenant as the API shows it: never its password.
+type Tenant struct {
+	catalog.Tenant
+	DSN    string          `json:"dsn"` // without the password
+	Events []catalog.Event `json:"events,omitempty"`
+}
+
+// CreateTenantResponse answers POST /v1/tenants.
+type CreateTenantResponse struct {
+	Tenant   Tenant    `json:"tenant"`
+	DSN      string    `json:"dsn"`                // with the password when it is shown
+	Password string    `json:"password,omitempty"` // shown once, at creation
+	Existing bool      `json:"existing"`           // an earlier request with this external id created it
+	Path     string    `json:"path,omitempty"`     // pool or cold
+	Job      *jobs.Job `json:"job,omitempty"`      // still provisioning: poll this job
 }

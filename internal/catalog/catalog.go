@@ -66,6 +66,11 @@ func Open(ctx context.Context, dsn string, logger *slog.Logger) (*Store, error) 
 		pool.Close()
 		return nil, err
 	}
+	// The catalog may share a server with tenants: none of them may connect.
+	if _, err := pool.Exec(ctx, "REVOKE ALL ON DATABASE "+cluster.Ident(cfg.ConnConfig.Database)+" FROM PUBLIC"); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("revoke public access to the catalog database: %w", err)
+	}
 	return s, nil
 }
 

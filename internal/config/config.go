@@ -107,6 +107,11 @@ type ProvisionConfig struct {
 	DefaultPoolSize int `yaml:"default_pool_size"`
 	// DefaultMode is the tenant mode when a create request names none.
 	DefaultMode string `yaml:"default_mode"`
+	// ColdWait bounds how long a create waits for a cold build before it
+	// answers 202 with the job to poll.
+	ColdWait Duration `yaml:"cold_wait"`
+	// PoolInterval is how often pools are checked (they are also refilled after each claim).
+	PoolInterval Duration `yaml:"pool_interval"`
 }
 
 // DropConfig tunes dropping.
@@ -143,7 +148,8 @@ func Default() Config {
 			"default": {ConnectionLimit: 20, StatementTimeout: Duration(30 * time.Second),
 				IdleInTransactionSessionTimeout: Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 1 << 30, Priority: 1},
 		},
-		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database"},
+		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
+			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second)},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
 	}
@@ -259,6 +265,12 @@ func (c Config) Validate() error {
 	}
 	if c.Provision.BatchLocks < 10 {
 		bad("provision.batch_locks", "must be at least 10")
+	}
+	if c.Provision.ColdWait.D() < 0 {
+		bad("provision.cold_wait", "must not be negative")
+	}
+	if c.Provision.PoolInterval.D() <= 0 {
+		bad("provision.pool_interval", "must be positive")
 	}
 	if c.Provision.DefaultPoolSize < 0 {
 		bad("provision.default_pool_size", "must be 0 or more")

@@ -21,7 +21,12 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // Options configure a daemon.
@@ -42,6 +47,9 @@ type Daemon struct {
 	http     *http.Server
 	token    string
 	monitor  *cluster.Monitor
+	runner   *jobs.Runner
+	pool     *provision.Pool
+	recLoop  *reconcile.Loop
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -74,8 +82,24 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		metrics.NewClusterCollector(d.clusters))
-	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log})
 	d.monitor = &cluster.Monitor{Clusters: d.clusters, Interval: 5 * time.Second, Logger: log}
+
+	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)
+	d.runner = jobs.NewRunner(store.Pool(), cfg.Jobs, pacer, log, reg)
+	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg,
+		Logger: log, ColdWait: cfg.Provision.ColdWait.D()}
+	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
+	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
+	d.runner.Register(provision.BuildJob, prov.BuildHandler())
+	d.runner.Register(purge.Job, pur.Handler())
+
+	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log}
+	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
+
+	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
+		Runner: d.runner, Templates: tpl, Provision: prov, Reconciler: rec})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -97,6 +121,17 @@ func (d *Daemon) registerClusters(ctx context.Context, managed []catalog.Cluster
 	for _, c := range managed {
 		c.Kind = "managed"
 		if err := d.store.UpsertCluster(ctx, c); err != nil {
+			return err
+		}
+		// On a cluster pgtenant runs, tenants may connect to their own
+		// databases only: not to postgres or template1.
+		cl, err := cluster.New(c.Name, c.DSN, nil, d.log)
+		if err != nil {
+			return err
+		}
+		err = cluster.RevokePublicConnect(ctx, cl, "postgres", "template1")
+		cl.Close()
+		if err != nil {
 			return err
 		}
 	}
@@ -123,25 +158,32 @@ func (d *Daemon) Token() string { return d.token }
 // Store is the catalog (for tests and the in-process CLI).
 func (d *Daemon) Store() *catalog.Store { return d.store }
 
-// Run serves until ctx is cancelled, then shuts down: first the HTTP server
-// stops taking requests (in-flight ones finish), then background workers
-// stop (a job in progress is left with its lease to be resumed), and last the
-// pools close.
+// Run serves until ctx is cancelled (or a component fails), then shuts down
+// in order: first the HTTP server stops taking requests and lets in-flight
+// ones finish (a cold create may still need a worker), then the background
+// workers stop (a job in progress goes back to the queue with its completed
+// steps recorded), and last the pools close.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.Close()
 	g, gctx := errgroup.WithContext(ctx)
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
 	g.Go(func() error {
 		if err := d.http.Serve(d.listener); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("http: %w", err)
 		}
 		return nil
 	})
-	g.Go(func() error { return d.monitor.Run(gctx) })
+	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop} {
+		g.Go(func() error { return w.Run(workCtx) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		return d.http.Shutdown(sctx)
+		err := d.http.Shutdown(sctx)
+		stopWork()
+		return err
 	})
 	d.log.Info("pgtenant daemon running", "listen", d.Addr())
 	return g.Wait()

@@ -1,0 +1,105 @@
+package api
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
+	var req provision.Request
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	c, err := s.Provision.Create(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	dsn, err := s.Provision.DSN(c.Tenant)
+	if err != nil {
+		return err
+	}
+	resp := CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn}, DSN: c.DSN, Password: c.Password,
+		Existing: c.Existing, Path: c.Path, Job: c.Job}
+	status := http.StatusCreated
+	switch {
+	case c.Existing:
+		status = http.StatusOK
+	case c.Job != nil:
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, resp)
+	return nil
+}
+
+// tenantFromPath loads the tenant named by the {id} path value. A malformed
+// id is simply not found: it cannot name a tenant.
+func (s *Server) tenantFromPath(r *http.Request) (catalog.Tenant, error) {
+	id := r.PathValue("id")
+	if !tenant.ValidID(id) {
+		return catalog.Tenant{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
+	}
+	t, err := s.Store.GetTenant(r.Context(), nil, id)
+	if err == nil && (t.State == catalog.StateBuilding || t.State == catalog.StateSpare) {
+		return catalog.Tenant{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound) // spares are invisible
+	}
+	return t, err
+}
+
+func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	view, err := s.tenantView(t)
+	if err != nil {
+		return err
+	}
+	if view.Events, err = s.Store.Events(r.Context(), t.ID); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, view)
+	return nil
+}
+
+func (s *Server) tenantView(t catalog.Tenant) (Tenant, error) {
+	dsn, err := s.Provision.DSN(t)
+	if err != nil {
+		dsn = "" // its cluster was removed; the row is still worth showing
+	}
+	return Tenant{Tenant: t, DSN: dsn}, nil
+}
+
+func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	f := catalog.TenantFilter{State: q.Get("state"), Cluster: q.Get("cluster"), Template: q.Get("template"),
+		Mode: q.Get("mode"), After: q.Get("after")}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			return invalid("limit %q: a positive number", l)
+		}
+		f.Limit = n
+	}
+	if f.State == catalog.StateSpare || f.State == catalog.StateBuilding {
+		return invalid("spares are not tenants; see the pool with `pgtenant template show`")
+	}
+	ts, err := s.Store.ListTenants(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	out := make([]Tenant, 0, len(ts))
+	for _, t := range ts {
+		v, err := s.tenantView(t)
+		if err != nil {
+			return err
+		}
+		out = append(out, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,267 @@
+package catalog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is a pool or a transaction, so that callers can group writes.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Tenant states.
+const (
+	StateBuilding     = "building"     // a spare being made
+	StateSpare        = "spare"        // ready, unclaimed, unusable
+	StateProvisioning = "provisioning" // a tenant made on the cold path
+	StateActive       = "active"
+	StateSuspended    = "suspended"
+	StateDropped      = "dropped" // soft-deleted, restorable until purge_after
+	StatePurging      = "purging"
+	StateFailed       = "failed"
+)
+
+// Tenant is one row of tenants (spares included).
+type Tenant struct {
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	ExternalID string     `json:"external_id,omitempty"`
+	Mode       string     `json:"mode"`
+	Cluster    string     `json:"cluster"`
+	Template   string     `json:"template"`
+	Version    int        `json:"version"`
+	Tier       string     `json:"tier"`
+	State      string     `json:"state"`
+	Database   string     `json:"database"`
+	CreatedAt  time.Time  `json:"created_at"`
+	UpdatedAt  time.Time  `json:"updated_at"`
+	ClaimedAt  *time.Time `json:"claimed_at,omitempty"`
+	DroppedAt  *time.Time `json:"dropped_at,omitempty"`
+	PurgeAfter *time.Time `json:"purge_after,omitempty"`
+}
+
+const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, template, version, tier, state, database,
+	created_at, updated_at, claimed_at, dropped_at, purge_after`
+
+func scanTenant(row pgx.Row) (Tenant, error) {
+	var t Tenant
+	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Template, &t.Version, &t.Tier, &t.State,
+		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter)
+	return t, err
+}
+
+func nullIfEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// InsertTenant adds a tenant row. A duplicate external id is ErrConflict.
+func (s *Store) InsertTenant(ctx context.Context, q Querier, t Tenant) error {
+	_, err := q.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, tier, state, database)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+		t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Mode, t.Cluster, t.Template, t.Version, t.Tier, t.State, t.Database)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
+	}
+	return err
+}
+
+// GetTenant returns a tenant by id.
+func (s *Store) GetTenant(ctx context.Context, q Querier, id string) (Tenant, error) {
+	if q == nil {
+		q = s.pool
+	}
+	t, err := scanTenant(q.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1`, id))
+	return t, notFound(err, "tenant "+id)
+}
+
+// TenantByExternalID returns the tenant with an external id.
+func (s *Store) TenantByExternalID(ctx context.Context, externalID string) (Tenant, error) {
+	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE external_id = $1`, externalID))
+	return t, notFound(err, "tenant with external id "+externalID)
+}
+
+// TenantFilter narrows ListTenants. Spares (building/spare) are listed only
+// when State names them.
+type TenantFilter struct {
+	State    string
+	Cluster  string
+	Template string
+	Mode     string
+	Limit    int
+	After    string // id cursor
+}
+
+// ListTenants returns tenants ordered by id.
+func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, error) {
+	if f.Limit <= 0 || f.Limit > 100000 {
+		f.Limit = 1000
+	}
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
+		WHERE (($1 = '' AND state NOT IN ('building', 'spare')) OR state = $1)
+		  AND ($2 = '' OR cluster = $2) AND ($3 = '' OR template = $3) AND ($4 = '' OR mode = $4)
+		  AND id > $5
+		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// ClaimSpare locks the oldest ready spare of a pool in tx, or returns
+// ErrNotFound when the pool is empty. SKIP LOCKED lets concurrent claims take
+// different spares.
+func (s *Store) ClaimSpare(ctx context.Context, tx pgx.Tx, cluster, template string, version int, mode string) (Tenant, error) {
+	t, err := scanTenant(tx.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants
+		WHERE state = 'spare' AND cluster = $1 AND template = $2 AND version = $3 AND mode = $4
+		ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED`, cluster, template, version, mode))
+	return t, notFound(err, "spare")
+}
+
+// ActivateTenant turns a claimed spare or a cold-built tenant into an active
+// tenant with the caller's name, external id and tier.
+func (s *Store) ActivateTenant(ctx context.Context, q Querier, t Tenant) error {
+	_, err := q.Exec(ctx, `UPDATE tenants SET state = 'active', name = $2, external_id = $3, tier = $4,
+		claimed_at = now(), updated_at = now() WHERE id = $1`, t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Tier)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
+	}
+	return err
+}
+
+// SetTenantState moves a tenant from one of the states in from to state. It
+// returns ErrConflict if the tenant is in none of them.
+func (s *Store) SetTenantState(ctx context.Context, q Querier, id, state string, from ...string) error {
+	tag, err := q.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now() WHERE id = $1 AND state = ANY($3)`, id, state, from)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		t, err := s.GetTenant(ctx, q, id)
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%w: tenant %s is %s, not %v", ErrConflict, id, t.State, from)
+	}
+	return nil
+}
+
+// DeleteTenant removes a tenant row and its events.
+func (s *Store) DeleteTenant(ctx context.Context, q Querier, id string) error {
+	_, err := q.Exec(ctx, `DELETE FROM tenants WHERE id = $1`, id)
+	return err
+}
+
+// CountPool counts a pool's spares: ready and being built.
+func (s *Store) CountPool(ctx context.Context, q Querier, cluster, template string, version int, mode string) (ready, building int, err error) {
+	err = q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'spare'), count(*) FILTER (WHERE state = 'building')
+		FROM tenants WHERE cluster = $1 AND template = $2 AND version = $3 AND mode = $4 AND state IN ('spare', 'building')`,
+		cluster, template, version, mode).Scan(&ready, &building)
+	return ready, building, err
+}
+
+// StaleSpares lists ready spares of versions older than the template's
+// current one.
+func (s *Store) StaleSpares(ctx context.Context) ([]Tenant, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumnsQualified+` FROM tenants t JOIN templates tp ON tp.name = t.template
+		WHERE t.state = 'spare' AND t.version < tp.current_version ORDER BY t.id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+const tenantColumnsQualified = `t.id, t.name, coalesce(t.external_id, ''), t.mode, t.cluster, t.template, t.version, t.tier,
+	t.state, t.database, t.created_at, t.updated_at, t.claimed_at, t.dropped_at, t.purge_after`
+
+// Event is one entry of a tenant's history.
+type Event struct {
+	At     time.Time       `json:"at"`
+	Kind   string          `json:"kind"`
+	Detail json.RawMessage `json:"detail,omitempty"`
+}
+
+// AddEvent appends to a tenant's history.
+func (s *Store) AddEvent(ctx context.Context, q Querier, tenant, kind string, detail any) error {
+	b, err := json.Marshal(detail)
+	if err != nil {
+		return err
+	}
+	if detail == nil {
+		b = []byte("{}")
+	}
+	_, err = q.Exec(ctx, `INSERT INTO tenant_events (tenant, kind, detail) VALUES ($1, $2, $3)`, tenant, kind, b)
+	return err
+}
+
+// Events returns a tenant's history, oldest first.
+func (s *Store) Events(ctx context.Context, tenant string) ([]Event, error) {
+	rows, err := s.pool.Query(ctx, `SELECT at, kind, detail FROM tenant_events WHERE tenant = $1 ORDER BY id`, tenant)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Event, error) {
+		var e Event
+		return e, r.Scan(&e.At, &e.Kind, &e.Detail)
+	})
+}
+
+// TenantCounts counts tenants by cluster (spares excluded), for placement.
+func (s *Store) TenantCounts(ctx context.Context) (map[string]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT cluster, count(*) FROM tenants WHERE state NOT IN ('building', 'spare') GROUP BY cluster`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var c string
+		var n int
+		if err := rows.Scan(&c, &n); err != nil {
+			return nil, err
+		}
+		out[c] = n
+	}
+	return out, rows.Err()
+}
+
+// VersionDistribution counts a template's tenants (not spares) by version.
+func (s *Store) VersionDistribution(ctx context.Context, template string) (map[int]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT version, count(*) FROM tenants
+		WHERE template = $1 AND state NOT IN ('building', 'spare') GROUP BY version`, template)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[int]int{}
+	for rows.Next() {
+		var v, n int
+		if err := rows.Scan(&v, &n); err != nil {
+			return nil, err
+		}
+		out[v] = n
+	}
+	return out, rows.Err()
+}
+
+// ListTenantsOnCluster returns every tenant row of a cluster, spares included.
+func (s *Store) ListTenantsOnCluster(ctx context.Context, cluster string) ([]Tenant, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE cluster = $1 ORDER BY id`, cluster)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}

@@ -1,0 +1,79 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+)
+
+// progress shows a job's progress: a bar redrawn in place on a terminal,
+// one line per change otherwise (logs, CI).
+type progress struct {
+	w    io.Writer
+	tty  bool
+	last string
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+// update draws a job.
+func (p *progress) update(j jobs.Job) {
+	line := fmt.Sprintf("job %d %s: %s", j.ID, j.State, j.ProgressMsg)
+	if !p.tty {
+		if line != p.last {
+			fmt.Fprintln(p.w, line)
+			p.last = line
+		}
+		return
+	}
+	const width = 30
+	filled := 0
+	pct := ""
+	if j.ProgressTotal > 0 {
+		filled = int(float64(width) * float64(j.ProgressDone) / float64(j.ProgressTotal))
+		pct = fmt.Sprintf("%3d%% ", 100*j.ProgressDone/j.ProgressTotal)
+	}
+	filled = min(max(filled, 0), width)
+	bar := "[" + strings.Repeat("#", filled) + strings.Repeat("-", width-filled) + "] "
+	msg := line
+	if len(msg) > 80 {
+		msg = msg[:77] + "..."
+	}
+	fmt.Fprintf(p.w, "\r\033[K%s%s%s", bar, pct, msg)
+	p.last = line
+}
+
+// done ends the bar's line.
+func (p *progress) done() {
+	if p.tty && p.last != "" {
+		fmt.Fprintln(p.w)
+	}
+}
+
+// waitJob waits for a job with a progress display on stderr; a job that
+// ends failed or cancelled is an error.
+func (g *globals) waitJob(ctx context.Context, c *api.Client, id int64) (jobs.Job, error) {
+	p := newProgress(g.stderr)
+	j, err := c.WaitJob(ctx, id, p.update)
+	p.done()
+	if err != nil {
+		return j, err
+	}
+	if j.State == jobs.Failed || j.State == jobs.Cancelled {
+		return j, fmt.Errorf("job %d %s: %s", j.ID, j.State, j.LastError)
+	}
+	return j, nil
+}

@@ -1,0 +1,164 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+func newTemplateCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "template", Short: "Manage versioned tenant templates"}
+	var from string
+	var wait bool
+	upload := func(push bool) func(*cobra.Command, []string) error {
+		return func(cmd *cobra.Command, args []string) error {
+			files, err := readTemplateDir(from)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			add := c.CreateTemplate
+			if push {
+				add = c.PushTemplate
+			}
+			out, err := add(cmd.Context(), args[0], files)
+			if err != nil {
+				return err
+			}
+			if wait {
+				for _, j := range out.BuildJobs {
+					if _, err := g.waitJob(cmd.Context(), c, j.ID); err != nil {
+						return err
+					}
+				}
+			}
+			return g.print(out, func(w io.Writer) {
+				fmt.Fprintf(w, "template %s version %d stored (%d files)\n", out.Template, out.Version, len(files))
+				for _, j := range out.BuildJobs {
+					fmt.Fprintf(w, "materialising on cluster %s: job %d\n", j.Cluster, j.ID)
+				}
+			})
+		}
+	}
+	create := &cobra.Command{
+		Use:   "create NAME --from DIR",
+		Short: "Create a template from a directory of SQL files (version 1)",
+		Long: `Create a template from the .sql files of DIR, applied in name order
+(0001_init.sql, 0002_…). Files may be plain SQL or goose-style
+(-- +goose Up / Down, StatementBegin/End, NO TRANSACTION). The files are stored
+in the catalog with checksums; each cluster then materialises the version as a
+template database, built in lock-bounded batches.`,
+		Args: cobra.ExactArgs(1),
+		RunE: upload(false),
+	}
+	push := &cobra.Command{
+		Use:   "push NAME --from DIR",
+		Short: "Store the next version of a template",
+		Long: `Store the next version: DIR must hold every file of the current version
+unchanged, plus new files that sort after them. New tenants get the new version
+once it is materialised on their cluster; existing tenants move with 'pgtenant migrate'.`,
+		Args: cobra.ExactArgs(1),
+		RunE: upload(true),
+	}
+	for _, c := range []*cobra.Command{create, push} {
+		c.Flags().StringVar(&from, "from", "", "directory of .sql files (required)")
+		c.Flags().BoolVar(&wait, "wait", false, "wait until the version is materialised on every cluster")
+		_ = c.MarkFlagRequired("from")
+	}
+	list := &cobra.Command{
+		Use: "list", Short: "List templates", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return g.print(out, func(w io.Writer) {
+				row(w, "NAME", "VERSION", "CREATED")
+				for _, t := range out {
+					row(w, t.Name, t.CurrentVersion, t.CreatedAt.Format("2006-01-02 15:04"))
+				}
+			})
+		},
+	}
+	show := &cobra.Command{
+		Use: "show NAME", Short: "Show a template: versions, files, where it is materialised, tenants by version", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			d, err := c.Template(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(d, func(w io.Writer) {
+				row(w, "name", d.Name)
+				row(w, "current_version", d.CurrentVersion)
+				for _, v := range d.Versions {
+					names := make([]string, len(v.Files))
+					for i, f := range v.Files {
+						names[i] = f.Name
+					}
+					row(w, fmt.Sprintf("version %d", v.Version), strings.Join(names, ", "))
+				}
+				for _, b := range d.Builds {
+					detail := fmt.Sprintf("%s on %s: %s, %d relations, %s", fmt.Sprint("v", b.Version), b.Cluster, b.State, b.Relations, humanBytes(b.SizeBytes))
+					if b.Error != "" {
+						detail += " (" + b.Error + ")"
+					}
+					row(w, "build", detail)
+				}
+				versions := make([]string, 0, len(d.Tenants))
+				for v := range d.Tenants {
+					versions = append(versions, v)
+				}
+				sort.Strings(versions)
+				for _, v := range versions {
+					row(w, "tenants at v"+v, d.Tenants[v])
+				}
+			})
+		},
+	}
+	cmd.AddCommand(create, push, list, show)
+	return cmd
+}
+
+// readTemplateDir reads the .sql files of a directory.
+func readTemplateDir(dir string) ([]templates.Upload, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("--from DIR is required")
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("read template directory: %w", err)
+	}
+	var out []templates.Upload
+	for _, e := range entries {
+		if e.IsDir() || filepath.Ext(e.Name()) != ".sql" {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, templates.Upload{Name: e.Name(), Body: string(b)})
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s has no .sql files", dir)
+	}
+	return out, nil
+}

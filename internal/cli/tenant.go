@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/provision"
+)
+
+func newTenantCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{Use: "tenant", Short: "Create, inspect and connect to tenants"}
+
+	var req provision.Request
+	var name string
+	create := &cobra.Command{
+		Use:   "create --template NAME",
+		Short: "Create a tenant (claims a ready spare in milliseconds when the pool has one)",
+		Long: `Create a tenant from a template, as its own database (--mode database) or as a
+schema in the template's shared database (--mode schema). The answer carries the
+tenant's id and a DSN with a generated password: the password is shown only
+once. With --external-id, a retry returns the tenant already created (without
+its password) instead of creating a second one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Flags().Changed("name") {
+				req.Name = &name
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.CreateTenant(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if out.Job != nil {
+				if _, err := g.waitJob(cmd.Context(), c, out.Job.ID); err != nil {
+					return err
+				}
+				t, err := c.Tenant(cmd.Context(), out.Tenant.ID)
+				if err != nil {
+					return err
+				}
+				out.Tenant, out.Job = t, nil
+			}
+			return g.print(out, func(w io.Writer) {
+				t := out.Tenant
+				row(w, "id", t.ID)
+				row(w, "name", t.Name)
+				row(w, "mode", t.Mode)
+				row(w, "cluster", t.Cluster)
+				row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
+				row(w, "tier", t.Tier)
+				row(w, "state", t.State)
+				if out.Existing {
+					row(w, "note", "created earlier with this external id; its password was shown then")
+					row(w, "dsn", out.DSN)
+					return
+				}
+				row(w, "provisioned", "from "+out.Path)
+				row(w, "dsn", out.DSN)
+				row(w, "password", out.Password+"   (shown once: store it now)")
+			})
+		},
+	}
+	f := create.Flags()
+	f.StringVar(&req.Template, "template", "", "template name (required)")
+	f.StringVar(&req.Mode, "mode", "", "database or schema (default: provision.default_mode, database)")
+	f.StringVar(&name, "name", "", "display name, kept in the catalog only")
+	f.StringVar(&req.ExternalID, "external-id", "", "your id for this tenant; makes retries idempotent")
+	f.StringVar(&req.Tier, "tier", "", "tier of limits from the config (default: default)")
+	f.StringVar(&req.Cluster, "cluster", "", "cluster to place it on (default: the one with the fewest tenants)")
+	_ = create.MarkFlagRequired("template")
+
+	var q struct{ state, cluster, template, mode, after string }
+	var limit int
+	list := &cobra.Command{
+		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			v := url.Values{}
+			for k, s := range map[string]string{"state": q.state, "cluster": q.cluster, "template": q.template, "mode": q.mode, "after": q.after} {
+				if s != "" {
+					v.Set(k, s)
+				}
+			}
+			v.Set("limit", strconv.Itoa(limit))
+			out, err := c.Tenants(cmd.Context(), v)
+			if err != nil {
+				return err
+			}
+			return g.print(out, func(w io.Writer) {
+				row(w, "ID", "NAME", "MODE", "CLUSTER", "TEMPLATE", "TIER", "STATE", "CREATED")
+				for _, t := range out {
+					row(w, t.ID, t.Name, t.Mode, t.Cluster, fmt.Sprintf("%s v%d", t.Template, t.Version), t.Tier, t.State, t.CreatedAt.Format("2006-01-02 15:04"))
+				}
+			})
+		},
+	}
+	lf := list.Flags()
+	lf.StringVar(&q.state, "state", "", "only tenants in this state (active, suspended, dropped, …)")
+	lf.StringVar(&q.cluster, "cluster", "", "only tenants on this cluster")
+	lf.StringVar(&q.template, "template", "", "only tenants of this template")
+	lf.StringVar(&q.mode, "mode", "", "only database or schema tenants")
+	lf.StringVar(&q.after, "after", "", "page: tenants with ids after this one")
+	lf.IntVar(&limit, "limit", 1000, "at most this many")
+
+	show := &cobra.Command{
+		Use: "show ID", Short: "Show a tenant and its history", Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.Tenant(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return g.print(t, func(w io.Writer) { tenantDetail(w, t) })
+		},
+	}
+
+	var printOnly bool
+	connect := &cobra.Command{
+		Use:   "connect ID",
+		Short: "Open psql as the tenant (asks for its password; PGPASSWORD works too)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.Tenant(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if printOnly {
+				return g.print(map[string]string{"dsn": t.DSN}, func(w io.Writer) { fmt.Fprintln(w, t.DSN) })
+			}
+			psql, err := exec.LookPath("psql")
+			if err != nil {
+				return errors.New("psql not found on PATH (apt-get install -y postgresql-client); the DSN is: " + t.DSN)
+			}
+			return syscall.Exec(psql, []string{"psql", t.DSN}, os.Environ())
+		},
+	}
+	connect.Flags().BoolVar(&printOnly, "print", false, "print the DSN instead of starting psql")
+
+	cmd.AddCommand(create, list, show, connect)
+	return cmd
+}
+
+func tenantDetail(w io.Writer, t api.Tenant) {
+	row(w, "id", t.ID)
+	row(w, "name", t.Name)
+	if t.ExternalID != "" {
+		row(w, "external_id", t.ExternalID)
+	}
+	row(w, "mode", t.Mode)
+	row(w, "cluster", t.Cluster)
+	row(w, "database", t.Database)
+	row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
+	row(w, "tier", t.Tier)
+	row(w, "state", t.State)
+	row(w, "dsn", t.DSN)
+	row(w, "created", t.CreatedAt.Format("2006-01-02 15:04:05 MST"))
+	if t.PurgeAfter != nil {
+		row(w, "purge_after", t.PurgeAfter.Format("2006-01-02 15:04:05 MST"))
+	}
+	for _, e := range t.Events {
+		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), e.Kind+" "+string(e.Detail))
+	}
+}

@@ -1,0 +1,269 @@
+// Package jobs runs pgtenant's durable, resumable operations. A job is a row
+// in the catalog with ordered steps; workers claim jobs with FOR UPDATE SKIP
+// LOCKED, hold a lease while they work, and record each completed step, so
+// that any daemon can resume a job whose worker died from its last completed
+// step. The pacer (pacer.go) holds heavy steps while a cluster is over budget.
+// Steps must be idempotent; this package knows nothing of what they do.
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+)
+
+// Job states.
+const (
+	Queued    = "queued"
+	Running   = "running"
+	Waiting   = "waiting" // running, held by the pacer
+	Paused    = "paused"  // waits for an operator (e.g. a canary rollout)
+	Succeeded = "succeeded"
+	Failed    = "failed"
+	Cancelled = "cancelled"
+)
+
+// Finished reports whether a state is final.
+func Finished(state string) bool { return state == Succeeded || state == Failed || state == Cancelled }
+
+// Job is one row of the jobs table.
+type Job struct {
+	ID              int64           `json:"id"`
+	Type            string          `json:"type"`
+	Key             string          `json:"key,omitempty"`
+	TargetKind      string          `json:"target_kind,omitempty"`
+	Target          string          `json:"target,omitempty"`
+	Cluster         string          `json:"cluster,omitempty"`
+	Args            json.RawMessage `json:"args"`
+	Data            json.RawMessage `json:"-"`
+	State           string          `json:"state"`
+	Attempts        int             `json:"attempts"`
+	MaxAttempts     int             `json:"max_attempts"`
+	RunAfter        time.Time       `json:"run_after"`
+	LeaseOwner      string          `json:"lease_owner,omitempty"`
+	LeaseExpires    *time.Time      `json:"lease_expires,omitempty"`
+	CancelRequested bool            `json:"cancel_requested,omitempty"`
+	ProgressDone    int64           `json:"progress_done"`
+	ProgressTotal   int64           `json:"progress_total"`
+	ProgressMsg     string          `json:"progress_msg"`
+	LastError       string          `json:"last_error,omitempty"`
+	CreatedAt       time.Time       `json:"created_at"`
+	UpdatedAt       time.Time       `json:"updated_at"`
+	StartedAt       *time.Time      `json:"started_at,omitempty"`
+	FinishedAt      *time.Time      `json:"finished_at,omitempty"`
+	Steps           []StepRecord    `json:"steps,omitempty"`
+}
+
+// StepRecord is one completed step.
+type StepRecord struct {
+	Step       string    `json:"step"`
+	Worker     string    `json:"worker"`
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	FinishedAt time.Time `json:"finished_at"`
+}
+
+// DecodeArgs unmarshals the job's arguments.
+func (j *Job) DecodeArgs(v any) error {
+	if err := json.Unmarshal(j.Args, v); err != nil {
+		return Permanent(fmt.Errorf("job %d (%s): bad args: %w", j.ID, j.Type, err))
+	}
+	return nil
+}
+
+// Spec describes a job to enqueue.
+type Spec struct {
+	Type        string
+	Key         string // optional: at most one unfinished job per key
+	TargetKind  string // tenant, template, cluster, rollout …
+	Target      string
+	Cluster     string
+	Args        any
+	MaxAttempts int // 0: the runner's default
+	RunAfter    time.Time
+}
+
+// Querier is a pool or a transaction: Enqueue can run inside a caller's
+// catalog transaction so that a row and the job that works on it commit together.
+type Querier = catalog.Querier
+
+// ErrNotFound is returned for an unknown job id.
+var ErrNotFound = errors.New("job not found")
+
+// ErrWrongState is returned when a job cannot move as asked (cancel a finished job …).
+var ErrWrongState = errors.New("job is in the wrong state")
+
+const jobColumns = `id, type, coalesce(key, ''), target_kind, target, coalesce(cluster, ''), args, data, state,
+	attempts, max_attempts, run_after, coalesce(lease_owner, ''), lease_expires, cancel_requested,
+	progress_done, progress_total, progress_msg, last_error, created_at, updated_at, started_at, finished_at`
+
+func scanJob(row pgx.Row) (Job, error) {
+	var j Job
+	err := row.Scan(&j.ID, &j.Type, &j.Key, &j.TargetKind, &j.Target, &j.Cluster, &j.Args, &j.Data, &j.State,
+		&j.Attempts, &j.MaxAttempts, &j.RunAfter, &j.LeaseOwner, &j.LeaseExpires, &j.CancelRequested,
+		&j.ProgressDone, &j.ProgressTotal, &j.ProgressMsg, &j.LastError, &j.CreatedAt, &j.UpdatedAt, &j.StartedAt, &j.FinishedAt)
+	return j, err
+}
+
+// Enqueue inserts a job. With a Key, an unfinished job with the same key is
+// returned instead of a new one (submission is idempotent).
+func Enqueue(ctx context.Context, q Querier, s Spec, defaultAttempts int) (Job, error) {
+	args, err := json.Marshal(s.Args)
+	if err != nil {
+		return Job{}, err
+	}
+	if s.Args == nil {
+		args = []byte("{}")
+	}
+	if s.MaxAttempts == 0 {
+		s.MaxAttempts = defaultAttempts
+	}
+	if s.RunAfter.IsZero() {
+		s.RunAfter = time.Now()
+	}
+	var key, cluster *string
+	if s.Key != "" {
+		key = &s.Key
+	}
+	if s.Cluster != "" {
+		cluster = &s.Cluster
+	}
+	j, err := scanJob(q.QueryRow(ctx, `
+		INSERT INTO jobs (type, key, target_kind, target, cluster, args, max_attempts, run_after)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'paused') DO NOTHING
+		RETURNING `+jobColumns, s.Type, key, s.TargetKind, s.Target, cluster, args, s.MaxAttempts, s.RunAfter))
+	if errors.Is(err, pgx.ErrNoRows) && key != nil {
+		return scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs
+			WHERE key = $1 AND state IN ('queued', 'running', 'waiting', 'paused')`, *key))
+	}
+	if err != nil {
+		return Job{}, fmt.Errorf("enqueue %s job: %w", s.Type, err)
+	}
+	return j, nil
+}
+
+// Get returns a job with its completed steps.
+func Get(ctx context.Context, q Querier, id int64) (Job, error) {
+	j, err := scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Job{}, fmt.Errorf("job %d: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return Job{}, err
+	}
+	rows, err := q.Query(ctx, `SELECT step, worker, attempt, started_at, finished_at FROM job_steps
+		WHERE job_id = $1 ORDER BY finished_at`, id)
+	if err != nil {
+		return Job{}, err
+	}
+	j.Steps, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (StepRecord, error) {
+		var s StepRecord
+		return s, r.Scan(&s.Step, &s.Worker, &s.Attempt, &s.StartedAt, &s.FinishedAt)
+	})
+	return j, err
+}
+
+// Filter narrows List.
+type Filter struct {
+	State      string // one state, or "active" for queued/running/waiting/paused
+	Type       string
+	TargetKind string
+	Target     string
+	Limit      int
+}
+
+// List returns jobs, newest first.
+func List(ctx context.Context, q Querier, f Filter) ([]Job, error) {
+	if f.Limit <= 0 || f.Limit > 10000 {
+		f.Limit = 100
+	}
+	rows, err := q.Query(ctx, `SELECT `+jobColumns+` FROM jobs
+		WHERE ($1 = '' OR state = $1 OR ($1 = 'active' AND state IN ('queued', 'running', 'waiting', 'paused')))
+		  AND ($2 = '' OR type = $2) AND ($3 = '' OR target_kind = $3) AND ($4 = '' OR target = $4)
+		ORDER BY id DESC LIMIT $5`, f.State, f.Type, f.TargetKind, f.Target, f.Limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
+}
+
+// Cancel asks a job to stop. A queued or paused job is cancelled at once; a
+// running one stops at its next step boundary (or when its step checks).
+func Cancel(ctx context.Context, q Querier, id int64) (Job, error) {
+	tag, err := q.Exec(ctx, `UPDATE jobs SET
+		state = CASE WHEN state IN ('queued', 'paused') THEN 'cancelled' ELSE state END,
+		finished_at = CASE WHEN state IN ('queued', 'paused') THEN now() END,
+		cancel_requested = true, updated_at = now()
+		WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')`, id)
+	if err != nil {
+		return Job{}, err
+	}
+	if tag.RowsAffected() == 0 {
+		j, err := Get(ctx, q, id)
+		if err != nil {
+			return Job{}, err
+		}
+		return j, fmt.Errorf("%w: job %d is already %s", ErrWrongState, id, j.State)
+	}
+	return Get(ctx, q, id)
+}
+
+// Retry requeues a failed or cancelled job. Its completed steps stay
+// recorded, so it resumes after the last one (a handler whose cleanup undid
+// them cleared them).
+func Retry(ctx context.Context, q Querier, id int64) (Job, error) {
+	tag, err := q.Exec(ctx, `UPDATE jobs SET state = 'queued', attempts = 0, cancel_requested = false,
+		run_after = now(), finished_at = NULL, updated_at = now()
+		WHERE id = $1 AND state IN ('failed', 'cancelled')`, id)
+	if err != nil {
+		return Job{}, err
+	}
+	if tag.RowsAffected() == 0 {
+		j, err := Get(ctx, q, id)
+		if err != nil {
+			return Job{}, err
+		}
+		return j, fmt.Errorf("%w: only failed or cancelled jobs can be retried; job %d is %s", ErrWrongState, id, j.State)
+	}
+	return Get(ctx, q, id)
+}
+
+// Resume moves a paused job back to the queue.
+func Resume(ctx context.Context, q Querier, id int64) error {
+	tag, err := q.Exec(ctx, `UPDATE jobs SET state = 'queued', run_after = now(), updated_at = now()
+		WHERE id = $1 AND state = 'paused'`, id)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: job %d is not paused", ErrWrongState, id)
+	}
+	return nil
+}
+
+// permanentError marks an error that retrying cannot fix.
+type permanentError struct{ err error }
+
+func (e permanentError) Error() string { return e.err.Error() }
+func (e permanentError) Unwrap() error { return e.err }
+
+// Permanent marks err as not worth retrying: the job fails at once.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return permanentError{err}
+}
+
+// IsPermanent reports whether err was marked Permanent.
+func IsPermanent(err error) bool {
+	var p permanentError
+	return errors.As(err, &p)
+}

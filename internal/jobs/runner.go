@@ -1,0 +1,469 @@
+package jobs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgtenant/pgtenant/internal/config"
+)
+
+// Step is one idempotent unit of a job. Running it again after a crash must
+// find its effect already there and succeed.
+type Step struct {
+	Name string
+	Run  func(ctx context.Context, r *Run) error
+}
+
+// Handler runs one job type.
+type Handler struct {
+	// Steps returns the job's ordered steps.
+	Steps func(j *Job) ([]Step, error)
+	// Cleanup, if set, removes what a job half-built when it ends failed or
+	// cancelled. It must be idempotent too.
+	Cleanup func(ctx context.Context, r *Run) error
+}
+
+// Runner claims and runs jobs.
+type Runner struct {
+	pool     *pgxpool.Pool
+	cfg      config.JobsConfig
+	owner    string
+	log      *slog.Logger
+	pacer    *Pacer
+	handlers map[string]Handler
+	poke     chan struct{}
+
+	finished *prometheus.CounterVec
+	stepTime *prometheus.HistogramVec
+}
+
+var (
+	errLeaseLost       = errors.New("lease lost to another worker")
+	errCancelRequested = errors.New("cancel requested")
+	errPaused          = errors.New("paused")
+)
+
+// NewRunner returns a runner over the catalog pool. The owner id names this
+// daemon in leases and step records.
+func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *slog.Logger, reg prometheus.Registerer) *Runner {
+	host, _ := os.Hostname()
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	r := &Runner{
+		pool: pool, cfg: cfg, pacer: pacer, handlers: map[string]Handler{},
+		owner: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b)),
+		log:   logger.With("component", "jobs"),
+		poke:  make(chan struct{}, 1),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pgtenant_jobs_finished_total", Help: "Jobs finished by this daemon, by type and final state.",
+		}, []string{"type", "state"}),
+		stepTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "pgtenant_job_step_duration_seconds", Help: "Duration of completed job steps.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
+		}, []string{"type", "step"}),
+	}
+	if reg != nil {
+		reg.MustRegister(r.finished, r.stepTime)
+	}
+	return r
+}
+
+// Owner is this runner's lease owner id.
+func (r *Runner) Owner() string { return r.owner }
+
+// Register adds the handler of a job type. Call before Run.
+func (r *Runner) Register(typ string, h Handler) { r.handlers[typ] = h }
+
+// Enqueue inserts a job (in q, which may be a transaction) and wakes a worker.
+func (r *Runner) Enqueue(ctx context.Context, q Querier, s Spec) (Job, error) {
+	j, err := Enqueue(ctx, q, s, r.cfg.MaxAttempts)
+	if err == nil {
+		r.Poke()
+	}
+	return j, err
+}
+
+// Poke wakes an idle worker (after a job was enqueued in a transaction that
+// has now committed).
+func (r *Runner) Poke() {
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+}
+
+// Wait polls a job until it is finished or paused, calling onChange when its
+// progress changes.
+func (r *Runner) Wait(ctx context.Context, id int64, onChange func(Job)) (Job, error) {
+	var last string
+	for {
+		j, err := Get(ctx, r.pool, id)
+		if err != nil {
+			return Job{}, err
+		}
+		if sig := fmt.Sprint(j.State, j.ProgressDone, j.ProgressTotal, j.ProgressMsg); sig != last && onChange != nil {
+			onChange(j)
+			last = sig
+		}
+		if Finished(j.State) || j.State == Paused {
+			return j, nil
+		}
+		select {
+		case <-ctx.Done():
+			return j, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Run runs cfg.Workers workers until ctx is done. A job in progress at
+// shutdown is handed back to the queue (its completed steps stay recorded).
+func (r *Runner) Run(ctx context.Context) error {
+	types := make([]string, 0, len(r.handlers))
+	for t := range r.handlers {
+		types = append(types, t)
+	}
+	g, ctx := errgroup.WithContext(ctx)
+	for i := 0; i < r.cfg.Workers; i++ {
+		g.Go(func() error {
+			for {
+				j, err := r.claim(ctx, types)
+				if err != nil && ctx.Err() == nil {
+					r.log.Warn("claim failed", "err", err)
+				}
+				if err == nil {
+					r.execute(ctx, j)
+					r.Poke() // there may be more: let an idle worker look too
+					continue
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-r.poke:
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
+		})
+	}
+	return g.Wait()
+}
+
+// claim takes the next runnable job: queued and due, or running with an
+// expired lease (its worker died).
+func (r *Runner) claim(ctx context.Context, types []string) (Job, error) {
+	j, err := scanJob(r.pool.QueryRow(ctx, `
+		UPDATE jobs SET state = 'running', lease_owner = $1, lease_expires = now() + make_interval(secs => $2),
+		       started_at = coalesce(started_at, now()), updated_at = now()
+		WHERE id = (
+			SELECT id FROM jobs
+			WHERE type = ANY($3)
+			  AND ((state = 'queued' AND run_after <= now())
+			    OR (state IN ('running', 'waiting') AND lease_expires < now()))
+			ORDER BY run_after, id
+			LIMIT 1 FOR UPDATE SKIP LOCKED)
+		RETURNING `+jobColumns, r.owner, r.cfg.Lease.D().Seconds(), types))
+	return j, err
+}
+
+// execute runs a claimed job's remaining steps.
+func (r *Runner) execute(parent context.Context, j Job) {
+	log := r.log.With("job", j.ID, "type", j.Type)
+	ctx, cancel := context.WithCancelCause(parent)
+	defer cancel(nil)
+	renewDone := make(chan struct{})
+	go func() {
+		defer close(renewDone)
+		r.renew(ctx, cancel, j.ID)
+	}()
+	defer func() { cancel(nil); <-renewDone }()
+
+	run := &Run{Job: &j, runner: r}
+	err := r.runSteps(ctx, run, log)
+	cause := context.Cause(ctx)
+	switch {
+	case err == nil:
+		r.finish(parent, run, Succeeded, "")
+		log.Info("job succeeded")
+	case errors.Is(cause, errLeaseLost):
+		log.Warn("lease lost; another worker has the job")
+	case parent.Err() != nil:
+		r.release(j.ID) // shutting down: hand it back
+	case errors.Is(err, errPaused):
+		r.pause(parent, j.ID)
+	case errors.Is(cause, errCancelRequested) || errors.Is(err, errCancelRequested):
+		r.cleanup(run, log)
+		r.finish(parent, run, Cancelled, "cancelled by request")
+		log.Info("job cancelled")
+	default:
+		r.failed(parent, run, err, log)
+	}
+}
+
+func (r *Runner) runSteps(ctx context.Context, run *Run, log *slog.Logger) error {
+	h, ok := r.handlers[run.Job.Type]
+	if !ok {
+		return Permanent(fmt.Errorf("no handler for job type %q", run.Job.Type))
+	}
+	steps, err := h.Steps(run.Job)
+	if err != nil {
+		return err
+	}
+	done := map[string]bool{}
+	rows, err := r.pool.Query(ctx, `SELECT step FROM job_steps WHERE job_id = $1`, run.Job.ID)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	for _, n := range names {
+		done[n] = true
+	}
+	for _, st := range steps {
+		if done[st.Name] {
+			continue
+		}
+		if err := context.Cause(ctx); err != nil {
+			return err
+		}
+		start := time.Now()
+		if err := st.Run(ctx, run); err != nil {
+			return fmt.Errorf("step %s: %w", st.Name, err)
+		}
+		if err := r.recordStep(ctx, run, st.Name, start); err != nil {
+			return err
+		}
+		r.stepTime.WithLabelValues(run.Job.Type, st.Name).Observe(time.Since(start).Seconds())
+		log.Debug("step done", "step", st.Name, "took", time.Since(start))
+	}
+	return nil
+}
+
+// recordStep marks a step complete, fenced by the lease: a worker that lost
+// its lease cannot record, and the primary key stops a step completing twice.
+func (r *Runner) recordStep(ctx context.Context, run *Run, step string, start time.Time) error {
+	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE jobs SET updated_at = now() WHERE id = $1 AND lease_owner = $2`, run.Job.ID, r.owner)
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() == 0 {
+			return errLeaseLost
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO job_steps (job_id, step, worker, attempt, started_at) VALUES ($1, $2, $3, $4, $5)`,
+			run.Job.ID, step, r.owner, run.Job.Attempts+1, start)
+		if err != nil {
+			return fmt.Errorf("record step %s: %w", step, err)
+		}
+		return nil
+	})
+}
+
+// renew extends the lease every third of its length and notices cancel
+// requests; it cancels ctx when the lease is lost.
+func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id int64) {
+	t := time.NewTicker(r.cfg.Lease.D() / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var cancelReq bool
+		err := r.pool.QueryRow(ctx, `UPDATE jobs SET lease_expires = now() + make_interval(secs => $3)
+			WHERE id = $1 AND lease_owner = $2 RETURNING cancel_requested`, id, r.owner, r.cfg.Lease.D().Seconds()).Scan(&cancelReq)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			cancel(errLeaseLost)
+			return
+		case err != nil:
+			r.log.Warn("lease renewal failed", "job", id, "err", err)
+		case cancelReq:
+			cancel(errCancelRequested)
+			return
+		}
+	}
+}
+
+func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
+	ctx = context.WithoutCancel(ctx)
+	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = $3, finished_at = now(), updated_at = now(),
+		lease_owner = NULL, lease_expires = NULL,
+		progress_done = CASE WHEN $3 = 'succeeded' THEN greatest(progress_total, progress_done) ELSE progress_done END,
+		progress_msg = CASE WHEN $4 <> '' THEN $4 WHEN $3 = 'succeeded' THEN 'done' ELSE progress_msg END
+		WHERE id = $1 AND lease_owner = $2`, run.Job.ID, r.owner, state, msg)
+	if err != nil {
+		r.log.Error("record job end", "job", run.Job.ID, "state", state, "err", err)
+	}
+	r.finished.WithLabelValues(run.Job.Type, state).Inc()
+}
+
+// failed counts the attempt and either schedules a retry with backoff or
+// ends the job failed after cleaning up.
+func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.Logger) {
+	ctx = context.WithoutCancel(ctx)
+	attempts := run.Job.Attempts + 1
+	if IsPermanent(stepErr) || attempts >= run.Job.MaxAttempts {
+		log.Error("job failed", "attempts", attempts, "err", stepErr)
+		msg := stepErr.Error()
+		if err := r.cleanup(run, log); err != nil {
+			msg += "; cleanup also failed (the reconciler lists what is left): " + err.Error()
+		}
+		_, err := r.pool.Exec(ctx, `UPDATE jobs SET attempts = $3, last_error = $4 WHERE id = $1 AND lease_owner = $2`,
+			run.Job.ID, r.owner, attempts, msg)
+		if err != nil {
+			log.Error("record job failure", "err", err)
+		}
+		r.finish(ctx, run, Failed, "failed: "+firstLine(msg))
+		return
+	}
+	backoff := min(r.cfg.Backoff.D()<<(attempts-1), r.cfg.MaxBackoff.D())
+	log.Warn("job step failed; will retry", "attempt", attempts, "retry_in", backoff, "err", stepErr)
+	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = 'queued', attempts = $3, last_error = $4,
+		run_after = now() + make_interval(secs => $5), lease_owner = NULL, lease_expires = NULL,
+		progress_msg = $6, updated_at = now()
+		WHERE id = $1 AND lease_owner = $2`, run.Job.ID, r.owner, attempts, stepErr.Error(), backoff.Seconds(),
+		fmt.Sprintf("retrying in %s after: %s", backoff.Round(time.Millisecond), firstLine(stepErr.Error())))
+	if err != nil {
+		log.Error("record job retry", "err", err)
+	}
+}
+
+// cleanup runs the handler's cleanup; on success the completed steps are
+// forgotten, so a retry starts from the beginning.
+func (r *Runner) cleanup(run *Run, log *slog.Logger) error {
+	h := r.handlers[run.Job.Type]
+	if h.Cleanup == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := h.Cleanup(ctx, run); err != nil {
+		log.Error("job cleanup failed", "err", err)
+		return err
+	}
+	_, err := r.pool.Exec(ctx, `DELETE FROM job_steps WHERE job_id = $1`, run.Job.ID)
+	return err
+}
+
+// release hands a job back to the queue at shutdown without counting an attempt.
+func (r *Runner) release(id int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = r.pool.Exec(ctx, `UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires = NULL, updated_at = now()
+		WHERE id = $1 AND lease_owner = $2`, id, r.owner)
+}
+
+func (r *Runner) pause(ctx context.Context, id int64) {
+	_, err := r.pool.Exec(context.WithoutCancel(ctx), `UPDATE jobs SET state = 'paused', lease_owner = NULL, lease_expires = NULL,
+		updated_at = now() WHERE id = $1 AND lease_owner = $2`, id, r.owner)
+	if err != nil {
+		r.log.Error("pause job", "job", id, "err", err)
+	}
+}
+
+func firstLine(s string) string {
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+// Run is a job in the hands of a worker: what its steps use to report
+// progress, keep state between steps and ask the pacer for budget.
+type Run struct {
+	Job    *Job
+	runner *Runner
+}
+
+// Progress records done/total and a human line ("3/10 batches", "waiting: …").
+func (r *Run) Progress(ctx context.Context, done, total int64, msg string) {
+	r.Job.ProgressDone, r.Job.ProgressTotal, r.Job.ProgressMsg = done, total, msg
+	_, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET progress_done = $3, progress_total = $4, progress_msg = $5, updated_at = now()
+		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.runner.owner, done, total, msg)
+	if err != nil && ctx.Err() == nil {
+		r.runner.log.Warn("record progress", "job", r.Job.ID, "err", err)
+	}
+}
+
+// LoadData decodes the job's saved state into v (left as is if none saved).
+func (r *Run) LoadData(v any) error {
+	if len(r.Job.Data) == 0 || string(r.Job.Data) == "{}" || string(r.Job.Data) == "null" {
+		return nil
+	}
+	return json.Unmarshal(r.Job.Data, v)
+}
+
+// SaveData stores the job's state (cursors, ids) so that a resumed job picks
+// up where this one was; fenced by the lease.
+func (r *Run) SaveData(ctx context.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tag, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET data = $3, updated_at = now() WHERE id = $1 AND lease_owner = $2`,
+		r.Job.ID, r.runner.owner, b)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return errLeaseLost
+	}
+	r.Job.Data = b
+	return nil
+}
+
+// Pace waits for the cluster's budget before a step's heavy work and returns
+// the function that gives the budget back. While it waits the job is shown
+// as waiting with the reason.
+func (r *Run) Pace(ctx context.Context, cluster string, kind Kind) (release func(), err error) {
+	if r.runner.pacer == nil {
+		return func() {}, nil
+	}
+	waiting := false
+	release, err = r.runner.pacer.Acquire(ctx, cluster, kind, func(reason string) {
+		waiting = true
+		r.setState(ctx, Waiting, "waiting: "+reason)
+	})
+	if waiting {
+		r.setState(ctx, Running, r.Job.ProgressMsg)
+	}
+	return release, err
+}
+
+func (r *Run) setState(ctx context.Context, state, msg string) {
+	_, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET state = $3, progress_msg = $4, updated_at = now()
+		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.runner.owner, state, msg)
+	if err != nil && ctx.Err() == nil {
+		r.runner.log.Warn("record job state", "job", r.Job.ID, "err", err)
+	}
+}
+
+// Pause stops the job without finishing it: it waits, state paused, until
+// Resume requeues it; the current step then runs again. A step returns the
+// result of Pause.
+func (r *Run) Pause(ctx context.Context, msg string) error {
+	r.Progress(ctx, r.Job.ProgressDone, r.Job.ProgressTotal, msg)
+	return errPaused
+}
+
+// Enqueue submits a follow-up job.
+func (r *Run) Enqueue(ctx context.Context, s Spec) (Job, error) {
+	return r.runner.Enqueue(ctx, r.runner.pool, s)
+}

@@ -1,0 +1,252 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// BuildJob builds one tenant from its template: a spare for the pool, or,
+// with an activation, a tenant on the cold path.
+const BuildJob = "tenant.build"
+
+type buildArgs struct {
+	Tenant   string      `json:"tenant"`
+	Activate *activation `json:"activate,omitempty"`
+}
+
+// activation makes the built tenant usable at once (cold path).
+type activation struct {
+	Verifier string `json:"verifier"` // SCRAM verifier, never the password
+	Tier     string `json:"tier"`
+}
+
+func buildSpec(t catalog.Tenant, act *activation) jobs.Spec {
+	return jobs.Spec{Type: BuildJob, Key: "tenant:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: t.Cluster,
+		Args: buildArgs{Tenant: t.ID, Activate: act}}
+}
+
+// schemaMarker is the comment a schema tenant gets once fully built; a schema
+// without it is a half-built one, dropped and built again.
+func schemaMarker(version int) string { return fmt.Sprintf("pgtenant: built from version %d", version) }
+
+// BuildHandler is the job handler of BuildJob. Steps: the role (NOLOGIN, the
+// tier's settings), the storage (a database copied from the template
+// database with its objects given to the role, or a schema built from the
+// template's files in lock-bounded batches), then ready (spare) or active.
+// A build that fails is removed entirely, catalog row included.
+func (s *Service) BuildHandler() jobs.Handler {
+	return jobs.Handler{
+		Steps: func(j *jobs.Job) ([]jobs.Step, error) {
+			var a buildArgs
+			if err := j.DecodeArgs(&a); err != nil {
+				return nil, err
+			}
+			b := &tenantBuilder{s: s, a: a}
+			return []jobs.Step{
+				{Name: "role", Run: b.role},
+				{Name: "storage", Run: b.storage},
+				{Name: "ready", Run: b.ready},
+			}, nil
+		},
+		Cleanup: func(ctx context.Context, r *jobs.Run) error {
+			var a buildArgs
+			if err := r.Job.DecodeArgs(&a); err != nil {
+				return err
+			}
+			t, err := s.Store.GetTenant(ctx, nil, a.Tenant)
+			if errors.Is(err, catalog.ErrNotFound) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			// Remove what was built, catalog row included, with the purge job.
+			if err := s.Store.SetTenantState(ctx, s.Store.Pool(), t.ID, catalog.StateFailed, t.State); err != nil {
+				return err
+			}
+			_, err = jobs.Enqueue(ctx, s.Store.Pool(), purge.Spec(t, "build failed"), s.Config.Jobs.MaxAttempts)
+			return err
+		},
+	}
+}
+
+type tenantBuilder struct {
+	s *Service
+	a buildArgs
+}
+
+// load returns the tenant and its cluster.
+func (b *tenantBuilder) load(ctx context.Context) (catalog.Tenant, *cluster.Cluster, error) {
+	t, err := b.s.Store.GetTenant(ctx, nil, b.a.Tenant)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return t, nil, jobs.Permanent(err)
+	}
+	if err != nil {
+		return t, nil, err
+	}
+	cl, err := b.s.Clusters.Get(t.Cluster)
+	return t, cl, err
+}
+
+func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run) error {
+	t, cl, err := b.load(ctx)
+	if err != nil {
+		return err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	name := tenant.PhysicalName(t.ID)
+	if err := cluster.CreateRole(ctx, admin, name); err != nil {
+		return err
+	}
+	tier := "default"
+	if b.a.Activate != nil {
+		tier = b.a.Activate.Tier
+	}
+	sql := b.s.tierSQL(t.ID, tier)
+	if t.Mode == ModeSchema {
+		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
+	}
+	_, err = admin.Exec(ctx, sql)
+	return cluster.Classify(err)
+}
+
+func (b *tenantBuilder) storage(ctx context.Context, r *jobs.Run) error {
+	t, cl, err := b.load(ctx)
+	if err != nil {
+		return err
+	}
+	if t.Mode == ModeSchema {
+		return b.buildSchema(ctx, r, t, cl)
+	}
+	return b.buildDatabase(ctx, r, t, cl)
+}
+
+// buildDatabase copies the template database and gives its objects to the
+// tenant's role. The copy has no CONNECT for anyone until it is claimed.
+func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	build, err := b.s.Store.GetBuild(ctx, t.Template, t.Version, t.Cluster)
+	if err != nil {
+		return err
+	}
+	if build.State != "ready" {
+		return fmt.Errorf("template %s version %d is %s on cluster %s", t.Template, t.Version, build.State, t.Cluster)
+	}
+	name := tenant.PhysicalName(t.ID)
+	exists, err := cluster.DatabaseExists(ctx, admin, name)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		h, err := cl.Probe(ctx)
+		if err != nil {
+			return err
+		}
+		strategy := tenant.CreateStrategy(build.SizeBytes, len(h.Standbys), int64(b.s.Config.Provision.WALLogMaxSize))
+		r.Progress(ctx, 0, 2, fmt.Sprintf("copying template %s v%d (%s)", t.Template, t.Version, strategy))
+		release, err := r.Pace(ctx, t.Cluster, jobs.Heavy)
+		if err != nil {
+			return err
+		}
+		err = cluster.CreateDatabase(ctx, admin, name, build.Database, name, strategy)
+		release()
+		if err != nil && !errors.Is(err, cluster.ErrDuplicate) {
+			return err
+		}
+	}
+	// The owner's own rights go too: a spare is unusable until claimed.
+	if _, err := admin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC, %[1]s", cluster.Ident(name))); err != nil {
+		return cluster.Classify(err)
+	}
+	r.Progress(ctx, 1, 2, "giving the template's objects to the tenant's role")
+	conn, err := cl.Connect(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return cluster.ReassignOwned(ctx, conn, templates.OwnerRole, name, b.s.Config.Provision.BatchLocks)
+}
+
+// buildSchema creates the tenant's schema in the shared database and replays
+// the template's files in it as the tenant's role, in lock-bounded batches.
+func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
+	name := tenant.PhysicalName(t.ID)
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var comment *string
+	var exists bool
+	err = conn.QueryRow(ctx, `SELECT true, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, name).Scan(&exists, &comment)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return cluster.Classify(err)
+	}
+	if exists && comment != nil && *comment == schemaMarker(t.Version) {
+		return nil
+	}
+	pace := func(ctx context.Context, done, total int) error {
+		r.Progress(ctx, int64(done), int64(total), fmt.Sprintf("building schema %s: %d/%d", name, done, total))
+		release, err := r.Pace(ctx, t.Cluster, jobs.Light)
+		if err == nil {
+			release()
+		}
+		return err
+	}
+	if exists { // half-built by an interrupted attempt
+		if err := cluster.DropSchemaBatched(ctx, conn, name, b.s.Config.Drop.BatchRelations, pace); err != nil {
+			return err
+		}
+	}
+	files, err := b.s.Templates.Files(ctx, t.Template, t.Version)
+	if err != nil {
+		return err
+	}
+	id := cluster.Ident(name)
+	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE SCHEMA %s AUTHORIZATION %s; SET ROLE %s; SET search_path = %s", id, id, id, id)); err != nil {
+		return cluster.Classify(err)
+	}
+	if err := templates.Apply(ctx, conn, files, templates.ApplyOptions{LockBudget: b.s.Config.Provision.BatchLocks, OnBatch: pace}); err != nil {
+		return fmt.Errorf("build schema %s from template %s v%d: %w", name, t.Template, t.Version, err)
+	}
+	_, err = conn.Exec(ctx, fmt.Sprintf("RESET ROLE; RESET search_path; COMMENT ON SCHEMA %s IS %s", id, cluster.Literal(schemaMarker(t.Version))))
+	return cluster.Classify(err)
+}
+
+func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run) error {
+	t, cl, err := b.load(ctx)
+	if err != nil {
+		return err
+	}
+	if b.a.Activate == nil {
+		return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding, catalog.StateSpare)
+	}
+	if t.State == catalog.StateActive {
+		return nil
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	// The tier was applied with the role; only login and CONNECT are left.
+	if _, err := admin.Exec(ctx, b.s.activationSQL(t, b.a.Activate.Verifier, false)); err != nil {
+		return cluster.Classify(err)
+	}
+	return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateActive, catalog.StateProvisioning, catalog.StateActive)
+}

@@ -1,0 +1,364 @@
+// Package provision creates tenants: it claims a pre-built spare in one
+// short transaction (the hot path), builds a tenant from its template when
+// the pool is empty (the cold path, a durable job), and keeps the spare
+// pools full (pool.go). It never drops what it did not build.
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Modes of isolation.
+const (
+	ModeDatabase = "database"
+	ModeSchema   = "schema"
+)
+
+// Service provisions tenants.
+type Service struct {
+	Store     *catalog.Store
+	Clusters  *cluster.Registry
+	Runner    *jobs.Runner
+	Templates *templates.Service
+	Config    config.Config
+	Logger    *slog.Logger
+	// ColdWait bounds how long Create waits for a cold build (and for a
+	// template's first materialisation) before answering "still provisioning".
+	ColdWait time.Duration
+	// Pool is poked after each claim so that it refills; may be nil.
+	Pool *Pool
+}
+
+// Request asks for a tenant.
+type Request struct {
+	Template   string  `json:"template"`
+	Mode       string  `json:"mode,omitempty"`
+	Name       *string `json:"name,omitempty"`
+	ExternalID string  `json:"external_id,omitempty"`
+	Tier       string  `json:"tier,omitempty"`
+	Cluster    string  `json:"cluster,omitempty"`
+}
+
+// Created is the answer to Create.
+type Created struct {
+	Tenant   catalog.Tenant
+	DSN      string    // includes the password when Password is set
+	Password string    // shown once; empty when Existing or still provisioning
+	Existing bool      // an earlier request with the same external id made it
+	Path     string    // pool or cold
+	Job      *jobs.Job // the cold build, when it did not finish within ColdWait
+}
+
+// ErrInvalid wraps errors in the request.
+var ErrInvalid = errors.New("invalid tenant request")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// Create provisions a tenant: from the pool when a spare is ready, else from
+// the template. A retry with the same external id returns the first tenant.
+func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
+	if err := s.validate(&req); err != nil {
+		return Created{}, err
+	}
+	if _, err := s.Store.GetTemplate(ctx, req.Template); err != nil {
+		return Created{}, err
+	}
+	if req.ExternalID != "" {
+		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
+			return s.existing(t)
+		} else if !errors.Is(err, catalog.ErrNotFound) {
+			return Created{}, err
+		}
+	}
+	cl, err := s.place(ctx, req.Cluster)
+	if err != nil {
+		return Created{}, err
+	}
+	version, err := s.version(ctx, req.Template, cl.Name())
+	if err != nil {
+		return Created{}, err
+	}
+	password, verifier := tenant.NewPassword()
+	name := ""
+	if req.Name != nil {
+		name = *req.Name
+	}
+	want := catalog.Tenant{Name: name, ExternalID: req.ExternalID, Mode: req.Mode, Cluster: cl.Name(),
+		Template: req.Template, Version: version, Tier: req.Tier}
+
+	t, err := s.claim(ctx, cl, want, verifier)
+	if err == nil {
+		s.Pool.Poke()
+		return Created{Tenant: t, Password: password, DSN: s.dsn(cl, t, password), Path: "pool"}, nil
+	}
+	if errors.Is(err, catalog.ErrConflict) && req.ExternalID != "" {
+		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
+			return s.existing(t)
+		}
+	}
+	if !errors.Is(err, catalog.ErrNotFound) {
+		return Created{}, err
+	}
+	return s.cold(ctx, cl, want, password, verifier)
+}
+
+func (s *Service) validate(req *Request) error {
+	if err := templates.ValidName(req.Template); err != nil {
+		return invalid("%v", err)
+	}
+	if req.Mode == "" {
+		req.Mode = s.Config.Provision.DefaultMode
+	}
+	if req.Mode != ModeDatabase && req.Mode != ModeSchema {
+		return invalid("mode %q: use database or schema", req.Mode)
+	}
+	if req.Tier == "" {
+		req.Tier = "default"
+	}
+	if _, ok := s.Config.Tiers[req.Tier]; !ok {
+		names := make([]string, 0, len(s.Config.Tiers))
+		for n := range s.Config.Tiers {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return invalid("unknown tier %q (configured tiers: %s)", req.Tier, strings.Join(names, ", "))
+	}
+	if req.Name != nil {
+		if err := tenant.ValidateName(*req.Name); err != nil {
+			return invalid("%v", err)
+		}
+	}
+	if req.ExternalID != "" {
+		if err := tenant.ValidateExternalID(req.ExternalID); err != nil {
+			return invalid("%v", err)
+		}
+	}
+	return nil
+}
+
+func (s *Service) existing(t catalog.Tenant) (Created, error) {
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return Created{}, err
+	}
+	return Created{Tenant: t, Existing: true, DSN: s.dsn(cl, t, "")}, nil
+}
+
+// place returns the named cluster, or the one with the fewest tenants.
+func (s *Service) place(ctx context.Context, name string) (*cluster.Cluster, error) {
+	if name != "" {
+		return s.Clusters.Get(name)
+	}
+	counts, err := s.Store.TenantCounts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, c := range s.Clusters.All() {
+		names = append(names, c.Name())
+	}
+	chosen, err := tenant.Place(names, counts)
+	if err != nil {
+		return nil, err
+	}
+	return s.Clusters.Get(chosen)
+}
+
+// version is the template version new tenants get on a cluster. The first
+// tenant of a template may wait for its first materialisation.
+func (s *Service) version(ctx context.Context, template, clusterName string) (int, error) {
+	v, err := s.Templates.ProvisionVersion(ctx, template, clusterName)
+	if !errors.Is(err, catalog.ErrNotFound) {
+		return v, err
+	}
+	t, err := s.Store.GetTemplate(ctx, template)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := s.Templates.EnsureBuild(ctx, template, t.CurrentVersion, clusterName); err != nil {
+		return 0, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, s.ColdWait)
+	defer cancel()
+	for {
+		v, err := s.Templates.ProvisionVersion(wctx, template, clusterName)
+		if err == nil {
+			return v, nil
+		}
+		if b, berr := s.Store.GetBuild(ctx, template, t.CurrentVersion, clusterName); berr == nil && b.State == "failed" {
+			return 0, fmt.Errorf("%w: template %s version %d failed to build on cluster %s: %s (see `pgtenant job list --type %s`)",
+				catalog.ErrConflict, template, t.CurrentVersion, clusterName, b.Error, templates.BuildJob)
+		}
+		select {
+		case <-wctx.Done():
+			return 0, fmt.Errorf("%w: template %s is still being materialised on cluster %s; retry in a moment", cluster.ErrUnavailable, template, clusterName)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// claim takes a ready spare and hands it to the caller in one catalog
+// transaction, with one statement batch on the cluster: enable login with the
+// new password, grant CONNECT, apply the tier. ErrNotFound: the pool is empty.
+func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, verifier string) (catalog.Tenant, error) {
+	tx, err := s.Store.Begin(ctx)
+	if err != nil {
+		return catalog.Tenant{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	t, err := s.Store.ClaimSpare(ctx, tx, want.Cluster, want.Template, want.Version, want.Mode)
+	if err != nil {
+		return catalog.Tenant{}, err
+	}
+	t.Name, t.ExternalID, t.Tier = want.Name, want.ExternalID, want.Tier
+	if err := s.Store.ActivateTenant(ctx, tx, t); err != nil {
+		return catalog.Tenant{}, err
+	}
+	if err := s.Store.AddEvent(ctx, tx, t.ID, "created", map[string]any{"path": "pool", "tier": t.Tier}); err != nil {
+		return catalog.Tenant{}, err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return catalog.Tenant{}, err
+	}
+	if _, err := admin.Exec(ctx, s.activationSQL(t, verifier, t.Tier != "default")); err != nil {
+		return catalog.Tenant{}, fmt.Errorf("activate tenant %s on cluster %s: %w", t.ID, cl.Name(), cluster.Classify(err))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return catalog.Tenant{}, err
+	}
+	t.State = catalog.StateActive
+	now := time.Now()
+	t.ClaimedAt = &now
+	return t, nil
+}
+
+// cold builds a tenant from its template in a job and waits for it.
+func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, password, verifier string) (Created, error) {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err := cl.Ping(pctx)
+	cancel()
+	if err != nil {
+		return Created{}, err
+	}
+	want.ID = tenant.NewID()
+	want.State = catalog.StateProvisioning
+	want.Database = s.databaseOf(want)
+	tx, err := s.Store.Begin(ctx)
+	if err != nil {
+		return Created{}, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if err := s.Store.InsertTenant(ctx, tx, want); err != nil {
+		if errors.Is(err, catalog.ErrConflict) {
+			if t, err := s.Store.TenantByExternalID(ctx, want.ExternalID); err == nil {
+				return s.existing(t)
+			}
+		}
+		return Created{}, err
+	}
+	if err := s.Store.AddEvent(ctx, tx, want.ID, "created", map[string]any{"path": "cold", "tier": want.Tier}); err != nil {
+		return Created{}, err
+	}
+	job, err := jobs.Enqueue(ctx, tx, buildSpec(want, &activation{Verifier: verifier, Tier: want.Tier}), s.Config.Jobs.MaxAttempts)
+	if err != nil {
+		return Created{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return Created{}, err
+	}
+	s.Runner.Poke()
+	s.Pool.Poke()
+	wctx, cancel := context.WithTimeout(ctx, s.ColdWait)
+	defer cancel()
+	job, err = s.Runner.Wait(wctx, job.ID, nil)
+	out := Created{Tenant: want, Password: password, DSN: s.dsn(cl, want, password), Path: "cold"}
+	switch {
+	case err != nil && wctx.Err() != nil && ctx.Err() == nil:
+		out.Job = &job // still provisioning: the caller polls the job
+		return out, nil
+	case err != nil:
+		return Created{}, err
+	case job.State != jobs.Succeeded:
+		return Created{}, fmt.Errorf("provision tenant on cluster %s: %s", cl.Name(), job.LastError)
+	}
+	t, err := s.Store.GetTenant(ctx, nil, want.ID)
+	if err != nil {
+		return Created{}, err
+	}
+	out.Tenant = t
+	return out, nil
+}
+
+// databaseOf is where a tenant lives: its own database, or its template's
+// shared database.
+func (s *Service) databaseOf(t catalog.Tenant) string {
+	if t.Mode == ModeSchema {
+		return templates.SharedDatabase(t.Template)
+	}
+	return tenant.PhysicalName(t.ID)
+}
+
+// dsn is the connection string handed to the tenant.
+func (s *Service) dsn(cl *cluster.Cluster, t catalog.Tenant, password string) string {
+	return cl.TenantDSN(t.Database, tenant.PhysicalName(t.ID), password)
+}
+
+// DSN returns a tenant's connection string without its password.
+func (s *Service) DSN(t catalog.Tenant) (string, error) {
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return "", err
+	}
+	return s.dsn(cl, t, ""), nil
+}
+
+// activationSQL makes a spare usable by its tenant: LOGIN with the new
+// password's verifier and CONNECT, and the tier's settings when they differ
+// from the default tier the spare was built with.
+func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool) string {
+	role := cluster.Ident(tenant.PhysicalName(t.ID))
+	var b strings.Builder
+	fmt.Fprintf(&b, "ALTER ROLE %s WITH LOGIN PASSWORD %s;\n", role, cluster.Literal(verifier))
+	if t.Mode == ModeDatabase {
+		fmt.Fprintf(&b, "GRANT ALL ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
+	} else {
+		fmt.Fprintf(&b, "GRANT CONNECT ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
+	}
+	if withTier {
+		b.WriteString(s.tierSQL(t.ID, t.Tier))
+	}
+	return b.String()
+}
+
+// tierSQL applies a tier's limits to a tenant's role.
+func (s *Service) tierSQL(id, tierName string) string {
+	tier := s.Config.Tiers[tierName]
+	role := cluster.Ident(tenant.PhysicalName(id))
+	var b strings.Builder
+	fmt.Fprintf(&b, "ALTER ROLE %s CONNECTION LIMIT %d;\n", role, tier.ConnectionLimit)
+	set := tenant.RoleSettings(tier)
+	for _, k := range []string{"statement_timeout", "idle_in_transaction_session_timeout", "work_mem", "temp_file_limit"} {
+		if v, ok := set[k]; ok {
+			fmt.Fprintf(&b, "ALTER ROLE %s SET %s = %s;\n", role, k, cluster.Literal(v))
+		} else {
+			fmt.Fprintf(&b, "ALTER ROLE %s RESET %s;\n", role, k)
+		}
+	}
+	return b.String()
+}

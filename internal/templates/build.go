@@ -1,0 +1,243 @@
+package templates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+)
+
+// BuildJob materialises a template version on a cluster.
+const BuildJob = "template.build"
+
+type buildArgs struct {
+	Template string `json:"template"`
+	Version  int    `json:"version"`
+	Cluster  string `json:"cluster"`
+}
+
+type buildData struct {
+	Relations int `json:"relations"`
+}
+
+// BuildHandler is the job handler of BuildJob. Its steps: the template owner
+// role, the template's shared database (schema mode), the build into a
+// scratch database in lock-bounded batches, and finalize (rename to the
+// template database, IS_TEMPLATE, no connections). A build that fails is
+// dropped and recorded failed; it is never used.
+func (s *Service) BuildHandler() jobs.Handler {
+	return jobs.Handler{
+		Steps: func(j *jobs.Job) ([]jobs.Step, error) {
+			var a buildArgs
+			if err := j.DecodeArgs(&a); err != nil {
+				return nil, err
+			}
+			b := &builder{s: s, a: a, jobID: j.ID}
+			return []jobs.Step{
+				{Name: "owner-role", Run: b.ownerRole},
+				{Name: "shared-database", Run: b.sharedDatabase},
+				{Name: "build", Run: b.build},
+				{Name: "finalize", Run: b.finalize},
+			}, nil
+		},
+		Cleanup: func(ctx context.Context, r *jobs.Run) error {
+			var a buildArgs
+			if err := r.Job.DecodeArgs(&a); err != nil {
+				return err
+			}
+			cl, err := s.Clusters.Get(a.Cluster)
+			if err != nil {
+				return err
+			}
+			admin, err := cl.Admin(ctx)
+			if err != nil {
+				return err
+			}
+			if err := cluster.DropDatabase(ctx, admin, BuildDatabase(r.Job.ID)); err != nil {
+				return err
+			}
+			return s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: a.Template, Version: a.Version, Cluster: a.Cluster,
+				State: "failed", Database: DatabaseName(a.Template, a.Version), Error: r.Job.LastError})
+		},
+	}
+}
+
+type builder struct {
+	s     *Service
+	a     buildArgs
+	jobID int64
+}
+
+func (b *builder) cluster() (*cluster.Cluster, error) { return b.s.Clusters.Get(b.a.Cluster) }
+
+func (b *builder) ownerRole(ctx context.Context, r *jobs.Run) error {
+	cl, err := b.cluster()
+	if err != nil {
+		return err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	return cluster.CreateRole(ctx, admin, OwnerRole)
+}
+
+// sharedDatabase makes the database that holds the template's schema-mode
+// tenants: nobody but the admin may connect or create anything until a
+// tenant's role is granted CONNECT.
+func (b *builder) sharedDatabase(ctx context.Context, r *jobs.Run) error {
+	cl, err := b.cluster()
+	if err != nil {
+		return err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	name := SharedDatabase(b.a.Template)
+	exists, err := cluster.DatabaseExists(ctx, admin, name)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		release, err := r.Pace(ctx, b.a.Cluster, jobs.Heavy)
+		if err != nil {
+			return err
+		}
+		err = cluster.CreateDatabase(ctx, admin, name, "template0", "", "")
+		release()
+		if err != nil && !errors.Is(err, cluster.ErrDuplicate) {
+			return err
+		}
+	}
+	conn, err := cl.Connect(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON DATABASE %[1]s FROM PUBLIC;
+		REVOKE ALL ON SCHEMA public FROM PUBLIC;
+		COMMENT ON DATABASE %[1]s IS %[2]s`, cluster.Ident(name), cluster.Literal("pgtenant: schema-mode tenants of template "+b.a.Template)))
+	return cluster.Classify(err)
+}
+
+func (b *builder) build(ctx context.Context, r *jobs.Run) error {
+	cl, err := b.cluster()
+	if err != nil {
+		return err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	target := DatabaseName(b.a.Template, b.a.Version)
+	if done, err := cluster.DatabaseExists(ctx, admin, target); err != nil || done {
+		return err // renamed by an earlier attempt: built
+	}
+	if err := b.s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: b.a.Template, Version: b.a.Version,
+		Cluster: b.a.Cluster, State: "building", Database: target}); err != nil {
+		return err
+	}
+	files, err := b.s.Files(ctx, b.a.Template, b.a.Version)
+	if err != nil {
+		return err
+	}
+	// A build that was interrupted is discarded, never continued.
+	scratch := BuildDatabase(b.jobID)
+	release, err := r.Pace(ctx, b.a.Cluster, jobs.Heavy)
+	if err != nil {
+		return err
+	}
+	err = cluster.DropDatabase(ctx, admin, scratch)
+	if err == nil {
+		err = cluster.CreateDatabase(ctx, admin, scratch, "template0", "", cluster.WALLog)
+	}
+	release()
+	if err != nil {
+		return err
+	}
+	conn, err := cl.Connect(ctx, scratch)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	owner := cluster.Ident(OwnerRole)
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`GRANT CREATE ON DATABASE %s TO %s; GRANT CREATE ON SCHEMA public TO %s; SET ROLE %s`,
+		cluster.Ident(scratch), owner, owner, owner)); err != nil {
+		return cluster.Classify(err)
+	}
+	err = Apply(ctx, conn, files, ApplyOptions{
+		LockBudget: b.s.Config.Provision.BatchLocks,
+		OnBatch: func(ctx context.Context, done, total int) error {
+			r.Progress(ctx, int64(done), int64(total), fmt.Sprintf("building %s v%d on %s: %d/%d statements", b.a.Template, b.a.Version, b.a.Cluster, done, total))
+			release, err := r.Pace(ctx, b.a.Cluster, jobs.Light)
+			if err == nil {
+				release()
+			}
+			return err
+		},
+	})
+	if err != nil {
+		return jobs.Permanent(fmt.Errorf("template %s version %d: %w", b.a.Template, b.a.Version, err))
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`RESET ROLE; REVOKE CREATE ON SCHEMA public FROM %s; REVOKE CREATE ON DATABASE %s FROM %s`,
+		owner, cluster.Ident(scratch), owner)); err != nil {
+		return cluster.Classify(err)
+	}
+	n, err := cluster.CountUserRelations(ctx, conn, "")
+	if err != nil {
+		return err
+	}
+	// Freeze now so that tenant copies never rewrite these pages to set hint
+	// bits or freeze them (each such write is a full-page image in the WAL).
+	if _, err := conn.Exec(ctx, `VACUUM (FREEZE)`); err != nil {
+		return cluster.Classify(err)
+	}
+	return r.SaveData(ctx, buildData{Relations: n})
+}
+
+func (b *builder) finalize(ctx context.Context, r *jobs.Run) error {
+	cl, err := b.cluster()
+	if err != nil {
+		return err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	target, scratch := DatabaseName(b.a.Template, b.a.Version), BuildDatabase(b.jobID)
+	exists, err := cluster.DatabaseExists(ctx, admin, target)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		_, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, scratch)
+		if err != nil {
+			return cluster.Classify(err)
+		}
+		if _, err := admin.Exec(ctx, "ALTER DATABASE "+cluster.Ident(scratch)+" RENAME TO "+cluster.Ident(target)); err != nil {
+			return fmt.Errorf("rename build database: %w", cluster.Classify(err))
+		}
+	}
+	// CREATE DATABASE … TEMPLATE fails after 5 s if anyone is connected to
+	// the template, so nobody may connect.
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+cluster.Ident(target)+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"); err != nil {
+		return cluster.Classify(err)
+	}
+	var size int64
+	if err := admin.QueryRow(ctx, `SELECT pg_database_size($1)`, target).Scan(&size); err != nil {
+		return cluster.Classify(err)
+	}
+	var d buildData
+	if err := r.LoadData(&d); err != nil {
+		return err
+	}
+	if prev, err := b.s.Store.GetBuild(ctx, b.a.Template, b.a.Version, b.a.Cluster); err == nil && d.Relations == 0 {
+		d.Relations = prev.Relations // built by an earlier job; this one found it done
+	}
+	return b.s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: b.a.Template, Version: b.a.Version, Cluster: b.a.Cluster,
+		State: "ready", Database: target, Relations: d.Relations, SizeBytes: size})
+}

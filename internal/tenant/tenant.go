@@ -1,0 +1,181 @@
+// Package tenant holds the rules about tenants that need no I/O: opaque ids
+// and physical names, validation of names a customer chooses, passwords and
+// SCRAM verifiers, tier settings and placement. Pure functions only.
+package tenant
+
+import (
+	"crypto/hmac"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/pgtenant/pgtenant/internal/config"
+)
+
+// Prefix starts every tenant's physical name (database, schema and role).
+const Prefix = "t_"
+
+const idAlphabet = "abcdefghijklmnopqrstuvwxyz234567"
+
+var idRE = regexp.MustCompile(`^[a-z2-7]{12}$`)
+
+// NewID returns a random opaque tenant id: 12 characters, 60 bits.
+func NewID() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	for i := range b {
+		b[i] = idAlphabet[b[i]&31]
+	}
+	return string(b)
+}
+
+// ValidID reports whether s is a well-formed tenant id.
+func ValidID(s string) bool { return idRE.MatchString(s) }
+
+// PhysicalName is the tenant's database, schema and role name. It reveals
+// nothing about the customer: tenants can read other names from the catalogs.
+func PhysicalName(id string) string { return Prefix + id }
+
+// IDFromPhysical returns the id of a physical name, if it is one.
+func IDFromPhysical(name string) (string, bool) {
+	id, ok := strings.CutPrefix(name, Prefix)
+	return id, ok && ValidID(id)
+}
+
+// Errors of customer-chosen input.
+var (
+	ErrBadName       = errors.New("invalid display name")
+	ErrBadExternalID = errors.New("invalid external id")
+)
+
+// ValidateName checks a display name: 1 to 200 characters, no control
+// characters, not only spaces. It is stored in the catalog only.
+func ValidateName(n string) error {
+	return validateText(n, 200, ErrBadName)
+}
+
+// ValidateExternalID checks an external id the same way (1 to 200 characters).
+func ValidateExternalID(s string) error {
+	return validateText(s, 200, ErrBadExternalID)
+}
+
+func validateText(s string, maxLen int, kind error) error {
+	switch {
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%w: not valid UTF-8", kind)
+	case strings.TrimSpace(s) == "":
+		return fmt.Errorf("%w: empty", kind)
+	case utf8.RuneCountInString(s) > maxLen:
+		return fmt.Errorf("%w: longer than %d characters", kind, maxLen)
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return fmt.Errorf("%w: contains control character %U", kind, r)
+		}
+	}
+	return nil
+}
+
+// scramIterations matches PostgreSQL's default scram_iterations.
+const scramIterations = 4096
+
+// NewPassword returns a random password and its SCRAM-SHA-256 verifier. Only
+// the verifier is sent to PostgreSQL, so the password never appears in a
+// server log or in pg_stat_activity.
+func NewPassword() (password, verifier string) {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	password = hex.EncodeToString(b)
+	salt := make([]byte, 16)
+	_, _ = rand.Read(salt)
+	return password, SCRAMVerifier(password, salt, scramIterations)
+}
+
+// SCRAMVerifier computes PostgreSQL's stored form of a SCRAM-SHA-256
+// password (RFC 5802/7677): SCRAM-SHA-256$iter:salt$StoredKey:ServerKey.
+func SCRAMVerifier(password string, salt []byte, iterations int) string {
+	salted, err := pbkdf2.Key(sha256.New, password, salt, iterations, sha256.Size)
+	if err != nil {
+		panic(err) // only for parameters FIPS mode forbids; ours are fixed
+	}
+	clientKey := hmacSHA256(salted, "Client Key")
+	stored := sha256.Sum256(clientKey)
+	serverKey := hmacSHA256(salted, "Server Key")
+	enc := base64.StdEncoding.EncodeToString
+	return fmt.Sprintf("SCRAM-SHA-256$%d:%s$%s:%s", iterations, enc(salt), enc(stored[:]), enc(serverKey))
+}
+
+func hmacSHA256(key []byte, msg string) []byte {
+	h := hmac.New(sha256.New, key)
+	h.Write([]byte(msg))
+	return h.Sum(nil)
+}
+
+// RoleSettings are the per-role defaults a tier sets (ALTER ROLE … SET), by
+// parameter name. The connection limit is separate (ALTER ROLE … CONNECTION LIMIT).
+func RoleSettings(t config.Tier) map[string]string {
+	ms := func(d config.Duration) string { return fmt.Sprintf("%dms", time.Duration(d).Milliseconds()) }
+	kb := func(b config.ByteSize) string { return fmt.Sprintf("%dkB", int64(b)/1024) }
+	out := map[string]string{}
+	if t.StatementTimeout > 0 {
+		out["statement_timeout"] = ms(t.StatementTimeout)
+	}
+	if t.IdleInTransactionSessionTimeout > 0 {
+		out["idle_in_transaction_session_timeout"] = ms(t.IdleInTransactionSessionTimeout)
+	}
+	if t.WorkMem > 0 {
+		out["work_mem"] = kb(t.WorkMem)
+	}
+	if t.TempFileLimit > 0 {
+		out["temp_file_limit"] = kb(t.TempFileLimit)
+	}
+	return out
+}
+
+// Place chooses a cluster for a new tenant: the one with the fewest tenants,
+// ties broken by name so that placement is deterministic.
+func Place(candidates []string, counts map[string]int) (string, error) {
+	if len(candidates) == 0 {
+		return "", errors.New("no cluster registered: add one with `pgtenant cluster add` or start `pgtenant up`")
+	}
+	c := append([]string(nil), candidates...)
+	sort.Slice(c, func(i, j int) bool {
+		if counts[c[i]] != counts[c[j]] {
+			return counts[c[i]] < counts[c[j]]
+		}
+		return c[i] < c[j]
+	})
+	return c[0], nil
+}
+
+// CreateStrategy chooses CREATE DATABASE's strategy for a template of
+// templateSize bytes (see README, "Creating databases"):
+//   - WAL_LOG copies the template through the WAL: the standby replays about
+//     templateSize bytes, but no checkpoint is forced;
+//   - FILE_COPY writes almost no WAL but forces two checkpoints, each of
+//     which fsyncs every dirty file of the cluster.
+//
+// WAL_LOG is used up to walLogMax (default 32 MB, half the pacer's default
+// lag budget, so one create cannot put a standby over budget on its own).
+// Without standbys, WAL costs only local writes, so WAL_LOG goes up to 8×
+// walLogMax. Beyond that, FILE_COPY.
+func CreateStrategy(templateSize int64, standbys int, walLogMax int64) string {
+	limit := walLogMax
+	if standbys == 0 {
+		limit *= 8
+	}
+	if templateSize <= limit {
+		return "WAL_LOG"
+	}
+	return "FILE_COPY"
+}
