@@ -1,0 +1,150 @@
+package jobs_test
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/jobs"
+)
+
+// paced returns handlers of a job ("heavy") whose one step ("ddl") asks the
+// pacer for a heavy slot on cluster local, holds it for hold and records
+// when it held it.
+func paced(h *harness, hold time.Duration) func(owner string) map[string]jobs.Handler {
+	return func(owner string) map[string]jobs.Handler {
+		return map[string]jobs.Handler{"heavy": h.handler(owner, h.step(owner, "ddl", func(ctx context.Context, r *jobs.Run) error {
+			release, err := r.Pace(ctx, "local", jobs.Heavy)
+			if err != nil {
+				return err
+			}
+			defer release()
+			from := time.Now()
+			if err := h.record(ctx, r.Job.ID, "paced work", owner); err != nil {
+				return err
+			}
+			time.Sleep(hold)
+			_, err = h.pool.Exec(ctx, `INSERT INTO test_slot (job_id, held_from, held_until) VALUES ($1, $2, $3)`,
+				r.Job.ID, from, time.Now())
+			return err
+		}))}
+	}
+}
+
+// TestPacer_WaitsForStandbyReplayLag: a heavy step waits, shown as waiting
+// with the reason, while the real standby replays too far behind, and goes
+// on once it catches up.
+func TestPacer_WaitsForStandbyReplayLag(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	h.pacerCfg.MaxReplayLag = 1 << 20
+
+	standby, err := pgx.Connect(ctx, pg.DSN(pg.Standbys()[0], "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { standby.Close(context.Background()) })
+	resume := func() error {
+		_, err := standby.Exec(context.Background(), `SELECT pg_wal_replay_resume()`)
+		return err
+	}
+	// Whatever happens, the other tests get a standby that replays.
+	t.Cleanup(func() {
+		if err := resume(); err != nil {
+			t.Errorf("resume replay on the standby: %v", err)
+		}
+	})
+	if _, err := standby.Exec(ctx, `SELECT pg_wal_replay_pause()`); err != nil {
+		t.Fatal(err)
+	}
+	// About 5 MB of WAL: more than the budget, none of it replayed.
+	if _, err := h.pool.Exec(ctx, `CREATE TABLE filler AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g`); err != nil {
+		t.Fatal(err)
+	}
+
+	h.startDaemon(t, 1, paced(h, 0))
+	j := h.enqueue(t, jobs.Spec{Type: "heavy", Cluster: "local"})
+	w := h.waitState(t, j.ID, jobs.Waiting)
+	if !strings.Contains(w.ProgressMsg, "standby replay lag") {
+		t.Errorf("waiting job: progress_msg = %q, want the standby replay lag", w.ProgressMsg)
+	}
+	// It keeps waiting while the standby does not replay.
+	time.Sleep(500 * time.Millisecond)
+	if got := h.get(t, j.ID); got.State != jobs.Waiting {
+		t.Errorf("after 0.5s: state = %s, want still waiting", got.State)
+	}
+	if got := h.count(t, `SELECT count(*) FROM test_exec WHERE job_id = $1 AND step = 'paced work'`, j.ID); got != 0 {
+		t.Errorf("heavy work ran %d times while the standby lagged, want 0", got)
+	}
+
+	resumed := time.Now()
+	if err := resume(); err != nil {
+		t.Fatal(err)
+	}
+	j = h.waitFinished(t, j.ID)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("state = %s (%s), want succeeded", j.State, j.LastError)
+	}
+	if got, want := h.execs(t, j.ID), []string{"ddl", "paced work"}; !slices.Equal(got, want) {
+		t.Errorf("executed %v, want %v", got, want)
+	}
+	var at time.Time
+	if err := h.pool.QueryRow(ctx, `SELECT at FROM test_exec WHERE job_id = $1 AND step = 'paced work'`, j.ID).Scan(&at); err != nil {
+		t.Fatal(err)
+	}
+	if at.Before(resumed) {
+		t.Errorf("heavy work ran at %s, before replay resumed at %s", at, resumed)
+	}
+}
+
+// TestPacer_HeavyDDLSlotsAcrossDaemons: with one heavy DDL slot, heavy
+// steps of two daemons take turns; the one waiting says why.
+func TestPacer_HeavyDDLSlotsAcrossDaemons(t *testing.T) {
+	h := newHarness(t)
+	h.pacerCfg.HeavyDDLSlots = 1
+	a := h.enqueue(t, jobs.Spec{Type: "heavy", Cluster: "local"})
+	b := h.enqueue(t, jobs.Spec{Type: "heavy", Cluster: "local"})
+	// One worker each: each daemon takes one of the jobs.
+	h.startDaemon(t, 1, paced(h, time.Second))
+	h.startDaemon(t, 1, paced(h, time.Second))
+
+	var sawWaiting string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ja, jb := h.get(t, a.ID), h.get(t, b.ID)
+		for _, j := range []jobs.Job{ja, jb} {
+			if j.State == jobs.Waiting && strings.Contains(j.ProgressMsg, "heavy DDL step(s) already in flight") {
+				sawWaiting = j.ProgressMsg
+			}
+		}
+		if jobs.Finished(ja.State) && jobs.Finished(jb.State) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("jobs not finished after 30s: %s, %s", ja.State, jb.State)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if sawWaiting == "" {
+		t.Error("no job was seen waiting for a heavy DDL slot")
+	}
+	for _, id := range []int64{a.ID, b.ID} {
+		if j := h.get(t, id); j.State != jobs.Succeeded {
+			t.Errorf("job %d: state = %s (%s), want succeeded", id, j.State, j.LastError)
+		}
+	}
+	if got := h.count(t, `SELECT count(*) FROM test_slot`); got != 2 {
+		t.Errorf("slot holdings = %d, want 2", got)
+	}
+	if got := h.count(t, `SELECT count(*) FROM test_slot x JOIN test_slot y
+		ON x.job_id < y.job_id AND x.held_from < y.held_until AND y.held_from < x.held_until`); got != 0 {
+		t.Errorf("overlapping slot holdings = %d, want 0", got)
+	}
+	if got := h.count(t, `SELECT count(DISTINCT worker) FROM test_exec WHERE step = 'paced work'`); got != 2 {
+		t.Errorf("daemons that held the slot = %d, want 2", got)
+	}
+}

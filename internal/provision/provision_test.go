@@ -1,0 +1,494 @@
+package provision_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+var pg *pgtest.Cluster
+
+// The whole package runs at PostgreSQL's default max_locks_per_transaction
+// (64): provisioning must never need it raised.
+func TestMain(m *testing.M) {
+	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// createTemplate uploads a directory of examples/templates and waits until it is built.
+func createTemplate(t testing.TB, c *api.Client, name string, files []templates.Upload) {
+	t.Helper()
+	ctx := ctxT(t)
+	added, err := c.CreateTemplate(ctx, name, files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		j, err := c.WaitJob(ctx, j.ID, nil)
+		if err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
+		}
+	}
+}
+
+func example(t *testing.T, name string) []templates.Upload {
+	t.Helper()
+	dir := filepath.Join("..", "..", "examples", "templates", name)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []templates.Upload
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, templates.Upload{Name: e.Name(), Body: string(b)})
+	}
+	return out
+}
+
+// waitSpares waits until the pool of a template and mode holds n ready spares.
+func waitSpares(t *testing.T, catalogDB, template, mode string, n int) {
+	t.Helper()
+	conn := pg.Conn(t, catalogDB)
+	ctx := ctxT(t)
+	for {
+		var got int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE template = $1 AND mode = $2 AND state = 'spare'`, template, mode).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("pool %s/%s: %d spares, want %d", template, mode, got, n)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// startWithCatalog runs a daemon whose pools keep spares spares and returns
+// its client and its catalog database.
+func startWithCatalog(t testing.TB, spares int) (*api.Client, string) {
+	cfg := daemontest.Config(t, pg)
+	u, _ := url.Parse(cfg.Catalog.DSN)
+	cfg.Provision.DefaultPoolSize = spares
+	cfg.Provision.PoolInterval = config.Duration(200 * time.Millisecond)
+	cfg.Tiers["small"] = config.Tier{ConnectionLimit: 3, StatementTimeout: config.Duration(2 * time.Second), WorkMem: 1 << 20}
+	_, c := daemontest.Start(t, pg, cfg)
+	return c, strings.TrimPrefix(u.Path, "/")
+}
+
+func tenantConn(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("connect as tenant: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+func name(s string) *string { return &s }
+
+// TestCreate_BothModes: a tenant of each mode, from the pool and from the
+// template, gets a DSN that works and a schema it owns.
+func TestCreate_BothModes(t *testing.T) {
+	c, catDB := startWithCatalog(t, 1)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	for _, mode := range []string{"database", "schema"} {
+		t.Run(mode, func(t *testing.T) {
+			waitSpares(t, catDB, "saas", mode, 1)
+			pooled, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Name: name("Acme " + mode)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cold, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pooled.Path != "pool" {
+				t.Errorf("first create path = %q, want pool", pooled.Path)
+			}
+			for _, got := range []api.CreateTenantResponse{pooled, cold} {
+				if got.Tenant.State != catalog.StateActive || got.Password == "" || got.Tenant.Mode != mode {
+					t.Fatalf("created = %+v, want an active %s tenant with a password", got.Tenant, mode)
+				}
+				if strings.Contains(got.Tenant.DSN, got.Password) {
+					t.Errorf("tenant view DSN shows the password")
+				}
+				conn := tenantConn(t, got.DSN)
+				var owner string
+				if err := conn.QueryRow(ctx, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'issues'::regclass`).Scan(&owner); err != nil {
+					t.Fatal(err)
+				}
+				if want := "t_" + got.Tenant.ID; owner != want {
+					t.Errorf("issues owned by %q, want %q", owner, want)
+				}
+				if _, err := conn.Exec(ctx, `INSERT INTO organizations (name, slug) VALUES ('Acme', 'acme');
+					CREATE TABLE mine (x int); INSERT INTO mine VALUES (1)`); err != nil {
+					t.Errorf("tenant cannot write its own schema: %v", err)
+				}
+				var products int
+				if err := conn.QueryRow(ctx, `SELECT count(*) FROM products`).Scan(&products); err != nil || products != 3 {
+					t.Errorf("template data: %d products, %v; want 3", products, err)
+				}
+			}
+			shown, err := c.Tenant(ctx, pooled.Tenant.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if shown.Name != "Acme "+mode || len(shown.Events) == 0 {
+				t.Errorf("show = %+v, want the display name and a created event", shown)
+			}
+		})
+	}
+}
+
+// TestIsolation: a tenant's role reaches its own database or schema only,
+// checked with real logins.
+func TestIsolation(t *testing.T) {
+	c, catDB := startWithCatalog(t, 0)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	var db, sc [2]api.CreateTenantResponse
+	for i := range 2 {
+		var err error
+		if db[i], err = c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database"}); err != nil {
+			t.Fatal(err)
+		}
+		if sc[i], err = c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withDB := func(dsn, database string) string {
+		u, _ := url.Parse(dsn)
+		u.Path = "/" + database
+		return u.String()
+	}
+	// Database tenants: not the other's database, the shared database, the
+	// template, postgres, template1 or the catalog.
+	for _, other := range []string{db[1].Tenant.Database, sc[0].Tenant.Database, "pgt_tpl_saas_v1", "postgres", "template1", catDB} {
+		conn, err := pgx.Connect(ctx, withDB(db[0].DSN, other))
+		if err == nil {
+			conn.Close(ctx)
+			t.Errorf("database tenant %s connected to %s", db[0].Tenant.ID, other)
+		}
+	}
+	// Schema tenants: not the other's schema, not the public schema, no temp tables, no other database.
+	a := tenantConn(t, sc[0].DSN)
+	for _, sql := range []string{
+		`SELECT count(*) FROM t_` + sc[1].Tenant.ID + `.users`,
+		`CREATE TABLE public.sneaky (x int)`,
+		`CREATE TEMP TABLE sneaky (x int)`,
+	} {
+		if _, err := a.Exec(ctx, sql); err == nil {
+			t.Errorf("schema tenant %s ran %q", sc[0].Tenant.ID, sql)
+		}
+	}
+	var path string
+	if err := a.QueryRow(ctx, `SELECT current_schemas(false)::text`).Scan(&path); err != nil || path != "{t_"+sc[0].Tenant.ID+"}" {
+		t.Errorf("schema tenant search path = %q, %v; want its own schema only", path, err)
+	}
+	if conn, err := pgx.Connect(ctx, withDB(sc[0].DSN, db[0].Tenant.Database)); err == nil {
+		conn.Close(ctx)
+		t.Errorf("schema tenant connected to a database tenant's database")
+	}
+	// Physical names reveal nothing of the display name.
+	if !strings.HasPrefix(db[0].Tenant.Database, "t_") || strings.Contains(db[0].Tenant.Database, "acme") {
+		t.Errorf("database name %q is not opaque", db[0].Tenant.Database)
+	}
+}
+
+// TestSpares_UnusableBeforeClaim: a spare's role cannot log in, even with a
+// known password, and has no CONNECT right.
+func TestSpares_UnusableBeforeClaim(t *testing.T) {
+	c, catDB := startWithCatalog(t, 2)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	waitSpares(t, catDB, "saas", "database", 2)
+	waitSpares(t, catDB, "saas", "schema", 2)
+	cat := pg.Conn(t, catDB)
+	rows, err := cat.Query(ctx, `SELECT id, database FROM tenants WHERE state = 'spare'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type spare struct{ id, db string }
+	spares, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (spare, error) {
+		var s spare
+		return s, r.Scan(&s.id, &s.db)
+	})
+	if err != nil || len(spares) < 4 {
+		t.Fatalf("spares = %v, %v; want at least 4", spares, err)
+	}
+	admin := pg.Conn(t, "postgres")
+	for _, s := range spares {
+		role := "t_" + s.id
+		var canLogin, canConnect bool
+		if err := admin.QueryRow(ctx, `SELECT rolcanlogin, has_database_privilege($1, $2, 'CONNECT') FROM pg_roles WHERE rolname = $1`, role, s.db).
+			Scan(&canLogin, &canConnect); err != nil {
+			t.Fatal(err)
+		}
+		if canLogin || canConnect {
+			t.Errorf("spare %s: login=%v connect=%v, want neither", s.id, canLogin, canConnect)
+		}
+		// Even knowing a password, the spare cannot log in.
+		if _, err := admin.Exec(ctx, `ALTER ROLE `+pgx.Identifier{role}.Sanitize()+` PASSWORD 'known'`); err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse(pg.PrimaryDSN(s.db))
+		u.User = url.UserPassword(role, "known")
+		if conn, err := pgx.Connect(ctx, u.String()); err == nil {
+			conn.Close(ctx)
+			t.Errorf("spare %s logged in before being claimed", s.id)
+		}
+	}
+	// Spares are not tenants: not listed, not shown.
+	list, err := c.Tenants(ctx, url.Values{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Errorf("tenant list shows %d rows, want no spares listed", len(list))
+	}
+	if _, err := c.Tenant(ctx, spares[0].id); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("show spare: %v, want not found", err)
+	}
+}
+
+// TestCreate_RetryByExternalID: retries (sequential and concurrent) with one
+// external id make one tenant.
+func TestCreate_RetryByExternalID(t *testing.T) {
+	c, catDB := startWithCatalog(t, 1)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	first, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Tenant.ID != first.Tenant.ID || !again.Existing || again.Password != "" {
+		t.Errorf("retry = id %s existing %v password %q; want id %s, existing, no password", again.Tenant.ID, again.Existing, again.Password, first.Tenant.ID)
+	}
+	var wg sync.WaitGroup
+	ids := make(chan string, 6)
+	for range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-race", Mode: "schema"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			ids <- r.Tenant.ID
+		}()
+	}
+	wg.Wait()
+	close(ids)
+	seen := map[string]bool{}
+	for id := range ids {
+		seen[id] = true
+	}
+	if len(seen) != 1 {
+		t.Errorf("concurrent creates with one external id made %d tenants, want 1", len(seen))
+	}
+	var n int
+	if err := pg.Conn(t, catDB).QueryRow(ctx, `SELECT count(*) FROM tenants WHERE external_id = 'cust-race'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("catalog rows for cust-race = %d, %v; want 1", n, err)
+	}
+}
+
+// TestCreate_BadInput: every bad request is refused with the status and a
+// message naming what is wrong, and leaves nothing behind.
+func TestCreate_BadInput(t *testing.T) {
+	c, catDB := startWithCatalog(t, 0)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	for _, tc := range []struct {
+		req    provision.Request
+		status int
+		want   string
+	}{
+		{provision.Request{Template: "nope"}, http.StatusNotFound, `template "nope"`},
+		{provision.Request{Template: "saas; DROP DATABASE x"}, http.StatusBadRequest, "template name"},
+		{provision.Request{Template: "saas", Cluster: "elsewhere"}, http.StatusNotFound, "elsewhere"},
+		{provision.Request{Template: "saas", Tier: "gold"}, http.StatusBadRequest, `unknown tier "gold"`},
+		{provision.Request{Template: "saas", Mode: "table"}, http.StatusBadRequest, "mode"},
+		{provision.Request{Template: "saas", Name: name("")}, http.StatusBadRequest, "display name: empty"},
+		{provision.Request{Template: "saas", Name: name(strings.Repeat("x", 201))}, http.StatusBadRequest, "longer than 200"},
+		{provision.Request{Template: "saas", Name: name("evil\x00name")}, http.StatusBadRequest, "control character"},
+		{provision.Request{Template: "saas", ExternalID: "tab\there"}, http.StatusBadRequest, "external id"},
+	} {
+		_, err := c.CreateTenant(ctx, tc.req)
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Status != tc.status || !strings.Contains(apiErr.Message, tc.want) {
+			t.Errorf("create %+v: %v; want %d containing %q", tc.req, err, tc.status, tc.want)
+		}
+	}
+	var n int
+	if err := pg.Conn(t, catDB).QueryRow(ctx, `SELECT count(*) FROM tenants WHERE state NOT IN ('spare', 'building')`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("tenants after bad requests = %d, %v; want 0", n, err)
+	}
+}
+
+// TestCreate_ClusterDown: a cluster that is down gives 503 and no tenant.
+func TestCreate_ClusterDown(t *testing.T) {
+	c, catDB := startWithCatalog(t, 0)
+	ctx := ctxT(t)
+	other, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "other", DSN: other.PrimaryDSN("postgres")}); err != nil {
+		t.Fatal(err)
+	}
+	createTemplate(t, c, "saas", example(t, "saas"))
+	if err := other.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"database", "schema"} {
+		_, err = c.CreateTenant(ctx, provision.Request{Template: "saas", Cluster: "other", Mode: mode})
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable {
+			t.Errorf("create on a stopped cluster (%s): %v, want 503", mode, err)
+		}
+	}
+	var n int
+	if err := pg.Conn(t, catDB).QueryRow(ctx, `SELECT count(*) FROM tenants WHERE cluster = 'other' AND state NOT IN ('spare', 'building')`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("tenants on the stopped cluster = %d, %v; want 0", n, err)
+	}
+}
+
+// TestCreate_TierApplied: a tier's limits land on the role.
+func TestCreate_TierApplied(t *testing.T) {
+	c, catDB := startWithCatalog(t, 1)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	waitSpares(t, catDB, "saas", "database", 1)
+	got, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Tier: "small"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := tenantConn(t, got.DSN)
+	var timeout, workMem string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('work_mem')`).Scan(&timeout, &workMem); err != nil {
+		t.Fatal(err)
+	}
+	if timeout != "2s" || workMem != "1MB" {
+		t.Errorf("tier small: statement_timeout=%s work_mem=%s, want 2s and 1MB", timeout, workMem)
+	}
+	var limit int
+	if err := pg.Conn(t, "postgres").QueryRow(ctx, `SELECT rolconnlimit FROM pg_roles WHERE rolname = $1`, "t_"+got.Tenant.ID).Scan(&limit); err != nil || limit != 3 {
+		t.Errorf("connection limit = %d, %v; want 3", limit, err)
+	}
+}
+
+// TestTemplate_ManyRelationsAtDefaultLockLimit: a template of 20,000+
+// relations is materialised and provisioned (database mode) with
+// max_locks_per_transaction at its default of 64.
+func TestTemplate_ManyRelationsAtDefaultLockLimit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds 20,000 relations")
+	}
+	c, _ := startWithCatalog(t, 0)
+	ctx := ctxT(t)
+	createTemplate(t, c, "wide", templates.Wide(200))
+	d, err := c.Template(ctx, "wide")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Builds) != 1 || d.Builds[0].Relations < 20000 {
+		t.Fatalf("builds = %+v, want one of at least 20,000 relations", d.Builds)
+	}
+	got, err := c.CreateTenant(ctx, provision.Request{Template: "wide"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := tenantConn(t, got.DSN)
+	var notMine int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = 'public' AND pg_get_userbyid(c.relowner) <> current_user`).Scan(&notMine); err != nil || notMine != 0 {
+		t.Errorf("relations not owned by the tenant = %d, %v; want 0", notMine, err)
+	}
+	var locks string
+	if err := conn.QueryRow(ctx, `SHOW max_locks_per_transaction`).Scan(&locks); err != nil || locks != "64" {
+		t.Errorf("max_locks_per_transaction = %s, want 64", locks)
+	}
+}
+
+// FuzzCreate_Names sends hostile display names, external ids, template and
+// cluster names through the API: each is either refused with 400/404 or
+// stored exactly as given, and physical names stay opaque (t_<id>). `go test`
+// runs the seeds; `go test -fuzz FuzzCreate_Names ./internal/provision`
+// explores further.
+func FuzzCreate_Names(f *testing.F) {
+	c, catDB := startWithCatalog(f, 0)
+	createTemplate(f, c, "tiny", []templates.Upload{{Name: "0001.sql", Body: "CREATE TABLE t (x int);"}})
+	cat := pg.Conn(f, catDB)
+	for _, s := range []string{
+		"Acme", "'; DROP DATABASE postgres; --", `"; DROP ROLE pgtenant; --`, "Robert'); DROP TABLE tenants;--",
+		"$$; SELECT pg_terminate_backend(1); $$", "t_aaaaaaaaaaaa", "\x00", "ünïcødé ☃ 名前", "a\nb", strings.Repeat("é", 200),
+	} {
+		f.Add(s, s, "tiny")
+	}
+	f.Add("ok", "", "tiny; DROP DATABASE x")
+	f.Add("ok", "", "../../etc")
+	f.Fuzz(func(t *testing.T, displayName, externalID, template string) {
+		ctx := ctxT(t)
+		req := provision.Request{Template: template, Mode: "schema", Name: &displayName, ExternalID: externalID, Cluster: "local"}
+		got, err := c.CreateTenant(ctx, req)
+		if err != nil {
+			var apiErr *api.Error
+			t.Logf("refused: %v", err)
+			if !errors.As(err, &apiErr) || (apiErr.Status != http.StatusBadRequest && apiErr.Status != http.StatusNotFound) {
+				t.Fatalf("create %q/%q/%q: %v, want 400 or 404", displayName, externalID, template, err)
+			}
+			return
+		}
+		if got.Existing {
+			return // the same external id was fuzzed before
+		}
+		var stored, storedExt string
+		if err := cat.QueryRow(ctx, `SELECT name, coalesce(external_id, '') FROM tenants WHERE id = $1`, got.Tenant.ID).Scan(&stored, &storedExt); err != nil {
+			t.Fatal(err)
+		}
+		if stored != displayName || storedExt != externalID {
+			t.Errorf("stored %q/%q, want %q/%q", stored, storedExt, displayName, externalID)
+		}
+		if got.Tenant.Database != "pgt_shared_tiny" || !strings.HasPrefix(got.DSN, "postgres://t_"+got.Tenant.ID+":") {
+			t.Errorf("physical names not opaque: database %q dsn %q", got.Tenant.Database, got.DSN)
+		}
+	})
+}
