@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -196,4 +197,16 @@ func (c *Client) WaitJob(ctx context.Context, id int64, onChange func(jobs.Job))
 func (c *Client) Reconcile(ctx context.Context, req ReconcileRequest) (reconcile.Report, error) {
 	var out reconcile.Report
 	return out, c.Do(ctx, http.MethodPost, "/v1/reconcile", req, &out)
+}
+
+// DropTenant soft-deletes a tenant (purgeNow: purge at once).
+func (c *Client) DropTenant(ctx context.Context, id string, purgeNow bool) (LifecycleResponse, error) {
+	var out LifecycleResponse
+	return out, c.Do(ctx, http.MethodDelete, "/v1/tenants/"+url.PathEscape(id)+"?purge_now="+strconv.FormatBool(purgeNow), nil, &out)
+}
+
+// TenantAction posts restore, suspend or resume.
+func (c *Client) TenantAction(ctx context.Context, id, action string) (LifecycleResponse, error) {
+	var out LifecycleResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/"+action, nil, &out)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -37,6 +38,7 @@ type Deps struct {
 	Runner    *jobs.Runner
 	Templates *templates.Service
 	Provision  *provision.Service
+	Purge      *purge.Service
 	Reconciler *reconcile.Reconciler
 	// Console, if set, is served at /.
 	Console http.Handler
@@ -64,6 +66,10 @@ func NewServer(d Deps) *Server {
 	s.handle("GET /v1/tenants", s.listTenants)
 	s.handle("POST /v1/tenants", s.createTenant)
 	s.handle("GET /v1/tenants/{id}", s.showTenant)
+	s.handle("DELETE /v1/tenants/{id}", s.dropTenant)
+	s.handle("POST /v1/tenants/{id}/restore", s.lifecycle(s.Purge.Restore))
+	s.handle("POST /v1/tenants/{id}/suspend", s.lifecycle(s.Purge.Suspend))
+	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
 	s.handle("GET /v1/jobs", s.listJobs)
 	s.handle("GET /v1/jobs/{id}", s.showJob)
 	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)

@@ -1,12 +1,14 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -99,6 +101,46 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		out = append(out, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) dropTenant(w http.ResponseWriter, r *http.Request) error {
+	purgeNow := false
+	if v := r.URL.Query().Get("purge_now"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return invalid("purge_now %q: true or false", v)
+		}
+		purgeNow = b
+	}
+	res, err := s.Purge.Drop(r.Context(), r.PathValue("id"), purgeNow)
+	if err != nil {
+		return err
+	}
+	return s.writeLifecycle(w, res)
+}
+
+// lifecycle adapts a restore/suspend/resume call to a handler.
+func (s *Server) lifecycle(f func(context.Context, string) (purge.Result, error)) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		res, err := f(r.Context(), r.PathValue("id"))
+		if err != nil {
+			return err
+		}
+		return s.writeLifecycle(w, res)
+	}
+}
+
+func (s *Server) writeLifecycle(w http.ResponseWriter, res purge.Result) error {
+	out := LifecycleResponse{Job: res.Job}
+	if res.Tenant.ID != "" {
+		v, err := s.tenantView(res.Tenant)
+		if err != nil {
+			return err
+		}
+		out.Tenant = v
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -91,3 +91,9 @@ type CreateTenantResponse struct {
 	Path     string    `json:"path,omitempty"`     // pool or cold
 	Job      *jobs.Job `json:"job,omitempty"`      // still provisioning: poll this job
 }
+
+// LifecycleResponse answers drop, restore, suspend and resume.
+type LifecycleResponse struct {
+	Tenant Tenant    `json:"tenant"`
+	Job    *jobs.Job `json:"job,omitempty"` // the purge, when one started
+}

@@ -265,3 +265,9 @@ func (s *Store) ListTenantsOnCluster(ctx context.Context, cluster string) ([]Ten
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
 }
+
+// LockTenant reads a tenant FOR UPDATE in tx.
+func (s *Store) LockTenant(ctx context.Context, tx pgx.Tx, id string) (Tenant, error) {
+	t, err := scanTenant(tx.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id = $1 FOR UPDATE`, id))
+	return t, notFound(err, "tenant "+id)
+}

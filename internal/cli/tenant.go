@@ -158,7 +158,64 @@ its password) instead of creating a second one.`,
 	}
 	connect.Flags().BoolVar(&printOnly, "print", false, "print the DSN instead of starting psql")
 
-	cmd.AddCommand(create, list, show, connect)
+	var purgeNow, wait bool
+	drop := &cobra.Command{
+		Use:   "drop ID",
+		Short: "Soft-delete a tenant: locked out, data kept for the retention (drop.retention), then purged",
+		Long: `Drop a tenant: it can no longer log in, its sessions are ended and its data
+stays intact until the retention ends (config drop.retention, default 7 days);
+'pgtenant tenant restore' brings it back until then. --purge-now purges at once:
+a database tenant is dropped (one DROP DATABASE at a time per cluster), a schema
+tenant's relations are dropped in small batches paced by the standby's replay lag.
+Dropping a dropped tenant again is not an error.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.DropTenant(cmd.Context(), args[0], purgeNow)
+			if err != nil {
+				return err
+			}
+			if wait && out.Job != nil {
+				j, err := g.waitJob(cmd.Context(), c, out.Job.ID)
+				if err != nil {
+					return err
+				}
+				out.Job = &j
+			}
+			return g.print(out, func(w io.Writer) {
+				if out.Tenant.ID != "" {
+					tenantDetail(w, out.Tenant)
+				}
+				if out.Job != nil {
+					row(w, "purge job", fmt.Sprintf("%d (%s)", out.Job.ID, out.Job.State))
+				}
+			})
+		},
+	}
+	drop.Flags().BoolVar(&purgeNow, "purge-now", false, "skip the retention and purge now")
+	drop.Flags().BoolVar(&wait, "wait", false, "with --purge-now, wait for the purge with a progress bar")
+
+	action := func(verb, short string) *cobra.Command {
+		return &cobra.Command{Use: verb + " ID", Short: short, Args: cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := g.client()
+				if err != nil {
+					return err
+				}
+				out, err := c.TenantAction(cmd.Context(), args[0], verb)
+				if err != nil {
+					return err
+				}
+				return g.print(out, func(w io.Writer) { tenantDetail(w, out.Tenant) })
+			}}
+	}
+	cmd.AddCommand(create, list, show, connect, drop,
+		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
+		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
+		action("resume", "Let a suspended tenant log in again"))
 	return cmd
 }
 

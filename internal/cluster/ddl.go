@@ -189,7 +189,7 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 		LEFT JOIN pg_constraint k ON d.classid = 'pg_constraint'::regclass AND k.oid = d.objid
 		LEFT JOIN pg_class kc ON kc.oid = k.conrelid
 		WHERE coalesce(c.relnamespace, wc.relnamespace, kc.relnamespace) IS NOT NULL
-		  AND coalesce(c.relnamespace, wc.relnamespace, kc.relnamespace) <> rn.oid
+		  AND coalesce(c.relnamespace, wc.relnamespace, kc.relnamespace) NOT IN (rn.oid, 'pg_toast'::regnamespace)
 		LIMIT 10`, schema)
 	if err != nil {
 		return Classify(err)

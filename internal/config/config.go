@@ -119,6 +119,8 @@ type DropConfig struct {
 	Retention Duration `yaml:"retention"` // dropped tenants are restorable this long
 	// BatchRelations bounds the relations one purge transaction drops (schema mode).
 	BatchRelations int `yaml:"batch_relations"`
+	// CheckInterval is how often dropped tenants past their retention are looked for.
+	CheckInterval Duration `yaml:"check_interval"`
 }
 
 // ReconcileConfig tunes the periodic reconciler.
@@ -150,7 +152,7 @@ func Default() Config {
 		},
 		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
 			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second)},
-		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200},
+		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
 	}
 }
@@ -280,6 +282,9 @@ func (c Config) Validate() error {
 	}
 	if c.Drop.BatchRelations < 1 {
 		bad("drop.batch_relations", "must be at least 1")
+	}
+	if c.Drop.CheckInterval.D() <= 0 {
+		bad("drop.check_interval", "must be positive")
 	}
 	if c.Drop.Retention.D() < 0 {
 		bad("drop.retention", "must not be negative")

@@ -50,6 +50,7 @@ type Daemon struct {
 	runner   *jobs.Runner
 	pool     *provision.Pool
 	recLoop  *reconcile.Loop
+	retain   *purge.Retention
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -94,12 +95,13 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
 	d.runner.Register(provision.BuildJob, prov.BuildHandler())
 	d.runner.Register(purge.Job, pur.Handler())
+	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Reconciler: rec})
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -174,7 +176,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop} {
+	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

@@ -194,12 +194,17 @@ func List(ctx context.Context, q Querier, f Filter) ([]Job, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Job, error) { return scanJob(r) })
 }
 
-// Cancel asks a job to stop. A queued or paused job is cancelled at once; a
-// running one stops at its next step boundary (or when its step checks).
+// Cancel asks a job to stop. A queued job that never started is cancelled at
+// once. A running one stops when its worker next renews the lease. One that
+// started but is not running now (queued for a retry, paused) may have
+// half-built something: it is queued at once for a worker to run its
+// handler's cleanup and end it cancelled.
 func Cancel(ctx context.Context, q Querier, id int64) (Job, error) {
 	tag, err := q.Exec(ctx, `UPDATE jobs SET
-		state = CASE WHEN state IN ('queued', 'paused') THEN 'cancelled' ELSE state END,
-		finished_at = CASE WHEN state IN ('queued', 'paused') THEN now() END,
+		state = CASE WHEN state = 'queued' AND started_at IS NULL THEN 'cancelled'
+		             WHEN state IN ('queued', 'paused') THEN 'queued' ELSE state END,
+		finished_at = CASE WHEN state = 'queued' AND started_at IS NULL THEN now() END,
+		run_after = CASE WHEN state IN ('queued', 'paused') THEN now() ELSE run_after END,
 		cancel_requested = true, updated_at = now()
 		WHERE id = $1 AND state NOT IN ('succeeded', 'failed', 'cancelled')`, id)
 	if err != nil {

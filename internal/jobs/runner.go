@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,6 +45,7 @@ type Runner struct {
 	pacer    *Pacer
 	handlers map[string]Handler
 	poke     chan struct{}
+	claims   atomic.Int64 // numbers this runner's leases
 
 	finished *prometheus.CounterVec
 	stepTime *prometheus.HistogramVec
@@ -80,7 +82,8 @@ func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *
 	return r
 }
 
-// Owner is this runner's lease owner id.
+// Owner is this runner's id: it names the daemon in step records and
+// prefixes its leases ("<owner>/<n>", one per claim).
 func (r *Runner) Owner() string { return r.owner }
 
 // Register adds the handler of a job type. Call before Run.
@@ -140,7 +143,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		g.Go(func() error {
 			for {
 				j, err := r.claim(ctx, types)
-				if err != nil && ctx.Err() == nil {
+				if err != nil && !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
 					r.log.Warn("claim failed", "err", err)
 				}
 				if err == nil {
@@ -161,8 +164,12 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // claim takes the next runnable job: queued and due, or running with an
-// expired lease (its worker died).
+// expired lease (its worker died). The lease is this claim's own, not the
+// daemon's: if the lease expires under a live worker and another worker of
+// the same daemon takes the job over, the old worker must lose it too.
+// j.LeaseOwner is the lease.
 func (r *Runner) claim(ctx context.Context, types []string) (Job, error) {
+	lease := fmt.Sprintf("%s/%d", r.owner, r.claims.Add(1))
 	j, err := scanJob(r.pool.QueryRow(ctx, `
 		UPDATE jobs SET state = 'running', lease_owner = $1, lease_expires = now() + make_interval(secs => $2),
 		       started_at = coalesce(started_at, now()), updated_at = now()
@@ -173,36 +180,43 @@ func (r *Runner) claim(ctx context.Context, types []string) (Job, error) {
 			    OR (state IN ('running', 'waiting') AND lease_expires < now()))
 			ORDER BY run_after, id
 			LIMIT 1 FOR UPDATE SKIP LOCKED)
-		RETURNING `+jobColumns, r.owner, r.cfg.Lease.D().Seconds(), types))
+		RETURNING `+jobColumns, lease, r.cfg.Lease.D().Seconds(), types))
 	return j, err
 }
 
 // execute runs a claimed job's remaining steps.
 func (r *Runner) execute(parent context.Context, j Job) {
 	log := r.log.With("job", j.ID, "type", j.Type)
+	run := &Run{Job: &j, runner: r, lease: j.LeaseOwner}
+	// ctx, the steps' context, ends when a cancel is requested or the lease
+	// is lost. The lease itself is renewed until the job's outcome is
+	// recorded, cleanup included: a cleanup longer than the lease must not
+	// let another worker take the job over and run its steps again.
 	ctx, cancel := context.WithCancelCause(parent)
-	defer cancel(nil)
+	leaseCtx, stopRenew := context.WithCancel(parent)
 	renewDone := make(chan struct{})
 	go func() {
 		defer close(renewDone)
-		r.renew(ctx, cancel, j.ID)
+		r.renew(leaseCtx, cancel, j.ID, run.lease)
 	}()
-	defer func() { cancel(nil); <-renewDone }()
+	defer func() { stopRenew(); <-renewDone; cancel(nil) }()
 
-	run := &Run{Job: &j, runner: r}
 	err := r.runSteps(ctx, run, log)
 	cause := context.Cause(ctx)
 	switch {
 	case err == nil:
 		r.finish(parent, run, Succeeded, "")
 		log.Info("job succeeded")
-	case errors.Is(cause, errLeaseLost):
+	case errors.Is(cause, errLeaseLost) || errors.Is(err, errLeaseLost):
 		log.Warn("lease lost; another worker has the job")
 	case parent.Err() != nil:
-		r.release(j.ID) // shutting down: hand it back
+		r.release(j.ID, run.lease) // shutting down: hand it back
 	case errors.Is(err, errPaused):
-		r.pause(parent, j.ID)
+		r.pause(parent, j.ID, run.lease)
 	case errors.Is(cause, errCancelRequested) || errors.Is(err, errCancelRequested):
+		if !r.holdsLease(parent, run, log) {
+			return
+		}
 		r.cleanup(run, log)
 		r.finish(parent, run, Cancelled, "cancelled by request")
 		log.Info("job cancelled")
@@ -211,10 +225,31 @@ func (r *Runner) execute(parent context.Context, j Job) {
 	}
 }
 
+// holdsLease reports whether this worker still holds the job's lease. A step
+// may fail because the job was taken over before the renewal noticed; the
+// new owner's work must not be cleaned up under it.
+func (r *Runner) holdsLease(ctx context.Context, run *Run, log *slog.Logger) bool {
+	var ok bool
+	err := r.pool.QueryRow(context.WithoutCancel(ctx), `SELECT EXISTS (SELECT FROM jobs WHERE id = $1 AND lease_owner = $2)`,
+		run.Job.ID, run.lease).Scan(&ok)
+	if err != nil {
+		log.Error("check job lease", "err", err)
+		return false // the lease will expire and another worker will decide
+	}
+	if !ok {
+		log.Warn("lease lost; another worker has the job")
+	}
+	return ok
+}
+
 func (r *Runner) runSteps(ctx context.Context, run *Run, log *slog.Logger) error {
 	h, ok := r.handlers[run.Job.Type]
 	if !ok {
 		return Permanent(fmt.Errorf("no handler for job type %q", run.Job.Type))
+	}
+	if run.Job.CancelRequested {
+		// Cancelled while queued for a retry or paused: clean up, run nothing.
+		return errCancelRequested
 	}
 	steps, err := h.Steps(run.Job)
 	if err != nil {
@@ -256,7 +291,7 @@ func (r *Runner) runSteps(ctx context.Context, run *Run, log *slog.Logger) error
 // its lease cannot record, and the primary key stops a step completing twice.
 func (r *Runner) recordStep(ctx context.Context, run *Run, step string, start time.Time) error {
 	return pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE jobs SET updated_at = now() WHERE id = $1 AND lease_owner = $2`, run.Job.ID, r.owner)
+		tag, err := tx.Exec(ctx, `UPDATE jobs SET updated_at = now() WHERE id = $1 AND lease_owner = $2`, run.Job.ID, run.lease)
 		if err != nil {
 			return err
 		}
@@ -272,9 +307,10 @@ func (r *Runner) recordStep(ctx context.Context, run *Run, step string, start ti
 	})
 }
 
-// renew extends the lease every third of its length and notices cancel
-// requests; it cancels ctx when the lease is lost.
-func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id int64) {
+// renew extends the lease every third of its length until ctx is done. It
+// cancels the steps (cancel) when a cancel is requested, and goes on renewing
+// while the job is cleaned up; it stops when the lease is lost.
+func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id int64, lease string) {
 	t := time.NewTicker(r.cfg.Lease.D() / 3)
 	defer t.Stop()
 	for {
@@ -285,16 +321,17 @@ func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id i
 		}
 		var cancelReq bool
 		err := r.pool.QueryRow(ctx, `UPDATE jobs SET lease_expires = now() + make_interval(secs => $3)
-			WHERE id = $1 AND lease_owner = $2 RETURNING cancel_requested`, id, r.owner, r.cfg.Lease.D().Seconds()).Scan(&cancelReq)
+			WHERE id = $1 AND lease_owner = $2 RETURNING cancel_requested`, id, lease, r.cfg.Lease.D().Seconds()).Scan(&cancelReq)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			cancel(errLeaseLost)
 			return
 		case err != nil:
-			r.log.Warn("lease renewal failed", "job", id, "err", err)
+			if ctx.Err() == nil {
+				r.log.Warn("lease renewal failed", "job", id, "err", err)
+			}
 		case cancelReq:
 			cancel(errCancelRequested)
-			return
 		}
 	}
 }
@@ -305,7 +342,7 @@ func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
 		lease_owner = NULL, lease_expires = NULL,
 		progress_done = CASE WHEN $3 = 'succeeded' THEN greatest(progress_total, progress_done) ELSE progress_done END,
 		progress_msg = CASE WHEN $4 <> '' THEN $4 WHEN $3 = 'succeeded' THEN 'done' ELSE progress_msg END
-		WHERE id = $1 AND lease_owner = $2`, run.Job.ID, r.owner, state, msg)
+		WHERE id = $1 AND lease_owner = $2`, run.Job.ID, run.lease, state, msg)
 	if err != nil {
 		r.log.Error("record job end", "job", run.Job.ID, "state", state, "err", err)
 	}
@@ -318,13 +355,16 @@ func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.
 	ctx = context.WithoutCancel(ctx)
 	attempts := run.Job.Attempts + 1
 	if IsPermanent(stepErr) || attempts >= run.Job.MaxAttempts {
+		if !r.holdsLease(ctx, run, log) {
+			return
+		}
 		log.Error("job failed", "attempts", attempts, "err", stepErr)
 		msg := stepErr.Error()
 		if err := r.cleanup(run, log); err != nil {
 			msg += "; cleanup also failed (the reconciler lists what is left): " + err.Error()
 		}
 		_, err := r.pool.Exec(ctx, `UPDATE jobs SET attempts = $3, last_error = $4 WHERE id = $1 AND lease_owner = $2`,
-			run.Job.ID, r.owner, attempts, msg)
+			run.Job.ID, run.lease, attempts, msg)
 		if err != nil {
 			log.Error("record job failure", "err", err)
 		}
@@ -336,7 +376,7 @@ func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.
 	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = 'queued', attempts = $3, last_error = $4,
 		run_after = now() + make_interval(secs => $5), lease_owner = NULL, lease_expires = NULL,
 		progress_msg = $6, updated_at = now()
-		WHERE id = $1 AND lease_owner = $2`, run.Job.ID, r.owner, attempts, stepErr.Error(), backoff.Seconds(),
+		WHERE id = $1 AND lease_owner = $2`, run.Job.ID, run.lease, attempts, stepErr.Error(), backoff.Seconds(),
 		fmt.Sprintf("retrying in %s after: %s", backoff.Round(time.Millisecond), firstLine(stepErr.Error())))
 	if err != nil {
 		log.Error("record job retry", "err", err)
@@ -356,21 +396,22 @@ func (r *Runner) cleanup(run *Run, log *slog.Logger) error {
 		log.Error("job cleanup failed", "err", err)
 		return err
 	}
-	_, err := r.pool.Exec(ctx, `DELETE FROM job_steps WHERE job_id = $1`, run.Job.ID)
+	_, err := r.pool.Exec(ctx, `DELETE FROM job_steps WHERE job_id = $1
+		AND EXISTS (SELECT FROM jobs WHERE id = $1 AND lease_owner = $2)`, run.Job.ID, run.lease)
 	return err
 }
 
 // release hands a job back to the queue at shutdown without counting an attempt.
-func (r *Runner) release(id int64) {
+func (r *Runner) release(id int64, lease string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_, _ = r.pool.Exec(ctx, `UPDATE jobs SET state = 'queued', lease_owner = NULL, lease_expires = NULL, updated_at = now()
-		WHERE id = $1 AND lease_owner = $2`, id, r.owner)
+		WHERE id = $1 AND lease_owner = $2`, id, lease)
 }
 
-func (r *Runner) pause(ctx context.Context, id int64) {
+func (r *Runner) pause(ctx context.Context, id int64, lease string) {
 	_, err := r.pool.Exec(context.WithoutCancel(ctx), `UPDATE jobs SET state = 'paused', lease_owner = NULL, lease_expires = NULL,
-		updated_at = now() WHERE id = $1 AND lease_owner = $2`, id, r.owner)
+		updated_at = now() WHERE id = $1 AND lease_owner = $2`, id, lease)
 	if err != nil {
 		r.log.Error("pause job", "job", id, "err", err)
 	}
@@ -390,13 +431,14 @@ func firstLine(s string) string {
 type Run struct {
 	Job    *Job
 	runner *Runner
+	lease  string // the claim's lease: every write to the job is fenced by it
 }
 
 // Progress records done/total and a human line ("3/10 batches", "waiting: …").
 func (r *Run) Progress(ctx context.Context, done, total int64, msg string) {
 	r.Job.ProgressDone, r.Job.ProgressTotal, r.Job.ProgressMsg = done, total, msg
 	_, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET progress_done = $3, progress_total = $4, progress_msg = $5, updated_at = now()
-		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.runner.owner, done, total, msg)
+		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.lease, done, total, msg)
 	if err != nil && ctx.Err() == nil {
 		r.runner.log.Warn("record progress", "job", r.Job.ID, "err", err)
 	}
@@ -418,7 +460,7 @@ func (r *Run) SaveData(ctx context.Context, v any) error {
 		return err
 	}
 	tag, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET data = $3, updated_at = now() WHERE id = $1 AND lease_owner = $2`,
-		r.Job.ID, r.runner.owner, b)
+		r.Job.ID, r.lease, b)
 	if err != nil {
 		return err
 	}
@@ -449,7 +491,7 @@ func (r *Run) Pace(ctx context.Context, cluster string, kind Kind) (release func
 
 func (r *Run) setState(ctx context.Context, state, msg string) {
 	_, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET state = $3, progress_msg = $4, updated_at = now()
-		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.runner.owner, state, msg)
+		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.lease, state, msg)
 	if err != nil && ctx.Err() == nil {
 		r.runner.log.Warn("record job state", "job", r.Job.ID, "err", err)
 	}

@@ -3,6 +3,8 @@ package jobs_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -391,12 +393,16 @@ func TestRunner_LostLeaseSkipsCleanup(t *testing.T) {
 			h.step(owner, "two", func(ctx context.Context, r *jobs.Run) error {
 				// Fail as soon as another worker owns the job (before the
 				// lease renewal notices).
+				lease := r.Job.LeaseOwner
+				if !strings.HasPrefix(lease, owner) {
+					return fmt.Errorf("lease %q is not one of runner %s", lease, owner)
+				}
 				for {
 					var cur string
 					if err := h.pool.QueryRow(ctx, `SELECT lease_owner FROM jobs WHERE id = $1`, r.Job.ID).Scan(&cur); err != nil {
 						return err
 					}
-					if cur != owner {
+					if cur != lease {
 						_ = h.record(ctx, r.Job.ID, "gave up", owner)
 						return jobs.Permanent(errors.New("gave up"))
 					}
@@ -560,5 +566,93 @@ func TestPause_ResumeRunsStepAgain(t *testing.T) {
 	}
 	if err := jobs.Resume(ctx, h.pool, j.ID); !errors.Is(err, jobs.ErrWrongState) {
 		t.Errorf("resume a succeeded job: err = %v, want ErrWrongState", err)
+	}
+}
+
+// TestRunner_ExpiredLeaseTakenOverInSameDaemon: when a job's lease expires
+// under a live worker and another worker of the same daemon takes it over,
+// the old worker loses it (the lease fences workers, not daemons) and stops;
+// the job then runs to the end once, without a cleanup.
+func TestRunner_ExpiredLeaseTakenOverInSameDaemon(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	var hold atomic.Bool
+	hold.Store(true)
+	h.startDaemon(t, 2, func(owner string) map[string]jobs.Handler {
+		return map[string]jobs.Handler{"hold": h.handler(owner, h.step(owner, "first", nil),
+			h.step(owner, "hold", func(ctx context.Context, r *jobs.Run) error {
+				for hold.Load() {
+					select {
+					case <-ctx.Done():
+						_ = h.record(ctx, r.Job.ID, "stopped", owner)
+						return ctx.Err()
+					case <-time.After(10 * time.Millisecond):
+					}
+				}
+				return nil
+			}), h.step(owner, "last", nil))}
+	})
+	j := h.enqueue(t, jobs.Spec{Type: "hold"})
+	h.waitExec(t, j.ID, "hold", 1)
+	// As if the worker's renewals had stalled for a whole lease.
+	if _, err := h.pool.Exec(ctx, `UPDATE jobs SET lease_expires = now() - interval '1 second' WHERE id = $1`, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.waitExec(t, j.ID, "hold", 2)
+	h.waitExec(t, j.ID, "stopped", 1)
+	hold.Store(false)
+	if j = h.waitFinished(t, j.ID); j.State != jobs.Succeeded {
+		t.Fatalf("state = %s (%s), want succeeded", j.State, j.LastError)
+	}
+	got := map[string]int{}
+	for _, s := range h.execs(t, j.ID) {
+		got[s]++
+	}
+	if want := map[string]int{"first": 1, "hold": 2, "stopped": 1, "last": 1}; !maps.Equal(got, want) {
+		t.Errorf("executions = %v, want %v", got, want)
+	}
+	if len(j.Steps) != 3 || j.Attempts != 0 {
+		t.Errorf("recorded steps = %+v, attempts %d; want 3 steps, 0 attempts", j.Steps, j.Attempts)
+	}
+}
+
+// TestCancel_StartedJobCleansUp: a job that already ran but is not running
+// now (queued for a retry, or paused) is cleaned up when cancelled, like a
+// running one.
+func TestCancel_StartedJobCleansUp(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	h.jobsCfg.Backoff = config.Duration(time.Hour)
+	h.jobsCfg.MaxBackoff = config.Duration(time.Hour)
+	h.startDaemon(t, 2, func(owner string) map[string]jobs.Handler {
+		m := failing(h)(owner)
+		m["pause"] = h.handler(owner, h.step(owner, "one", nil), h.step(owner, "approve", func(ctx context.Context, r *jobs.Run) error {
+			return r.Pause(ctx, "waiting for operator")
+		}))
+		return m
+	})
+	retrying := h.enqueue(t, jobs.Spec{Type: "flaky"})
+	h.waitJob(t, retrying.ID, "a retry an hour away", func(j jobs.Job) bool { return j.State == jobs.Queued && j.Attempts == 1 })
+	paused := h.enqueue(t, jobs.Spec{Type: "pause"})
+	h.waitState(t, paused.ID, jobs.Paused)
+
+	for _, j := range []jobs.Job{retrying, paused} {
+		c, err := jobs.Cancel(ctx, h.pool, j.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !c.CancelRequested {
+			t.Errorf("job %d (%s): cancel_requested = false after cancel", j.ID, j.Type)
+		}
+		got := h.waitFinished(t, j.ID)
+		if got.State != jobs.Cancelled || len(got.Steps) != 0 {
+			t.Errorf("job %d (%s): state = %s, steps %+v; want cancelled, cleaned up", j.ID, j.Type, got.State, got.Steps)
+		}
+	}
+	if got, want := h.execs(t, retrying.ID), []string{"one", "boom", "cleanup"}; !slices.Equal(got, want) {
+		t.Errorf("retrying job executed %v, want %v", got, want)
+	}
+	if got, want := h.execs(t, paused.ID), []string{"one", "approve", "cleanup"}; !slices.Equal(got, want) {
+		t.Errorf("paused job executed %v, want %v", got, want)
 	}
 }

@@ -5,6 +5,7 @@ package daemontest
 import (
 	"context"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,12 +34,8 @@ func Config(t testing.TB, pg *pgtest.Cluster) config.Config {
 // Start runs a daemon with cfg until the test ends and returns it with a client.
 func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon, *api.Client) {
 	t.Helper()
-	managed := catalog.Cluster{Name: "local", DSN: pg.PrimaryDSN("postgres")}
-	for _, s := range pg.Standbys() {
-		managed.StandbyDSNs = append(managed.StandbyDSNs, pg.DSN(s, "postgres"))
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Logger: pgtest.Logger(t)})
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: pgtest.Logger(t)})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -52,4 +49,37 @@ func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon,
 		}
 	})
 	return d, api.NewClient(d.Addr(), d.Token())
+}
+
+// StartCancellable is Start, plus a function that stops the daemon before
+// the test ends (as a shutdown would), waiting until it has stopped.
+func StartCancellable(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*api.Client, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: pgtest.Logger(t)})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return api.NewClient(d.Addr(), d.Token()), stop
+}
+
+func managed(pg *pgtest.Cluster) catalog.Cluster {
+	m := catalog.Cluster{Name: "local", DSN: pg.PrimaryDSN("postgres")}
+	for _, s := range pg.Standbys() {
+		m.StandbyDSNs = append(m.StandbyDSNs, pg.DSN(s, "postgres"))
+	}
+	return m
 }

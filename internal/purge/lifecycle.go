@@ -1,0 +1,210 @@
+package purge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Result is the answer to a lifecycle change.
+type Result struct {
+	Tenant catalog.Tenant
+	Job    *jobs.Job // the purge, when one was started
+}
+
+// Drop soft-deletes a tenant: it can no longer log in, its sessions end, its
+// data stays, and it is purged when the retention ends (at once with
+// purgeNow). Dropping a dropped tenant again is not an error.
+func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, error) {
+	var res Result
+	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, admin cluster.Execer) error {
+		switch t.State {
+		case catalog.StateActive, catalog.StateSuspended:
+			if err := LockOut(ctx, admin, tenant.PhysicalName(t.ID)); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE tenants SET state = 'dropped', dropped_at = now(),
+				purge_after = now() + make_interval(secs => $2), updated_at = now() WHERE id = $1`,
+				t.ID, s.Config.Drop.Retention.D().Seconds())
+			if err != nil {
+				return err
+			}
+			if err := s.Store.AddEvent(ctx, tx, t.ID, "dropped", map[string]any{"from": t.State,
+				"retention": s.Config.Drop.Retention.String(), "purge_now": purgeNow}); err != nil {
+				return err
+			}
+		case catalog.StateDropped, catalog.StatePurging:
+		default:
+			return fmt.Errorf("%w: tenant %s is %s; only active or suspended tenants can be dropped", catalog.ErrConflict, t.ID, t.State)
+		}
+		if purgeNow && t.State != catalog.StatePurging {
+			j, err := s.startPurge(ctx, tx, t, "purge now")
+			if err != nil {
+				return err
+			}
+			res.Job = &j
+		}
+		return nil
+	})
+	if err != nil {
+		return res, err
+	}
+	s.Runner.Poke()
+	res.Tenant, err = s.Store.GetTenant(ctx, nil, id)
+	if errors.Is(err, catalog.ErrNotFound) && res.Job != nil {
+		err = nil // purged already
+	}
+	return res, err
+}
+
+// Restore brings a dropped tenant back, as it was, within its retention.
+func (s *Service) Restore(ctx context.Context, id string) (Result, error) {
+	return s.transition(ctx, id, catalog.StateDropped, catalog.StateActive, "restored", "LOGIN",
+		`, dropped_at = NULL, purge_after = NULL`)
+}
+
+// Suspend locks a tenant out without the deletion clock.
+func (s *Service) Suspend(ctx context.Context, id string) (Result, error) {
+	return s.transition(ctx, id, catalog.StateActive, catalog.StateSuspended, "suspended", "NOLOGIN", "")
+}
+
+// Resume lets a suspended tenant in again.
+func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
+	return s.transition(ctx, id, catalog.StateSuspended, catalog.StateActive, "resumed", "LOGIN", "")
+}
+
+// transition moves a tenant from one state to another, changing its role's
+// LOGIN on the cluster in the same catalog transaction. Already in the target
+// state is not an error (retries are idempotent).
+func (s *Service) transition(ctx context.Context, id, from, to, event, login, extraSet string) (Result, error) {
+	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, admin cluster.Execer) error {
+		if t.State == to {
+			return nil
+		}
+		if t.State != from {
+			return fmt.Errorf("%w: tenant %s is %s, not %s", catalog.ErrConflict, t.ID, t.State, from)
+		}
+		if from == catalog.StateDropped && t.PurgeAfter != nil && time.Now().After(*t.PurgeAfter) {
+			return fmt.Errorf("%w: tenant %s's retention ended at %s; it is being purged", catalog.ErrConflict, t.ID, t.PurgeAfter.Format(time.RFC3339))
+		}
+		role := tenant.PhysicalName(t.ID)
+		if login == "NOLOGIN" {
+			if err := LockOut(ctx, admin, role); err != nil {
+				return err
+			}
+		} else if _, err := admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" LOGIN"); err != nil {
+			return cluster.Classify(err)
+		}
+		if _, err := tx.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now()`+extraSet+` WHERE id = $1`, t.ID, to); err != nil {
+			return err
+		}
+		return s.Store.AddEvent(ctx, tx, t.ID, event, map[string]any{"from": t.State})
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	return Result{Tenant: t}, err
+}
+
+// change runs f with the tenant's row locked in a catalog transaction and an
+// admin pool of its cluster. The cluster change inside f comes before the
+// catalog commit: a failure leaves the catalog as it was, and the change is
+// idempotent for the retry.
+func (s *Service) change(ctx context.Context, id string, f func(context.Context, pgx.Tx, catalog.Tenant, cluster.Execer) error) error {
+	if !tenant.ValidID(id) {
+		return fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
+	}
+	return pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		t, err := s.Store.LockTenant(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if t.State == catalog.StateBuilding || t.State == catalog.StateSpare {
+			return fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
+		}
+		cl, err := s.Clusters.Get(t.Cluster)
+		if err != nil {
+			return err
+		}
+		admin, err := cl.Admin(ctx)
+		if err != nil {
+			return err
+		}
+		return f(ctx, tx, t, admin)
+	})
+}
+
+func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, reason string) (jobs.Job, error) {
+	if _, err := tx.Exec(ctx, `UPDATE tenants SET state = 'purging', updated_at = now() WHERE id = $1`, t.ID); err != nil {
+		return jobs.Job{}, err
+	}
+	if err := s.Store.AddEvent(ctx, tx, t.ID, "purging", map[string]any{"reason": reason}); err != nil {
+		return jobs.Job{}, err
+	}
+	return jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
+}
+
+// Retention purges dropped tenants whose retention has ended.
+type Retention struct {
+	S        *Service
+	Interval time.Duration
+}
+
+// Run checks every Interval until ctx is done.
+func (r *Retention) Run(ctx context.Context) error {
+	log := r.S.Logger.With("component", "retention")
+	for {
+		n, err := r.S.PurgeExpired(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("retention pass failed", "err", err)
+		}
+		if n > 0 {
+			log.Info("retention ended: purging dropped tenants", "tenants", n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.Interval):
+		}
+	}
+}
+
+// PurgeExpired starts the purge of every dropped tenant past its retention.
+func (s *Service) PurgeExpired(ctx context.Context) (int, error) {
+	rows, err := s.Store.Pool().Query(ctx, `SELECT id FROM tenants WHERE state = 'dropped' AND purge_after <= now() ORDER BY purge_after LIMIT 1000`)
+	if err != nil {
+		return 0, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, id := range ids {
+		err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+			t, err := s.Store.LockTenant(ctx, tx, id)
+			if err != nil || t.State != catalog.StateDropped {
+				return err
+			}
+			_, err = s.startPurge(ctx, tx, t, "retention ended")
+			return err
+		})
+		if err != nil {
+			return n, err
+		}
+		n++
+	}
+	if n > 0 {
+		s.Runner.Poke()
+	}
+	return n, nil
+}
