@@ -35,8 +35,8 @@ type Deps struct {
 	Token    string
 	Logger   *slog.Logger
 
-	Runner    *jobs.Runner
-	Templates *templates.Service
+	Runner     *jobs.Runner
+	Templates  *templates.Service
 	Provision  *provision.Service
 	Purge      *purge.Service
 	Reconciler *reconcile.Reconciler
