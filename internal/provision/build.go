@@ -53,9 +53,9 @@ func (s *Service) BuildHandler() jobs.Handler {
 			}
 			b := &tenantBuilder{s: s, a: a}
 			return []jobs.Step{
-				{Name: "role", Run: b.role},
-				{Name: "storage", Run: b.storage},
-				{Name: "ready", Run: b.ready},
+				{Name: "role", Run: b.step(b.role)},
+				{Name: "storage", Run: b.step(b.storage)},
+				{Name: "ready", Run: b.step(b.ready)},
 			}, nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {
@@ -69,6 +69,9 @@ func (s *Service) BuildHandler() jobs.Handler {
 			}
 			if err != nil {
 				return err
+			}
+			if t.State != catalog.StateBuilding && t.State != catalog.StateProvisioning {
+				return nil // built after all, and in use: never remove it
 			}
 			// Remove what was built, catalog row included, with the purge job.
 			if err := s.Store.SetTenantState(ctx, s.Store.Pool(), t.ID, catalog.StateFailed, t.State); err != nil {
@@ -85,24 +88,42 @@ type tenantBuilder struct {
 	a buildArgs
 }
 
-// load returns the tenant and its cluster.
+// errBuilt says the tenant has moved past building: an earlier run of this
+// job finished the step before a crash kept it from recording so, and the
+// tenant was claimed, dropped or purged since. Nothing is left to do.
+var errBuilt = errors.New("tenant already built")
+
+// load returns the tenant and its cluster, or errBuilt.
 func (b *tenantBuilder) load(ctx context.Context) (catalog.Tenant, *cluster.Cluster, error) {
 	t, err := b.s.Store.GetTenant(ctx, nil, b.a.Tenant)
 	if errors.Is(err, catalog.ErrNotFound) {
-		return t, nil, jobs.Permanent(err)
+		return t, nil, errBuilt
 	}
 	if err != nil {
 		return t, nil, err
+	}
+	if t.State != catalog.StateBuilding && t.State != catalog.StateProvisioning {
+		return t, nil, errBuilt
 	}
 	cl, err := b.s.Clusters.Get(t.Cluster)
 	return t, cl, err
 }
 
-func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run) error {
-	t, cl, err := b.load(ctx)
-	if err != nil {
-		return err
+// step runs f on the loaded tenant; a tenant already past building is done.
+func (b *tenantBuilder) step(f func(context.Context, *jobs.Run, catalog.Tenant, *cluster.Cluster) error) func(context.Context, *jobs.Run) error {
+	return func(ctx context.Context, r *jobs.Run) error {
+		t, cl, err := b.load(ctx)
+		if errors.Is(err, errBuilt) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return f(ctx, r, t, cl)
 	}
+}
+
+func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
@@ -123,11 +144,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run) error {
 	return cluster.Classify(err)
 }
 
-func (b *tenantBuilder) storage(ctx context.Context, r *jobs.Run) error {
-	t, cl, err := b.load(ctx)
-	if err != nil {
-		return err
-	}
+func (b *tenantBuilder) storage(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
 	if t.Mode == ModeSchema {
 		return b.buildSchema(ctx, r, t, cl)
 	}
@@ -229,16 +246,9 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 	return cluster.Classify(err)
 }
 
-func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run) error {
-	t, cl, err := b.load(ctx)
-	if err != nil {
-		return err
-	}
+func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
 	if b.a.Activate == nil {
-		return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding, catalog.StateSpare)
-	}
-	if t.State == catalog.StateActive {
-		return nil
+		return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding)
 	}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
@@ -248,5 +258,5 @@ func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run) error {
 	if _, err := admin.Exec(ctx, b.s.activationSQL(t, b.a.Activate.Verifier, false)); err != nil {
 		return cluster.Classify(err)
 	}
-	return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateActive, catalog.StateProvisioning, catalog.StateActive)
+	return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateActive, catalog.StateProvisioning)
 }
