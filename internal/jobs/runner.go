@@ -371,7 +371,7 @@ func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.
 		r.finish(ctx, run, Failed, "failed: "+firstLine(msg))
 		return
 	}
-	backoff := min(r.cfg.Backoff.D()<<(attempts-1), r.cfg.MaxBackoff.D())
+	backoff := min(r.cfg.Backoff.D()<<min(attempts-1, 20), r.cfg.MaxBackoff.D())
 	log.Warn("job step failed; will retry", "attempt", attempts, "retry_in", backoff, "err", stepErr)
 	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = 'queued', attempts = $3, last_error = $4,
 		run_after = now() + make_interval(secs => $5), lease_owner = NULL, lease_expires = NULL,

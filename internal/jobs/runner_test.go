@@ -20,9 +20,6 @@ import (
 func TestRunner_TwoDaemonsRunEachJobOnce(t *testing.T) {
 	h := newHarness(t)
 	const n = 100
-	for range n {
-		h.enqueue(t, jobs.Spec{Type: "three"})
-	}
 	handlers := func(owner string) map[string]jobs.Handler {
 		return map[string]jobs.Handler{"three": h.three(owner, 5*time.Millisecond)}
 	}
@@ -30,6 +27,10 @@ func TestRunner_TwoDaemonsRunEachJobOnce(t *testing.T) {
 	b := h.startDaemon(t, 4, handlers)
 	if a.Owner() == b.Owner() {
 		t.Fatalf("two runners share the owner id %q", a.Owner())
+	}
+	// Submitted while both daemons poll: they race for every job.
+	for range n {
+		h.enqueue(t, jobs.Spec{Type: "three"})
 	}
 
 	deadline := time.Now().Add(30 * time.Second)
