@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
@@ -209,4 +210,16 @@ func (c *Client) DropTenant(ctx context.Context, id string, purgeNow bool) (Life
 func (c *Client) TenantAction(ctx context.Context, id, action string) (LifecycleResponse, error) {
 	var out LifecycleResponse
 	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/"+action, nil, &out)
+}
+
+// Prewarm starts prewarm jobs for a tenant, a cluster or all.
+func (c *Client) Prewarm(ctx context.Context, req PrewarmRequest) ([]jobs.Job, error) {
+	var out []jobs.Job
+	return out, c.Do(ctx, http.MethodPost, "/v1/prewarm", req, &out)
+}
+
+// Capture captures hot sets now.
+func (c *Client) Capture(ctx context.Context, req CaptureRequest) ([]prewarm.CaptureResult, error) {
+	var out []prewarm.CaptureResult
+	return out, c.Do(ctx, http.MethodPost, "/v1/prewarm/capture", req, &out)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
@@ -40,6 +41,7 @@ type Deps struct {
 	Provision  *provision.Service
 	Purge      *purge.Service
 	Reconciler *reconcile.Reconciler
+	Prewarm    *prewarm.Service
 	// Console, if set, is served at /.
 	Console http.Handler
 }
@@ -75,6 +77,9 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)
 	s.handle("POST /v1/jobs/{id}/retry", s.retryJob)
 	s.handle("POST /v1/reconcile", s.reconcile)
+	s.handle("POST /v1/prewarm", s.startPrewarm)
+	s.handle("POST /v1/prewarm/capture", s.capture)
+	s.handle("POST /v1/tenants/{id}/prewarm", s.prewarmTenant)
 	s.handle("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
 	})

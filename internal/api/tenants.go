@@ -64,6 +64,9 @@ func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 	if view.Events, err = s.Store.Events(r.Context(), t.ID); err != nil {
 		return err
 	}
+	if view.Prewarm, err = s.tenantPrewarm(r, t.ID); err != nil {
+		return err
+	}
 	writeJSON(w, http.StatusOK, view)
 	return nil
 }

@@ -78,8 +78,9 @@ type TemplateDetail struct {
 // Tenant is a tenant as the API shows it: never its password.
 type Tenant struct {
 	catalog.Tenant
-	DSN    string          `json:"dsn"` // without the password
-	Events []catalog.Event `json:"events,omitempty"`
+	DSN     string          `json:"dsn"` // without the password
+	Events  []catalog.Event `json:"events,omitempty"`
+	Prewarm *TenantPrewarm  `json:"prewarm,omitempty"` // in show only
 }
 
 // CreateTenantResponse answers POST /v1/tenants.

@@ -109,7 +109,9 @@ func (s *Store) migrate(ctx context.Context) error {
 	}
 	db := stdlib.OpenDBFromPool(s.pool)
 	defer db.Close()
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithSessionLocker(locker))
+	// Migrations are independent tables: one added out of order (a daemon of
+	// a newer build on an older catalog) is applied rather than refused.
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, goose.WithSessionLocker(locker), goose.WithAllowOutofOrder(true))
 	if err != nil {
 		return fmt.Errorf("catalog migrations: %w", err)
 	}

@@ -236,6 +236,14 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	if t.PurgeAfter != nil {
 		row(w, "purge_after", t.PurgeAfter.Format("2006-01-02 15:04:05 MST"))
 	}
+	if t.Prewarm != nil {
+		for _, h := range t.Prewarm.HotSets {
+			row(w, "hot set "+h.Node, fmt.Sprintf("%d blocks (%s), usage %d, captured %s", h.Blocks, humanBytes(h.Blocks*8192), h.Usage, h.CapturedAt.Format("2006-01-02 15:04:05")))
+		}
+		for _, p := range t.Prewarm.Last {
+			row(w, "prewarm "+p.Node, fmt.Sprintf("%s at %s: %d blocks into shared_buffers, %d into the OS cache %s", p.State, p.At.Format("2006-01-02 15:04:05"), p.BlocksBuffer, p.BlocksOS, p.Error))
+		}
+	}
 	for _, e := range t.Events {
 		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), e.Kind+" "+string(e.Detail))
 	}

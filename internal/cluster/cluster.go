@@ -223,3 +223,42 @@ func (r *Registry) Close() {
 		c.Close()
 	}
 }
+
+// Nodes returns the names of the cluster's nodes: "primary", then
+// "standby1", "standby2", … for the configured standby DSNs.
+func (c *Cluster) Nodes() []string {
+	out := []string{"primary"}
+	for i := range c.standbyDSNs {
+		out = append(out, fmt.Sprintf("standby%d", i+1))
+	}
+	return out
+}
+
+// ConnectNode opens an admin connection to a database on one node (see
+// Nodes). Standbys are read-only.
+func (c *Cluster) ConnectNode(ctx context.Context, node, database string) (*pgx.Conn, error) {
+	if node == "" || node == "primary" {
+		return c.Connect(ctx, database)
+	}
+	var i int
+	if _, err := fmt.Sscanf(node, "standby%d", &i); err != nil || i < 1 || i > len(c.standbyDSNs) {
+		return nil, fmt.Errorf("cluster %s has no node %q (nodes: %v)", c.name, node, c.Nodes())
+	}
+	cfg, err := pgx.ParseConfig(c.standbyDSNs[i-1])
+	if err != nil {
+		return nil, err
+	}
+	cfg.Database = database
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = "pgtenant"
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 5 * time.Second
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s/%s/%s: %w", c.name, node, database, Classify(err))
+	}
+	return conn, nil
+}

@@ -40,6 +40,26 @@ type Config struct {
 	Drop DropConfig `yaml:"drop"`
 	// Reconcile sets the period of the daemon's reconciler (0 = off).
 	Reconcile ReconcileConfig `yaml:"reconcile"`
+	// Prewarm tunes hot-set capture and prewarming after restarts.
+	Prewarm PrewarmConfig `yaml:"prewarm"`
+}
+
+// PrewarmConfig tunes hot-set capture and prewarm.
+type PrewarmConfig struct {
+	// CaptureInterval between hot-set captures from pg_buffercache (0 = off).
+	CaptureInterval Duration `yaml:"capture_interval"`
+	// WatchInterval between checks for restarts and failovers (0 = off).
+	WatchInterval Duration `yaml:"watch_interval"`
+	// RateLimit caps how fast prewarm reads, per second.
+	RateLimit ByteSize `yaml:"rate_limit"`
+	// BufferFraction of the free shared buffers that prewarm fills (mode buffer);
+	// it never evicts a buffer in use, so hotter data is never pushed out.
+	BufferFraction float64 `yaml:"buffer_fraction"`
+	// Beyond is what happens to hot blocks past that budget: prefetch (OS
+	// cache, asynchronous), read (OS cache, synchronous) or none.
+	Beyond string `yaml:"beyond"`
+	// Standbys: also prewarm standbys (so that a failover lands on a warm node).
+	Standbys bool `yaml:"standbys"`
 }
 
 // CatalogConfig locates the catalog database.
@@ -154,6 +174,8 @@ func Default() Config {
 			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second)},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
+		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(10 * time.Second),
+			RateLimit: 256 << 20, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
 	}
 }
 
@@ -282,6 +304,15 @@ func (c Config) Validate() error {
 	}
 	if c.Drop.BatchRelations < 1 {
 		bad("drop.batch_relations", "must be at least 1")
+	}
+	if c.Prewarm.RateLimit <= 0 {
+		bad("prewarm.rate_limit", "must be positive, e.g. 256MB")
+	}
+	if c.Prewarm.BufferFraction <= 0 || c.Prewarm.BufferFraction > 1 {
+		bad("prewarm.buffer_fraction", "must be in (0, 1]")
+	}
+	if c.Prewarm.Beyond != "prefetch" && c.Prewarm.Beyond != "read" && c.Prewarm.Beyond != "none" {
+		bad("prewarm.beyond", "must be prefetch, read or none, not %q", c.Prewarm.Beyond)
 	}
 	if c.Drop.CheckInterval.D() <= 0 {
 		bad("drop.check_interval", "must be positive")

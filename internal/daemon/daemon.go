@@ -23,6 +23,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
+	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
@@ -51,6 +52,7 @@ type Daemon struct {
 	pool     *provision.Pool
 	recLoop  *reconcile.Loop
 	retain   *purge.Retention
+	watcher  *prewarm.Watcher
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -96,12 +98,16 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.runner.Register(provision.BuildJob, prov.BuildHandler())
 	d.runner.Register(purge.Job, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
+	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	d.runner.Register(prewarm.Job, warm.Handler())
+	d.watcher = &prewarm.Watcher{S: warm}
+	pur.OnResume = warm.PrewarmTenant
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec})
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -176,7 +182,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain} {
+	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

@@ -112,6 +112,11 @@ func (s *Service) transition(ctx context.Context, id, from, to, event, login, ex
 		return Result{}, err
 	}
 	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err == nil && to == catalog.StateActive && s.OnResume != nil {
+		if herr := s.OnResume(ctx, t); herr != nil {
+			s.Logger.Warn("after resume", "tenant", id, "err", herr)
+		}
+	}
 	return Result{Tenant: t}, err
 }
 

@@ -39,6 +39,9 @@ type Service struct {
 	Runner   *jobs.Runner
 	Config   config.Config
 	Logger   *slog.Logger
+	// OnResume, if set, runs after a tenant is resumed or restored (the
+	// daemon prewarms it). Its error is logged, not returned.
+	OnResume func(ctx context.Context, t catalog.Tenant) error
 }
 
 // Handler is the job handler of Job.
