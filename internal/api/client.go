@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
@@ -222,4 +224,62 @@ func (c *Client) Prewarm(ctx context.Context, req PrewarmRequest) ([]jobs.Job, e
 func (c *Client) Capture(ctx context.Context, req CaptureRequest) ([]prewarm.CaptureResult, error) {
 	var out []prewarm.CaptureResult
 	return out, c.Do(ctx, http.MethodPost, "/v1/prewarm/capture", req, &out)
+}
+
+// StartRollout starts a rollout of a template (or, with DryRun, only plans it).
+func (c *Client) StartRollout(ctx context.Context, req migrate.Request) (migrate.Started, error) {
+	var out migrate.Started
+	return out, c.Do(ctx, http.MethodPost, "/v1/templates/"+url.PathEscape(req.Template)+"/rollouts", req, &out)
+}
+
+// Rollouts lists rollouts, newest first; q filters (template, limit).
+func (c *Client) Rollouts(ctx context.Context, q url.Values) ([]migrate.Status, error) {
+	var out []migrate.Status
+	return out, c.Do(ctx, http.MethodGet, "/v1/rollouts?"+q.Encode(), nil, &out)
+}
+
+// Rollout shows a rollout with its tenants; q filters them (state: a list
+// such as "failed,pending", or "all"; limit).
+func (c *Client) Rollout(ctx context.Context, id int64, q url.Values) (migrate.Status, error) {
+	var out migrate.Status
+	return out, c.Do(ctx, http.MethodGet, fmt.Sprintf("/v1/rollouts/%d?%s", id, q.Encode()), nil, &out)
+}
+
+// ContinueRollout lets a rollout paused after its canary go on.
+func (c *Client) ContinueRollout(ctx context.Context, id int64) (migrate.Status, error) {
+	var out migrate.Status
+	return out, c.Do(ctx, http.MethodPost, fmt.Sprintf("/v1/rollouts/%d/continue", id), nil, &out)
+}
+
+// RetryRollout reruns a rollout's failed tenants (or only tenant).
+func (c *Client) RetryRollout(ctx context.Context, id int64, tenant string) (migrate.Status, error) {
+	var out migrate.Status
+	return out, c.Do(ctx, http.MethodPost, fmt.Sprintf("/v1/rollouts/%d/retry", id), RetryRolloutRequest{Tenant: tenant}, &out)
+}
+
+// TenantMetrics returns a tenant's figures, quota state and, with history
+// (e.g. "1h"), its minute rollups.
+func (c *Client) TenantMetrics(ctx context.Context, id, history string) (TenantMetrics, error) {
+	var out TenantMetrics
+	q := url.Values{}
+	if history != "" {
+		q.Set("history", history)
+	}
+	return out, c.Do(ctx, http.MethodGet, "/v1/tenants/"+url.PathEscape(id)+"/metrics?"+q.Encode(), nil, &out)
+}
+
+// SetMetricsExport opts a tenant in to (or out of) per-tenant series on /metrics.
+func (c *Client) SetMetricsExport(ctx context.Context, id string, export bool) (TenantMetrics, error) {
+	var out TenantMetrics
+	return out, c.Do(ctx, http.MethodPut, "/v1/tenants/"+url.PathEscape(id)+"/metrics/export", MetricsExportRequest{Export: export}, &out)
+}
+
+// Doctor examines one cluster, or all with cluster "".
+func (c *Client) Doctor(ctx context.Context, cluster string) (doctor.Report, error) {
+	var out doctor.Report
+	q := url.Values{}
+	if cluster != "" {
+		q.Set("cluster", cluster)
+	}
+	return out, c.Do(ctx, http.MethodGet, "/v1/doctor?"+q.Encode(), nil, &out)
 }

@@ -17,10 +17,14 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/metrics"
+	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/quota"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -41,7 +45,13 @@ type Deps struct {
 	Provision  *provision.Service
 	Purge      *purge.Service
 	Reconciler *reconcile.Reconciler
+	Migrate    *migrate.Service
 	Prewarm    *prewarm.Service
+	// Metrics, Quota and Doctor serve tenant metrics, quota state and
+	// `doctor`; nil when not wired.
+	Metrics *metrics.Collector
+	Quota   *quota.Service
+	Doctor  *doctor.Doctor
 	// Console, if set, is served at /.
 	Console http.Handler
 }
@@ -80,6 +90,12 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/prewarm", s.startPrewarm)
 	s.handle("POST /v1/prewarm/capture", s.capture)
 	s.handle("POST /v1/tenants/{id}/prewarm", s.prewarmTenant)
+	s.handle("POST /v1/templates/{name}/rollouts", s.startRollout)
+	s.handle("GET /v1/rollouts", s.listRollouts)
+	s.handle("GET /v1/rollouts/{id}", s.showRollout)
+	s.handle("POST /v1/rollouts/{id}/continue", s.continueRollout)
+	s.handle("POST /v1/rollouts/{id}/retry", s.retryRollout)
+	s.metricsRoutes()
 	s.handle("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
 	})

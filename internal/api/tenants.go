@@ -67,6 +67,9 @@ func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 	if view.Prewarm, err = s.tenantPrewarm(r, t.ID); err != nil {
 		return err
 	}
+	if view.Metrics, err = s.tenantMetrics(r, t, 0); err != nil {
+		return err
+	}
 	writeJSON(w, http.StatusOK, view)
 	return nil
 }
@@ -93,6 +96,17 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	if f.State == catalog.StateSpare || f.State == catalog.StateBuilding {
 		return invalid("spares are not tenants; see the pool with `pgtenant template show`")
 	}
+	// sort=size|activity orders by the collector's figures: over every match, then cut to limit.
+	sortBy, limit := q.Get("sort"), f.Limit
+	if err := sortTenants(nil, sortBy); err != nil {
+		return err
+	}
+	if sortBy != "" {
+		if f.After != "" {
+			return invalid("after cannot be combined with sort: sorted lists are not paged")
+		}
+		f.Limit = 100000
+	}
 	ts, err := s.Store.ListTenants(r.Context(), f)
 	if err != nil {
 		return err
@@ -104,6 +118,14 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 		out = append(out, v)
+	}
+	s.attachFigures(out)
+	if sortBy != "" {
+		_ = sortTenants(out, sortBy)
+		if limit <= 0 {
+			limit = 1000
+		}
+		out = out[:min(limit, len(out))]
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -81,6 +81,7 @@ type Tenant struct {
 	DSN     string          `json:"dsn"` // without the password
 	Events  []catalog.Event `json:"events,omitempty"`
 	Prewarm *TenantPrewarm  `json:"prewarm,omitempty"` // in show only
+	Metrics *TenantMetrics  `json:"metrics,omitempty"` // figures (list, show) and quota (show)
 }
 
 // CreateTenantResponse answers POST /v1/tenants.
@@ -97,4 +98,9 @@ type CreateTenantResponse struct {
 type LifecycleResponse struct {
 	Tenant Tenant    `json:"tenant"`
 	Job    *jobs.Job `json:"job,omitempty"` // the purge, when one started
+}
+
+// RetryRolloutRequest reruns a rollout's failed tenants, or only Tenant.
+type RetryRolloutRequest struct {
+	Tenant string `json:"tenant,omitempty"`
 }

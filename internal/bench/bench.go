@@ -75,12 +75,12 @@ func (e *Env) fleetFor(ctx context.Context, name string, settings map[string]str
 
 // Table is a benchmark's result: a title, column names and rows.
 type Table struct {
-	Title   string           `json:"title"`
-	Columns []string         `json:"columns"`
-	Rows    [][]string       `json:"rows"`
-	Notes   []string         `json:"notes,omitempty"`
-	Data    map[string]any   `json:"data,omitempty"` // the raw figures, for -o json
-	Checks  []Check          `json:"checks,omitempty"`
+	Title   string         `json:"title"`
+	Columns []string       `json:"columns"`
+	Rows    [][]string     `json:"rows"`
+	Notes   []string       `json:"notes,omitempty"`
+	Data    map[string]any `json:"data,omitempty"` // the raw figures, for -o json
+	Checks  []Check        `json:"checks,omitempty"`
 }
 
 // Check is one target of an issue, met or not.

@@ -238,10 +238,12 @@ func (s *Store) TenantCounts(ctx context.Context) (map[string]int, error) {
 	return out, rows.Err()
 }
 
-// VersionDistribution counts a template's tenants (not spares) by version.
+// VersionDistribution counts a template's tenants by version: active,
+// suspended, dropped (restorable) and being provisioned; not spares, nor
+// tenants being purged.
 func (s *Store) VersionDistribution(ctx context.Context, template string) (map[int]int, error) {
 	rows, err := s.pool.Query(ctx, `SELECT version, count(*) FROM tenants
-		WHERE template = $1 AND state NOT IN ('building', 'spare') GROUP BY version`, template)
+		WHERE template = $1 AND state IN ('provisioning', 'active', 'suspended', 'dropped') GROUP BY version`, template)
 	if err != nil {
 		return nil, err
 	}

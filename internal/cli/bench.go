@@ -50,10 +50,129 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	crashCmd.Flags().Uint64Var(&crash.Seed, "seed", 0, "random seed (default: from the clock; printed on failure)")
 
 	cmd.AddCommand(crashCmd)
+	cmd.AddCommand(newBenchPrewarmCmd(g, env))
+	cmd.AddCommand(newBenchProvisionCmd(g, env), newBenchDropCmd(g, env))
+	cmd.AddCommand(newBenchMigrateCmd(g, env))
+	cmd.AddCommand(newBenchIdleIOCmd(g, env))
 	return cmd
 }
 
 // printTable prints a benchmark table, or its JSON with -o json.
 func (g *globals) printTable(t bench.Table) error {
 	return g.print(t, func(w io.Writer) { t.Write(w) })
+}
+
+func newBenchProvisionCmd(g *globals, env *bench.Env) *cobra.Command {
+	var opts bench.ProvisionOptions
+	c := &cobra.Command{
+		Use:   "provision",
+		Short: "Issue 4: SQL-replayed schema, cold WAL_LOG and FILE_COPY, and pool claims (both modes), for saas and wide",
+		Long: `For the saas template and the wide template (T copies), on one primary with a
+streaming standby: (a) schema tenants built by replaying the template SQL the way
+django-tenants and apartment do, (b) database tenants on pgtenant's cold path with
+STRATEGY WAL_LOG, (c) the same with FILE_COPY, the pool refilling its spares, then
+(d) database and (e) schema tenants claimed from the pool through the API. For each:
+p50/p95 latency, tenants/s, WAL per tenant, largest WAL record (pg_waldump),
+checkpoints forced and peak standby replay lag. Exits non-zero if a target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			_, table, err := env.Provision(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.Tenants, "tenants", 20, "tenants per cold method (a, b, c) and template")
+	c.Flags().IntVar(&opts.Claims, "claims", 100, "saas: spares refilled per mode, then claimed through the API")
+	c.Flags().IntVar(&opts.WideClaims, "wide-claims", 20, "wide: spares refilled per mode, then claimed (each spare is ~100*T relations)")
+	c.Flags().IntVar(&opts.WideCopies, "wide-copies", 20, "T of the wide template: copies of its 100-column table (at least 20)")
+	return c
+}
+
+func newBenchDropCmd(g *globals, env *bench.Env) *cobra.Command {
+	var opts bench.DropOptions
+	c := &cobra.Command{
+		Use:   "drop",
+		Short: "Issue 5: monolithic DROP SCHEMA vs pgtenant's batched purge, DROP DATABASE, and many small drops, at max_locks_per_transaction=64",
+		Long: `On one primary with a streaming standby, both at PostgreSQL's default
+max_locks_per_transaction=64, for the wide template at --copies and at --big-copies
+(T=200 gives about 20,400 relations per tenant): (a) one DROP SCHEMA ... CASCADE of a
+schema tenant, (b) pgtenant's batched purge of a schema tenant, (c) pgtenant's purge
+of a database tenant (DROP DATABASE); then (d) --small-tenants saas database tenants
+purged one after another. For each: success or the error, time, WAL, largest WAL
+record (pg_waldump), peak lock count, checkpoints, peak standby replay lag and the
+time until the standby has replayed everything. Building the big tenants takes a
+few minutes. Exits non-zero if a target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			_, table, err := env.Drop(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.Copies, "copies", 20, "T of the smaller wide template")
+	c.Flags().IntVar(&opts.BigCopies, "big-copies", 200, "T of the big wide template (200 gives >= 20,000 relations per tenant)")
+	c.Flags().IntVar(&opts.SmallTenants, "small-tenants", 50, "saas database tenants purged one after another")
+	return c
+}
+
+// unmetTargets is an error naming the targets a benchmark table did not meet.
+func unmetTargets(t bench.Table) error {
+	n := 0
+	for _, c := range t.Checks {
+		if !c.Met {
+			n++
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d of %d targets not met (see the table)", n, len(t.Checks))
+	}
+	return nil
+}
+
+func newBenchIdleIOCmd(g *globals, env *bench.Env) *cobra.Command {
+	opts := bench.IdleIOOptions{Window: time.Minute, Settle: 20 * time.Second, Rounds: 2}
+	c := &cobra.Command{
+		Use:   "idle-io",
+		Short: "Issue 8: disk writes and CPU of an idle fleet with the metrics collector off and on; pass and /metrics times at 1,000 and 10,000 tenants",
+		Long: `On one primary with a streaming standby holding --tenants database tenants and
+--schemas schema tenants of saas (spares built by the pool, claimed through the
+API), all idle: a window with the metrics collector (and statement cap checks)
+off, then one with them on as shipped. For each: bytes written by the PostgreSQL
+processes of both servers (/proc/<pid>/io, each window ended by a checkpoint) and
+by pgtenant (in-process daemon, /proc/self/io), pgtenant's and PostgreSQL's CPU,
+WAL, and history rows written. Then the time of one collector pass and of a
+/metrics scrape at that size and at --simulate tenants (extra catalog rows
+without databases). Exits non-zero if a target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			_, table, err := env.IdleIO(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.Tenants, "tenants", 1000, "database tenants")
+	c.Flags().IntVar(&opts.Schemas, "schemas", 100, "schema tenants")
+	c.Flags().DurationVar(&opts.Window, "window", time.Minute, "length of each idle window")
+	c.Flags().DurationVar(&opts.Settle, "settle", 20*time.Second, "wait after the daemon starts, before measuring")
+	c.Flags().IntVar(&opts.Simulate, "simulate", 10000, "tenants at the scale point (catalog rows without databases beyond the real ones)")
+	c.Flags().IntVar(&opts.Rounds, "rounds", 2, "pairs of idle windows (off, on), alternating")
+	return c
 }

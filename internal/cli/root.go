@@ -58,7 +58,8 @@ Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
 	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", "http://127.0.0.1:8080"), "pgtenant API address (env PGTENANT_SERVER)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", ".pgtenant"), "data directory of `pgtenant up`; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset")
 
-	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newPrewarmCmd(g), newBenchCmd(g))
+	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newMigrateCmd(g), newRolloutCmd(g), newPrewarmCmd(g), newBenchCmd(g))
+	root.AddCommand(newDoctorCmd(g))
 	return root
 }
 

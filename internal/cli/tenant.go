@@ -81,7 +81,7 @@ its password) instead of creating a second one.`,
 	f.StringVar(&req.Cluster, "cluster", "", "cluster to place it on (default: the one with the fewest tenants)")
 	_ = create.MarkFlagRequired("template")
 
-	var q struct{ state, cluster, template, mode, after string }
+	var q struct{ state, cluster, template, mode, after, sort string }
 	var limit int
 	list := &cobra.Command{
 		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
@@ -97,14 +97,18 @@ its password) instead of creating a second one.`,
 				}
 			}
 			v.Set("limit", strconv.Itoa(limit))
+			if q.sort != "" {
+				v.Set("sort", q.sort)
+			}
 			out, err := c.Tenants(cmd.Context(), v)
 			if err != nil {
 				return err
 			}
 			return g.print(out, func(w io.Writer) {
-				row(w, "ID", "NAME", "MODE", "CLUSTER", "TEMPLATE", "TIER", "STATE", "CREATED")
+				row(w, "ID", "NAME", "MODE", "CLUSTER", "TEMPLATE", "TIER", "STATE", "CREATED", "SIZE", "CONNS", "ACTIVITY", "QUOTA")
 				for _, t := range out {
-					row(w, t.ID, t.Name, t.Mode, t.Cluster, fmt.Sprintf("%s v%d", t.Template, t.Version), t.Tier, t.State, t.CreatedAt.Format("2006-01-02 15:04"))
+					size, conns, act, quota := listFigures(t)
+					row(w, t.ID, t.Name, t.Mode, t.Cluster, fmt.Sprintf("%s v%d", t.Template, t.Version), t.Tier, t.State, t.CreatedAt.Format("2006-01-02 15:04"), size, conns, act, quota)
 				}
 			})
 		},
@@ -116,6 +120,7 @@ its password) instead of creating a second one.`,
 	lf.StringVar(&q.mode, "mode", "", "only database or schema tenants")
 	lf.StringVar(&q.after, "after", "", "page: tenants with ids after this one")
 	lf.IntVar(&limit, "limit", 1000, "at most this many")
+	lf.StringVar(&q.sort, "sort", "", "size or activity: largest or busiest first (from the metrics collector)")
 
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show a tenant and its history", Args: cobra.ExactArgs(1),
@@ -212,7 +217,7 @@ Dropping a dropped tenant again is not an error.`,
 				return g.print(out, func(w io.Writer) { tenantDetail(w, out.Tenant) })
 			}}
 	}
-	cmd.AddCommand(create, list, show, connect, drop,
+	cmd.AddCommand(create, list, show, connect, drop, newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))
@@ -231,6 +236,7 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
 	row(w, "tier", t.Tier)
 	row(w, "state", t.State)
+	metricsDetail(w, t.Metrics)
 	row(w, "dsn", t.DSN)
 	row(w, "created", t.CreatedAt.Format("2006-01-02 15:04:05 MST"))
 	if t.PurgeAfter != nil {

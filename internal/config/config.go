@@ -40,6 +40,11 @@ type Config struct {
 	Drop DropConfig `yaml:"drop"`
 	// Reconcile sets the period of the daemon's reconciler (0 = off).
 	Reconcile ReconcileConfig `yaml:"reconcile"`
+	// Migrate tunes rollouts of template versions to tenants.
+	Migrate MigrateConfig `yaml:"migrate"`
+	// Metrics tunes the per-tenant metrics collector, its history and the
+	// statement cap checks.
+	Metrics MetricsConfig `yaml:"metrics"`
 	// Prewarm tunes hot-set capture and prewarming after restarts.
 	Prewarm PrewarmConfig `yaml:"prewarm"`
 }
@@ -106,6 +111,15 @@ type Tier struct {
 	WorkMem                         ByteSize `yaml:"work_mem"`
 	TempFileLimit                   ByteSize `yaml:"temp_file_limit"`
 	Priority                        int      `yaml:"priority"` // higher goes first (prewarm)
+	// Storage quota (Heroku-style): above StorageWarn an event; above
+	// StorageQuota for StorageGrace the tenant loses INSERT/UPDATE/CREATE
+	// (SELECT, DELETE and TRUNCATE remain) until it is back under. 0 = none.
+	StorageWarn  ByteSize `yaml:"storage_warn"`
+	StorageQuota ByteSize `yaml:"storage_quota"`
+	StorageGrace Duration `yaml:"storage_grace"`
+	// StatementCap: statements running longer are cancelled from outside,
+	// whatever statement_timeout the tenant SETs (0 = none).
+	StatementCap Duration `yaml:"statement_cap"`
 }
 
 // PoolConfig keeps Size spares of a template's current version.
@@ -143,9 +157,48 @@ type DropConfig struct {
 	CheckInterval Duration `yaml:"check_interval"`
 }
 
+// MetricsConfig tunes the per-tenant metrics collector (internal/metrics)
+// and quota enforcement (internal/quota).
+type MetricsConfig struct {
+	// Interval between collector passes over each cluster (0 = collector off).
+	Interval Duration `yaml:"interval"`
+	// SizeInterval: each tenant's size is sampled once per this, spread
+	// evenly over the passes (sizes stat every file).
+	SizeInterval Duration `yaml:"size_interval"`
+	// HistoryRetention keeps minute rollups this long.
+	HistoryRetention Duration `yaml:"history_retention"`
+	// TopTenants bounds the per-tenant series on /metrics: the N most active
+	// tenants plus the opted-in ones.
+	TopTenants int `yaml:"top_tenants"`
+	// CapInterval between statement cap checks (only when a tier has a cap).
+	CapInterval Duration `yaml:"cap_interval"`
+}
+
 // ReconcileConfig tunes the periodic reconciler.
 type ReconcileConfig struct {
 	Interval Duration `yaml:"interval"`
+}
+
+// MigrateConfig tunes rollouts (pgtenant migrate).
+type MigrateConfig struct {
+	// Parallel: tenants a rollout migrates at once, over all clusters (a
+	// rollout's --parallel overrides it).
+	Parallel int `yaml:"parallel"`
+	// PerCluster: tenants migrated at once on one cluster. Each holds one
+	// connection, so this is the rollout's connection budget per cluster
+	// (it never takes more than half of a cluster's free connection slots).
+	PerCluster int `yaml:"per_cluster"`
+	// LockTimeout of each tenant's migration transaction: a busy tenant
+	// waits its turn (retried with backoff) instead of queueing its own
+	// traffic behind the migration's lock.
+	LockTimeout Duration `yaml:"lock_timeout"`
+	// Retries of a tenant's transaction after a lock timeout, deadlock or lost connection.
+	Retries int `yaml:"retries"`
+	// RetryBackoff before the first retry, doubled each time (with jitter).
+	RetryBackoff Duration `yaml:"retry_backoff"`
+	// CanaryAutoContinue: a rollout whose canary tenants all succeeded goes
+	// on without `pgtenant rollout continue` (a failed canary still pauses).
+	CanaryAutoContinue bool `yaml:"canary_auto_continue"`
 }
 
 // Default returns the configuration used when a file sets nothing.
@@ -174,6 +227,10 @@ func Default() Config {
 			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second)},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
+		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second), Retries: 5,
+			RetryBackoff: Duration(200 * time.Millisecond)},
+		Metrics: MetricsConfig{Interval: Duration(15 * time.Second), SizeInterval: Duration(10 * time.Minute),
+			HistoryRetention: Duration(14 * 24 * time.Hour), TopTenants: 100, CapInterval: Duration(time.Second)},
 		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(10 * time.Second),
 			RateLimit: 256 << 20, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
 	}
@@ -218,10 +275,37 @@ func Parse(raw []byte) (Config, error) {
 	if _, ok := cfg.Tiers["default"]; !ok {
 		cfg.Tiers["default"] = Default().Tiers["default"]
 	}
+	if err := inheritPacer(&cfg, []byte(expanded)); err != nil {
+		return Config{}, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// inheritPacer decodes each cluster's pacer override again over the global
+// pacer, so that an override sets only the fields it names.
+func inheritPacer(cfg *Config, raw []byte) error {
+	var nodes struct {
+		Clusters []struct {
+			Pacer yaml.Node `yaml:"pacer"`
+		} `yaml:"clusters"`
+	}
+	if err := yaml.Unmarshal(raw, &nodes); err != nil {
+		return err
+	}
+	for i, n := range nodes.Clusters {
+		if i >= len(cfg.Clusters) || cfg.Clusters[i].Pacer == nil {
+			continue
+		}
+		p := cfg.Pacer
+		if err := n.Pacer.Decode(&p); err != nil {
+			return fmt.Errorf("clusters[%d].pacer: %w", i, err)
+		}
+		cfg.Clusters[i].Pacer = &p
+	}
+	return nil
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,30}$`)
@@ -274,6 +358,12 @@ func (c Config) Validate() error {
 		if t.ConnectionLimit < -1 {
 			bad(f+".connection_limit", "must be -1 (no limit) or more")
 		}
+		if t.StorageWarn < 0 || t.StorageQuota < 0 || t.StorageGrace < 0 || t.StatementCap < 0 {
+			bad(f, "storage_warn, storage_quota, storage_grace and statement_cap must not be negative")
+		}
+		if t.StorageQuota > 0 && t.StorageWarn > t.StorageQuota {
+			bad(f+".storage_warn", "%s is above storage_quota %s", t.StorageWarn, t.StorageQuota)
+		}
 	}
 	for i, p := range c.Pools {
 		f := fmt.Sprintf("pools[%d]", i)
@@ -302,6 +392,21 @@ func (c Config) Validate() error {
 	if c.Provision.DefaultMode != "database" && c.Provision.DefaultMode != "schema" {
 		bad("provision.default_mode", "must be database or schema")
 	}
+	if c.Metrics.Interval < 0 {
+		bad("metrics.interval", "must not be negative (0 turns the collector off)")
+	}
+	if c.Metrics.Interval > 0 && c.Metrics.SizeInterval.D() < c.Metrics.Interval.D() {
+		bad("metrics.size_interval", "must be at least metrics.interval")
+	}
+	if c.Metrics.HistoryRetention.D() < time.Minute {
+		bad("metrics.history_retention", "must be at least 1m")
+	}
+	if c.Metrics.TopTenants < 0 {
+		bad("metrics.top_tenants", "must be 0 or more")
+	}
+	if c.Metrics.CapInterval.D() < 100*time.Millisecond {
+		bad("metrics.cap_interval", "must be at least 100ms")
+	}
 	if c.Drop.BatchRelations < 1 {
 		bad("drop.batch_relations", "must be at least 1")
 	}
@@ -319,6 +424,21 @@ func (c Config) Validate() error {
 	}
 	if c.Drop.Retention.D() < 0 {
 		bad("drop.retention", "must not be negative")
+	}
+	if c.Migrate.Parallel < 1 || c.Migrate.Parallel > 1000 {
+		bad("migrate.parallel", "must be between 1 and 1000")
+	}
+	if c.Migrate.PerCluster < 1 || c.Migrate.PerCluster > 1000 {
+		bad("migrate.per_cluster", "must be between 1 and 1000")
+	}
+	if c.Migrate.LockTimeout.D() < 10*time.Millisecond {
+		bad("migrate.lock_timeout", "must be at least 10ms")
+	}
+	if c.Migrate.Retries < 0 {
+		bad("migrate.retries", "must be 0 or more")
+	}
+	if c.Migrate.RetryBackoff.D() <= 0 {
+		bad("migrate.retry_backoff", "must be positive")
 	}
 	return errors.Join(errs...)
 }

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,31 @@ func TestParse_Errors(t *testing.T) {
 				t.Fatalf("Parse = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParse_READMEExample keeps the README's configuration example true: it
+// parses, and it sets what it says it sets.
+func TestParse_READMEExample(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(raw), "```yaml\n")
+	example, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 {
+		t.Fatal("README.md has no ```yaml block")
+	}
+	t.Setenv("CATALOG_PASSWORD", "x")
+	t.Setenv("C1_PASSWORD", "y")
+	cfg, err := config.Parse([]byte(example))
+	if err != nil {
+		t.Fatalf("README example: %v", err)
+	}
+	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || !p.WaitForCheckpoint {
+		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)
+	}
+	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
+		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
 	}
 }

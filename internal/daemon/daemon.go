@@ -21,11 +21,15 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/console"
+	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
+	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/quota"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -53,6 +57,9 @@ type Daemon struct {
 	recLoop  *reconcile.Loop
 	retain   *purge.Retention
 	watcher  *prewarm.Watcher
+	// collector measures tenants (and checks quotas); capper enforces statement caps.
+	collector *metrics.Collector
+	capper    *quota.Capper
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -85,6 +92,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		metrics.NewClusterCollector(d.clusters))
+	reg.MustRegister(metrics.NewTemplateCollector(store))
 	d.monitor = &cluster.Monitor{Clusters: d.clusters, Interval: 5 * time.Second, Logger: log}
 
 	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)
@@ -98,16 +106,28 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.runner.Register(provision.BuildJob, prov.BuildHandler())
 	d.runner.Register(purge.Job, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
+	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Pool: d.pool}
+	d.runner.Register(migrate.Job, mig.Handler())
 	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
 	d.runner.Register(prewarm.Job, warm.Handler())
 	d.watcher = &prewarm.Watcher{S: warm}
+	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
+	quo := &quota.Service{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
+	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Quota: quo}
+	reg.MustRegister(metrics.NewTenantCollector(d.collector, cfg.Metrics.TopTenants))
+	d.capper = &quota.Capper{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
+	d.capper.Register(reg)
+	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
+
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm})
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm,
+		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, Logger: log}, Migrate: mig,
+		Metrics: d.collector, Quota: quo, Doctor: doc})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -138,6 +158,10 @@ func (d *Daemon) registerClusters(ctx context.Context, managed []catalog.Cluster
 			return err
 		}
 		err = cluster.RevokePublicConnect(ctx, cl, "postgres", "template1")
+		if err == nil {
+			// Managed clusters get the extension hot-set capture reads from.
+			err = cluster.CreateExtension(ctx, cl, "pg_buffercache")
+		}
 		cl.Close()
 		if err != nil {
 			return err
@@ -182,7 +206,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		return nil
 	})
-	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher} {
+	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

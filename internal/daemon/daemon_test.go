@@ -3,7 +3,10 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/cookiejar"
+	"net/url"
 	"strings"
 	"testing"
 
@@ -102,5 +105,41 @@ func TestClusters_AddValidates(t *testing.T) {
 	// The managed cluster cannot be replaced.
 	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "local", DSN: pg.PrimaryDSN("postgres")}); err == nil {
 		t.Error("replacing the managed cluster succeeded, want an error")
+	}
+}
+
+// TestConsole_AsksForTheToken: the console shows a login form, refuses a
+// wrong token, and shows the fleet with the right one.
+func TestConsole_AsksForTheToken(t *testing.T) {
+	d, _ := daemontest.Start(t, pg, daemontest.Config(t, pg))
+	jar, err := cookiejar.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Jar: jar}
+	base := "http://" + d.Addr()
+	get := func() string {
+		resp, err := hc.Get(base + "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if page := get(); !strings.Contains(page, `name="token"`) {
+		t.Fatalf("console without a token does not ask for one:\n%s", page)
+	}
+	if _, err := hc.PostForm(base+"/login", url.Values{"token": {"wrong"}}); err != nil {
+		t.Fatal(err)
+	}
+	if page := get(); strings.Contains(page, "Clusters") {
+		t.Error("a wrong token opened the console")
+	}
+	if _, err := hc.PostForm(base+"/login", url.Values{"token": {d.Token()}}); err != nil {
+		t.Fatal(err)
+	}
+	if page := get(); !strings.Contains(page, "Clusters") || !strings.Contains(page, "local") {
+		t.Errorf("console with the token does not show the fleet:\n%s", page)
 	}
 }

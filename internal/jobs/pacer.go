@@ -23,6 +23,12 @@ const (
 	// Heavy steps (CREATE/DROP DATABASE) also wait for a running checkpoint
 	// and take one of the cluster's heavy DDL slots.
 	Heavy
+	// HeavyNoCheckpoint steps take a heavy DDL slot but force no checkpoint
+	// (CREATE DATABASE … STRATEGY WAL_LOG), so they do not wait for a running
+	// one: pacer.wait_for_checkpoint is about steps that force another, and a
+	// spread checkpoint is in progress most of the time (0.9 × 5 min by
+	// default) on a cluster with any writes.
+	HeavyNoCheckpoint
 )
 
 // Pacer holds heavy steps while their cluster is over budget: a standby
@@ -83,7 +89,7 @@ func (p *Pacer) Acquire(ctx context.Context, clusterName string, kind Kind, repo
 		if err != nil {
 			return nil, err
 		}
-		if reason == "" && kind == Heavy {
+		if reason == "" && (kind == Heavy || kind == HeavyNoCheckpoint) {
 			release, ok, err := p.takeSlot(ctx, clusterName, b.HeavyDDLSlots)
 			if err != nil {
 				return nil, err

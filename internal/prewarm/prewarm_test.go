@@ -3,12 +3,14 @@ package prewarm_test
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -90,7 +92,6 @@ func (e env) tenant(t *testing.T, mode string, mb int) api.CreateTenantResponse 
 	})
 	return r
 }
-
 
 // read reads a tenant's whole table n times through its index. An index
 // scan puts every page in shared_buffers; a sequential scan of a table
@@ -309,6 +310,28 @@ func TestPrewarm_AfterRestartHottestFirst(t *testing.T) {
 	}
 	if r := results[gone.Tenant.ID]; r.State != "skipped" {
 		t.Errorf("dropped tenant: %+v, want skipped", r)
+	}
+	// /metrics has the same, per cluster and node.
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(prewarm.NewCollector(e.svc))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			if f.GetName() == "pgtenant_prewarm_tenants" {
+				labels := map[string]string{}
+				for _, l := range m.GetLabel() {
+					labels[l.GetName()] = l.GetValue()
+				}
+				states[labels["cluster"]+"/"+labels["node"]+"/"+labels["state"]] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if want := map[string]float64{"local/primary/done": 2, "local/primary/skipped": 1}; !maps.Equal(states, want) {
+		t.Errorf("pgtenant_prewarm_tenants = %v, want %v", states, want)
 	}
 	// The cache holds all of the hot tenant's table, checked through pg_buffercache.
 	heapBlocks := func(r api.CreateTenantResponse) int {

@@ -10,6 +10,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -36,8 +37,10 @@ func buildSpec(t catalog.Tenant, act *activation) jobs.Spec {
 }
 
 // schemaMarker is the comment a schema tenant gets once fully built; a schema
-// without it is a half-built one, dropped and built again.
-func schemaMarker(version int) string { return fmt.Sprintf("pgtenant: built from version %d", version) }
+// without it is a half-built one, dropped and built again. It is the
+// tenant's version marker (migrate.Marker), which rollouts move on; a
+// database tenant carries the same on its database.
+func schemaMarker(version int) string { return migrate.Built(version).String() }
 
 // BuildHandler is the job handler of BuildJob. Steps: the role (NOLOGIN, the
 // tier's settings), the storage (a database copied from the template
@@ -177,7 +180,11 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		}
 		strategy := tenant.CreateStrategy(build.SizeBytes, len(h.Standbys), int64(b.s.Config.Provision.WALLogMaxSize))
 		r.Progress(ctx, 0, 2, fmt.Sprintf("copying template %s v%d (%s)", t.Template, t.Version, strategy))
-		release, err := r.Pace(ctx, t.Cluster, jobs.Heavy)
+		kind := jobs.Heavy // FILE_COPY forces two checkpoints
+		if strategy == cluster.WALLog {
+			kind = jobs.HeavyNoCheckpoint
+		}
+		release, err := r.Pace(ctx, t.Cluster, kind)
 		if err != nil {
 			return err
 		}
@@ -187,8 +194,10 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 			return err
 		}
 	}
-	// The owner's own rights go too: a spare is unusable until claimed.
-	if _, err := admin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC, %[1]s", cluster.Ident(name))); err != nil {
+	// The owner's own rights go too: a spare is unusable until claimed. The
+	// comment is its version marker (a copy does not inherit the template's).
+	if _, err := admin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC, %[1]s; COMMENT ON DATABASE %[1]s IS %[2]s",
+		cluster.Ident(name), cluster.Literal(schemaMarker(t.Version)))); err != nil {
 		return cluster.Classify(err)
 	}
 	r.Progress(ctx, 1, 2, "giving the template's objects to the tenant's role")

@@ -338,7 +338,7 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 	if t.Mode == ModeDatabase {
 		fmt.Fprintf(&b, "GRANT ALL ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
 	} else {
-		fmt.Fprintf(&b, "GRANT CONNECT ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
+		fmt.Fprintf(&b, "GRANT %s TO %s;\n", cluster.Ident(templates.ConnectRole(t.Template)), role)
 	}
 	if withTier {
 		b.WriteString(s.tierSQL(t.ID, t.Tier))

@@ -492,3 +492,40 @@ func FuzzCreate_Names(f *testing.F) {
 		}
 	})
 }
+
+// TestCreate_ConcurrentClaims: many sign-ups at once each get their own
+// spare, in both modes (claims must not collide on shared catalog rows).
+func TestCreate_ConcurrentClaims(t *testing.T) {
+	c, catDB := startWithCatalog(t, 4)
+	ctx := ctxT(t)
+	createTemplate(t, c, "saas", example(t, "saas"))
+	waitSpares(t, catDB, "saas", "database", 4)
+	waitSpares(t, catDB, "saas", "schema", 4)
+	var wg sync.WaitGroup
+	paths := make(chan string, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			mode := []string{"database", "schema"}[i%2]
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+			if err != nil {
+				t.Errorf("concurrent %s claim: %v", mode, err)
+				return
+			}
+			paths <- r.Path
+		}()
+	}
+	wg.Wait()
+	close(paths)
+	n := 0
+	for p := range paths {
+		n++
+		if p != "pool" {
+			t.Errorf("a concurrent create took the %s path, want pool", p)
+		}
+	}
+	if n != 8 {
+		t.Errorf("%d of 8 concurrent creates succeeded", n)
+	}
+}

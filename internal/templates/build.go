@@ -86,8 +86,8 @@ func (b *builder) ownerRole(ctx context.Context, r *jobs.Run) error {
 }
 
 // sharedDatabase makes the database that holds the template's schema-mode
-// tenants: nobody but the admin may connect or create anything until a
-// tenant's role is granted CONNECT.
+// tenants: nobody but the admin may connect or create anything; a claimed
+// tenant's role connects as a member of the template's connect role.
 func (b *builder) sharedDatabase(ctx context.Context, r *jobs.Run) error {
 	cl, err := b.cluster()
 	if err != nil {
@@ -113,14 +113,20 @@ func (b *builder) sharedDatabase(ctx context.Context, r *jobs.Run) error {
 			return err
 		}
 	}
+	role := ConnectRole(b.a.Template)
+	if err := cluster.CreateRole(ctx, admin, role); err != nil {
+		return err
+	}
 	conn, err := cl.Connect(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON DATABASE %[1]s FROM PUBLIC;
+		GRANT CONNECT ON DATABASE %[1]s TO %[3]s;
 		REVOKE ALL ON SCHEMA public FROM PUBLIC;
-		COMMENT ON DATABASE %[1]s IS %[2]s`, cluster.Ident(name), cluster.Literal("pgtenant: schema-mode tenants of template "+b.a.Template)))
+		COMMENT ON DATABASE %[1]s IS %[2]s`, cluster.Ident(name), cluster.Literal("pgtenant: schema-mode tenants of template "+b.a.Template),
+		cluster.Ident(role)))
 	return cluster.Classify(err)
 }
 

@@ -41,6 +41,13 @@ func DatabaseName(template string, version int) string {
 // SharedDatabase holds a template's schema-mode tenants on a cluster.
 func SharedDatabase(template string) string { return dbPrefix + "shared_" + template }
 
+// ConnectRole holds CONNECT on a template's shared database; a claimed
+// schema tenant's role is made a member of it. Granting membership adds a
+// row of its own, where granting CONNECT directly would update the shared
+// database's one row, and concurrent claims would fail with "tuple
+// concurrently updated".
+func ConnectRole(template string) string { return dbPrefix + "connect_" + template }
+
 // BuildDatabase is the scratch database a build job fills before it is
 // renamed to the template database; a failed build is dropped, never used.
 func BuildDatabase(jobID int64) string { return fmt.Sprintf("%sbuild_%d", dbPrefix, jobID) }

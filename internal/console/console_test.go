@@ -1,0 +1,43 @@
+package console
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+// TestPages_Render renders both pages with representative data, so a
+// template error is a test failure, not a blank page in production.
+func TestPages_Render(t *testing.T) {
+	var b strings.Builder
+	if err := pages.ExecuteTemplate(&b, "login.html", map[string]any{"Failed": true}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "not right") {
+		t.Errorf("login page does not say the token was wrong")
+	}
+	b.Reset()
+	data := map[string]any{
+		"Now": time.Now(),
+		"Clusters": []clusterRow{{Name: "local", Kind: "managed", Status: "up", Health: cluster.Health{ServerVersion: "15.18",
+			WALBytesPerSec: 2048, Standbys: []cluster.StandbyState{{Name: "local/standby1", State: "streaming", ReplayLagBytes: 3 << 20}}}}},
+		"Templates": []catalog.Template{{Name: "saas", CurrentVersion: 2, CreatedAt: time.Now()}},
+		"Tenants":   []catalog.Tenant{{ID: "abcdefghijkl", Name: "<script>alert(1)</script>", Mode: "schema", Template: "saas", Version: 2}},
+		"Jobs":      nil,
+	}
+	if err := pages.ExecuteTemplate(&b, "overview.html", data); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"local/standby1", "3.0 MB", "2.0 kB/s", "saas v2", "&lt;script&gt;"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("overview lacks %q", want)
+		}
+	}
+	if strings.Contains(out, "<script>alert") {
+		t.Error("a tenant's display name reached the page unescaped")
+	}
+}

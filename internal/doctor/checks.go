@@ -1,0 +1,464 @@
+package doctor
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Statuses of a check, from best to worst.
+const (
+	OK      = "ok"
+	Unknown = "unknown" // could not be checked; says why
+	Warn    = "warn"
+	Fail    = "fail"
+)
+
+func rank(s string) int {
+	switch s {
+	case OK:
+		return 0
+	case Unknown:
+		return 1
+	case Warn:
+		return 2
+	}
+	return 3
+}
+
+// Check is one finding: what was seen, what the fleet needs, why, and what to set.
+type Check struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Got    string `json:"got"`
+	Want   string `json:"want,omitempty"`
+	Why    string `json:"why"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// Facts are what the checks look at, gathered from the cluster, its
+// standbys, the catalog, the configuration and (when the server runs on this
+// machine) the operating system. The checks themselves are pure functions
+// of the facts.
+type Facts struct {
+	Cluster    string
+	Version    string
+	VersionNum int
+	Settings   map[string]string // pg_settings.setting (base units)
+	Standbys   []StandbyFacts    // configured standby DSNs
+	Streaming  int               // standbys streaming from the primary (pg_stat_replication)
+	Databases  int
+	Files      int64 // relation files under base/ (-1 unknown)
+	Extensions map[string]cluster.ExtensionState
+
+	CheckpointsTimed, CheckpointsRequested int64
+	StatsReset                             time.Time // of pg_stat_bgwriter
+
+	Largest     *catalog.LargestBuild // the template build with the most relations, any cluster
+	LargestSize int64                 // the largest template build, bytes
+	BuildsDay   int                   // tenant builds finished on this cluster in the last 24 hours
+	PurgesDay   int                   // tenant purges finished on this cluster in the last 24 hours
+	Spares      map[string]int        // spares by mode
+
+	BatchLocks     int   // provision.batch_locks
+	PurgeBatch     int   // drop.batch_relations
+	WALLogMaxSize  int64 // provision.wal_log_max_size
+	TenantBytesNow int64 // summed latest sizes of tenants measured a day ago too
+	TenantBytesDay int64 // their sizes a day ago
+	GrowthTenants  int   // how many tenants that is
+
+	Local          bool   // the data directory is on this machine
+	LocalWhy       string // why it is not known to be
+	DataDir        string
+	DiskFree       int64
+	DiskTotal      int64
+	OpenFilesLimit int64  // the postmaster's soft RLIMIT_NOFILE (-1 unknown)
+	StatsTempFS    string // file system type of stats_temp_directory (servers before 15)
+}
+
+// StandbyFacts are one configured standby's settings.
+type StandbyFacts struct {
+	DSN      string // password redacted
+	Err      string // could not connect
+	Settings map[string]string
+}
+
+func (f Facts) int(name string) int64 {
+	v, err := strconv.ParseInt(f.Settings[name], 10, 64)
+	if err != nil {
+		return -1
+	}
+	return v
+}
+
+// maxBackends is PostgreSQL's MaxBackends: the lock table has room for
+// max_locks_per_transaction × (MaxBackends + max_prepared_transactions) locks.
+func maxBackends(s func(string) int64) int64 {
+	return s("max_connections") + s("autovacuum_max_workers") + 1 + s("max_worker_processes") + s("max_wal_senders")
+}
+
+// Checks runs every check over the facts.
+func Checks(f Facts) []Check {
+	out := []Check{locks(f)}
+	out = append(out, standbySettings(f)...)
+	out = append(out, replication(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
+	return out
+}
+
+func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }
+
+// locks: the lock table against the largest template and pgtenant's batches.
+func locks(f Facts) Check {
+	c := Check{Name: "locks"}
+	mlpt := f.int("max_locks_per_transaction")
+	backends := maxBackends(f.int) + max(f.int("max_prepared_transactions"), 0)
+	slots := mlpt * backends
+	largest, what := int64(0), "no template is built yet"
+	if f.Largest != nil {
+		largest = int64(f.Largest.Relations)
+		what = fmt.Sprintf("template %s v%d has %d relations (built on %s)", f.Largest.Template, f.Largest.Version, f.Largest.Relations, f.Largest.Cluster)
+	}
+	one := max(largest, int64(f.BatchLocks), int64(f.PurgeBatch))
+	need := 2 * one
+	c.Got = fmt.Sprintf("max_locks_per_transaction=%d: lock table of %d locks; %s; provision.batch_locks=%d, drop.batch_relations=%d",
+		mlpt, slots, what, f.BatchLocks, f.PurgeBatch)
+	want := max(roundUp((need+backends-1)/max(backends, 1), 64), 64)
+	c.Want = fmt.Sprintf("a lock table of at least %d locks (twice the largest of those), i.e. max_locks_per_transaction >= %d at these connection settings", need, want)
+	c.Why = "A transaction that touches every relation of a tenant (pg_dump, DROP SCHEMA … CASCADE, a migration in one " +
+		"transaction) takes a lock per relation, and pgtenant's own build and purge batches take up to their budgets; all " +
+		"sessions share one lock table of max_locks_per_transaction × (max_connections + background workers + " +
+		"max_prepared_transactions) entries. When it is full, every session fails with \"out of shared memory\". " +
+		"Standbys replay the primary's exclusive locks and need the same budget."
+	switch {
+	case mlpt < 0:
+		c.Status, c.Got = Unknown, "max_locks_per_transaction not readable"
+	case slots < one:
+		c.Status = Fail
+		c.Fix = fmt.Sprintf("ALTER SYSTEM SET max_locks_per_transaction = %d on the primary and every standby, then restart them (standbys first)", want)
+	case slots < need:
+		c.Status = Warn
+		c.Fix = fmt.Sprintf("ALTER SYSTEM SET max_locks_per_transaction = %d on the primary and every standby, then restart them (standbys first)", want)
+	default:
+		c.Status = OK
+	}
+	return c
+}
+
+// standbySettings: a hot standby needs settings at least as large as the primary's.
+func standbySettings(f Facts) []Check {
+	var out []Check
+	names := []string{"max_locks_per_transaction", "max_connections", "max_prepared_transactions", "max_worker_processes", "max_wal_senders"}
+	for i, s := range f.Standbys {
+		c := Check{Name: fmt.Sprintf("standby%d_settings", i+1),
+			Why: "A hot standby must have max_locks_per_transaction, max_connections, max_prepared_transactions, " +
+				"max_worker_processes and max_wal_senders at least as large as its primary, or replay stops (PostgreSQL pauses " +
+				"recovery until it is restarted with larger values) and the standby falls behind.",
+			Want: "each at least the primary's"}
+		if s.Err != "" {
+			c.Status, c.Got = Unknown, fmt.Sprintf("cannot connect to %s: %s", s.DSN, s.Err)
+			out = append(out, c)
+			continue
+		}
+		var low, got []string
+		for _, n := range names {
+			p, _ := strconv.ParseInt(f.Settings[n], 10, 64)
+			v, err := strconv.ParseInt(s.Settings[n], 10, 64)
+			if err != nil {
+				continue
+			}
+			got = append(got, fmt.Sprintf("%s=%d", n, v))
+			if v < p {
+				low = append(low, fmt.Sprintf("%s = %d", n, p))
+			}
+		}
+		c.Got = s.DSN + ": " + strings.Join(got, ", ")
+		if len(low) > 0 {
+			c.Status = Fail
+			c.Fix = "on the standby: ALTER SYSTEM SET " + strings.Join(low, ", SET ") + ", then restart it (before raising the primary further)"
+		} else {
+			c.Status = OK
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// replication: wal_level and standbys.
+func replication(f Facts) Check {
+	c := Check{Name: "replication", Why: "Tenants live on the primary; a streaming standby is what survives its loss. " +
+		"wal_level must be replica (or logical) for standbys, and every standby needs a WAL sender (plus spares for pg_basebackup)."}
+	wal := f.Settings["wal_level"]
+	senders := f.int("max_wal_senders")
+	c.Got = fmt.Sprintf("wal_level=%s, max_wal_senders=%d, %d standby DSN(s) configured, %d streaming", wal, senders, len(f.Standbys), f.Streaming)
+	c.Want = "wal_level=replica or logical, at least one streaming standby, max_wal_senders >= standbys + 2"
+	switch {
+	case wal == "minimal":
+		c.Status, c.Fix = Fail, "ALTER SYSTEM SET wal_level = replica; ALTER SYSTEM SET max_wal_senders = 10; restart, then add a standby (pg_basebackup -R)"
+	case f.Streaming < len(f.Standbys):
+		c.Status, c.Fix = Fail, "a configured standby is not streaming: check it is running and can reach the primary (see `pgtenant cluster list`)"
+	case f.Streaming == 0:
+		c.Status, c.Fix = Warn, "add a streaming standby (pg_basebackup -R) and register it: `pgtenant cluster add NAME --dsn … --standby DSN`"
+	case senders < int64(f.Streaming)+2:
+		c.Status, c.Fix = Warn, fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d; restart", f.Streaming+2)
+	default:
+		c.Status = OK
+	}
+	return c
+}
+
+// files: relation files, max_files_per_process and the open-file limit.
+func files(f Facts) Check {
+	c := Check{Name: "files", Why: "Every relation is at least one file (an empty database about 300); each backend keeps at most " +
+		"max_files_per_process of them open and recycles the rest, and the checkpointer fsyncs every file written since the " +
+		"last checkpoint (after 1,000 creates, ~290k files: minutes on the standby). A session touching every relation of a " +
+		"tenant (pg_dump, VACUUM) reopens files constantly when a tenant has more files than max_files_per_process. " +
+		"PostgreSQL silently lowers max_files_per_process to what the open-file limit (ulimit -n) allows."}
+	mfpp := f.int("max_files_per_process")
+	perTenant := int64(0)
+	if f.Largest != nil {
+		perTenant = int64(f.Largest.Relations) * 3 / 2 // main fork, plus FSM/VM forks of the larger relations
+	}
+	wantFiles := max(1000, roundUp(perTenant+perTenant/4, 1000))
+	var got []string
+	got = append(got, fmt.Sprintf("max_files_per_process=%d", mfpp))
+	if f.Files >= 0 {
+		got = append(got, fmt.Sprintf("%d relation files", f.Files))
+	} else {
+		got = append(got, "relation files unknown (needs superuser or pg_read_server_files)")
+	}
+	if perTenant > 0 {
+		got = append(got, fmt.Sprintf("~%d files per tenant of the largest template", perTenant))
+	}
+	if f.OpenFilesLimit > 0 {
+		got = append(got, fmt.Sprintf("open-file limit %d", f.OpenFilesLimit))
+	} else if !f.Local {
+		got = append(got, "open-file limit unknown (server not on this machine)")
+	}
+	c.Got = strings.Join(got, ", ")
+	c.Want = fmt.Sprintf("max_files_per_process >= %d, open-file limit >= max_files_per_process + 100", wantFiles)
+	c.Status = OK
+	var fixes []string
+	if mfpp >= 0 && mfpp < wantFiles {
+		c.Status = Warn
+		fixes = append(fixes, fmt.Sprintf("ALTER SYSTEM SET max_files_per_process = %d; restart", wantFiles))
+	}
+	limitNeeded := max(mfpp, wantFiles) + 100
+	if f.OpenFilesLimit > 0 && f.OpenFilesLimit < limitNeeded {
+		c.Status = Warn
+		fixes = append(fixes, fmt.Sprintf("raise the server's open-file limit to at least %d (LimitNOFILE= in its systemd unit, or ulimit -n before pg_ctl)", limitNeeded))
+	}
+	if f.Files > 500_000 {
+		c.Status = Warn
+		fixes = append(fixes, "more than 500k relation files on one cluster: each checkpoint after bulk creates fsyncs them all; place new tenants on another cluster")
+	}
+	c.Fix = strings.Join(fixes, "; ")
+	return c
+}
+
+// extensions: what prewarm needs.
+func extensions(f Facts) Check {
+	c := Check{Name: "prewarm_extensions", Why: "After a restart or failover pgtenant warms tenants' hot data with pg_prewarm, " +
+		"using hot sets captured with pg_buffercache; without them tenants come back cold (a 1 GB scan: 22 s cold vs 8 s warm).",
+		Want: "pg_prewarm and pg_buffercache available"}
+	var missing, got []string
+	for _, e := range cluster.Extensions {
+		st := f.Extensions[e]
+		switch {
+		case !st.Available:
+			missing = append(missing, e)
+			got = append(got, e+" not available")
+		case st.Installed != "":
+			got = append(got, e+" "+st.Installed+" installed")
+		default:
+			got = append(got, e+" available")
+		}
+	}
+	c.Got = strings.Join(got, ", ")
+	if len(missing) > 0 {
+		c.Status = Warn
+		c.Fix = "install the server's contrib package (Debian: postgresql-" + majorOf(f.VersionNum) + " includes them; RHEL: postgresql" + majorOf(f.VersionNum) + "-contrib)"
+	} else {
+		c.Status = OK
+	}
+	return c
+}
+
+func majorOf(num int) string {
+	if num <= 0 {
+		return "N"
+	}
+	return strconv.Itoa(num / 10000)
+}
+
+// autovacuum: on, and not relaunching workers too often with many databases.
+func autovacuum(f Facts) Check {
+	c := Check{Name: "autovacuum", Why: "Autovacuum must run (dead rows, and transaction ID wraparound would stop every tenant). " +
+		"Its launcher starts a worker in each database once per autovacuum_naptime: with thousands of databases that is a " +
+		"worker start every few milliseconds, each reading that database's statistics (before PostgreSQL 15 each such read " +
+		"made the statistics collector rewrite a stats file: the source document's 80-90 MB/s of writes on an idle server)."}
+	naptime := f.int("autovacuum_naptime")
+	on := f.Settings["autovacuum"] == "on"
+	rate := 0.0
+	if naptime > 0 {
+		rate = float64(f.Databases) / float64(naptime)
+	}
+	c.Got = fmt.Sprintf("autovacuum=%s, %d databases, autovacuum_naptime=%ds: %.1f worker starts per second", f.Settings["autovacuum"], f.Databases, naptime, rate)
+	wantNap := max(60, int64(math.Ceil(float64(f.Databases)/2)))
+	c.Want = fmt.Sprintf("autovacuum=on, at most 2 worker starts per second (autovacuum_naptime >= %ds here)", wantNap)
+	switch {
+	case !on:
+		c.Status, c.Fix = Fail, "ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()"
+	case rate > 2:
+		c.Status = Warn
+		if f.VersionNum > 0 && f.VersionNum < 150000 && f.StatsTempFS != "tmpfs" {
+			c.Status = Fail
+		}
+		c.Fix = fmt.Sprintf("ALTER SYSTEM SET autovacuum_naptime = '%ds'; SELECT pg_reload_conf()", wantNap)
+	default:
+		c.Status = OK
+	}
+	return c
+}
+
+// checkpoints: forced checkpoints from FILE_COPY creates and database drops.
+func checkpoints(f Facts) Check {
+	c := Check{Name: "checkpoints", Why: "CREATE DATABASE … STRATEGY FILE_COPY forces two checkpoints and DROP DATABASE one, on " +
+		"the primary and, in replay, on the standby; each fsyncs every dirty file of the cluster. WAL_LOG creates force none " +
+		"but write the template to the WAL, which forces checkpoints once max_wal_size is reached. Forced checkpoints should " +
+		"not outnumber the timed ones."}
+	timeout := f.int("checkpoint_timeout")
+	maxWAL := f.int("max_wal_size") << 20 // MB
+	timedPerHour := 0.0
+	if timeout > 0 {
+		timedPerHour = 3600 / float64(timeout)
+	}
+	fileCopy := tenant.CreateStrategy(f.LargestSize, f.Streaming, f.WALLogMaxSize) == cluster.FileCopy
+	forcedDay := f.PurgesDay
+	strategy := "WAL_LOG"
+	if fileCopy {
+		forcedDay += 2 * f.BuildsDay
+		strategy = "FILE_COPY"
+	}
+	estPerHour := float64(forcedDay) / 24
+	obsPerHour := 0.0
+	if !f.StatsReset.IsZero() {
+		if h := time.Since(f.StatsReset).Hours(); h > 0.25 {
+			obsPerHour = float64(f.CheckpointsRequested) / h
+		}
+	}
+	c.Got = fmt.Sprintf("checkpoint_timeout=%ds (%.0f timed/hour), max_wal_size=%dMB; last 24h: %d tenant builds (%s for the largest template, %s), %d purges: ~%.1f forced/hour; observed %d requested vs %d timed since statistics reset",
+		timeout, timedPerHour, maxWAL>>20, f.BuildsDay, strategy, human(f.LargestSize), f.PurgesDay, estPerHour, f.CheckpointsRequested, f.CheckpointsTimed)
+	c.Want = "forced (requested) checkpoints fewer than timed ones"
+	walPerCkpt := 0.0
+	if !fileCopy && timeout > 0 {
+		walPerCkpt = float64(f.BuildsDay) / 24 / timedPerHour * float64(f.LargestSize) // WAL from creates per checkpoint interval
+	}
+	var fixes []string
+	c.Status = OK
+	if estPerHour > timedPerHour || (obsPerHour > timedPerHour && f.CheckpointsRequested > f.CheckpointsTimed) {
+		c.Status = Warn
+		if fileCopy {
+			fixes = append(fixes, fmt.Sprintf("creates use FILE_COPY because the template (%s) exceeds provision.wal_log_max_size (%s): raise it if the standby's lag budget (pacer.max_replay_lag) allows, so creates force no checkpoint", human(f.LargestSize), human(f.WALLogMaxSize)))
+		}
+		fixes = append(fixes, "drops force a checkpoint each: keep drop.retention so that purges spread out, and pacer.heavy_ddl_slots = 1")
+	}
+	if maxWAL > 0 && walPerCkpt > float64(maxWAL)/2 {
+		c.Status = Warn
+		fixes = append(fixes, fmt.Sprintf("WAL_LOG creates write ~%s of WAL per checkpoint interval: ALTER SYSTEM SET max_wal_size = '%dMB'", human(int64(walPerCkpt)), roundUp(int64(walPerCkpt*2)>>20, 1024)))
+	}
+	c.Fix = strings.Join(fixes, "; ")
+	if timeout < 0 {
+		c.Status = Unknown
+	}
+	return c
+}
+
+// disk: free space against the growth of the last day.
+func disk(f Facts) Check {
+	c := Check{Name: "disk", Why: "Tenants grow, spares and template copies take space, and a full disk stops the whole cluster " +
+		"(and its standby, which needs the same space)."}
+	if !f.Local {
+		c.Status = Unknown
+		c.Got = "the server's file system is not visible from here: " + f.LocalWhy
+		c.Fix = "watch free space on the server (and the standbys) with your monitoring"
+		return c
+	}
+	growth := float64(f.TenantBytesNow - f.TenantBytesDay) // bytes per day
+	pct := float64(f.DiskFree) / float64(max(f.DiskTotal, 1)) * 100
+	c.Got = fmt.Sprintf("%s free of %s (%.0f%%) under %s", human(f.DiskFree), human(f.DiskTotal), pct, f.DataDir)
+	days := math.Inf(1)
+	if f.GrowthTenants > 0 {
+		c.Got += fmt.Sprintf("; %d tenants grew %s in the last day", f.GrowthTenants, human(int64(growth)))
+		if growth > 0 {
+			days = float64(f.DiskFree) / growth
+			c.Got += fmt.Sprintf(": full in %.0f days at that rate", days)
+		}
+	} else {
+		c.Got += "; growth unknown (no size history from a day ago yet)"
+	}
+	c.Want = "more than 15% free and more than 30 days of growth"
+	switch {
+	case pct < 5 || days < 7:
+		c.Status = Fail
+	case pct < 15 || days < 30:
+		c.Status = Warn
+	default:
+		c.Status = OK
+	}
+	if c.Status != OK {
+		c.Fix = "add disk, or place new tenants on another cluster (tenant create --cluster) and move big ones away"
+	}
+	return c
+}
+
+// statsTemp: before PostgreSQL 15, the statistics collector's temp files.
+func statsTemp(f Facts) Check {
+	c := Check{Name: "stats_temp_directory", Why: "Before PostgreSQL 15 the statistics collector rewrote stats files in " +
+		"stats_temp_directory whenever a backend or autovacuum worker asked for fresh statistics; with hundreds of databases " +
+		"that was 80-90 MB/s of disk writes on an idle server (the source document). On tmpfs those writes cost no disk. " +
+		"From 15 on, statistics live in shared memory."}
+	if f.VersionNum >= 150000 {
+		c.Status = OK
+		c.Got = fmt.Sprintf("PostgreSQL %s keeps statistics in shared memory", f.Version)
+		return c
+	}
+	dir := f.Settings["stats_temp_directory"]
+	c.Got = fmt.Sprintf("stats_temp_directory=%s", dir)
+	c.Want = "stats_temp_directory on a tmpfs"
+	switch {
+	case f.StatsTempFS == "":
+		c.Status = Unknown
+		c.Got += ", file system unknown (server not on this machine)"
+		c.Fix = "make sure stats_temp_directory is on a tmpfs (e.g. /run/postgresql)"
+	case f.StatsTempFS == "tmpfs":
+		c.Status = OK
+		c.Got += " (tmpfs)"
+	default:
+		c.Status = Warn
+		if f.Databases > 100 {
+			c.Status = Fail
+		}
+		c.Got += fmt.Sprintf(" on %s, %d databases", f.StatsTempFS, f.Databases)
+		c.Fix = "mount a tmpfs (e.g. 64MB at /run/postgresql/stats_tmp, owned by postgres) and ALTER SYSTEM SET stats_temp_directory = '/run/postgresql/stats_tmp'; SELECT pg_reload_conf()"
+	}
+	return c
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit || m <= -unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,284 @@
+// Package doctor checks each cluster against what a tenant fleet needs and
+// says why and what to set: the lock table against the largest template and
+// pgtenant's batches (and standbys against their primary), files and the
+// open-file limit, replication, the prewarm extensions, autovacuum with many
+// databases, forced checkpoints, disk space against growth, and, before
+// PostgreSQL 15, the statistics temp directory. It only reads: the cluster's
+// settings and views, its standbys' settings, the catalog, and (when the
+// server runs on this machine) the operating system.
+package doctor
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/purge"
+)
+
+// Doctor examines clusters.
+type Doctor struct {
+	Store    *catalog.Store
+	Clusters *cluster.Registry
+	Config   config.Config
+	Logger   *slog.Logger
+}
+
+// Report is one examination.
+type Report struct {
+	At       time.Time       `json:"at"`
+	Status   string          `json:"status"` // the worst of all clusters
+	Clusters []ClusterReport `json:"clusters"`
+}
+
+// ClusterReport is one cluster's checks.
+type ClusterReport struct {
+	Cluster string  `json:"cluster"`
+	Version string  `json:"server_version,omitempty"`
+	Status  string  `json:"status"` // the worst check
+	Error   string  `json:"error,omitempty"`
+	Checks  []Check `json:"checks"`
+}
+
+// settings the checks read (base units, as pg_settings.setting).
+var settings = []string{"max_connections", "max_locks_per_transaction", "max_prepared_transactions",
+	"autovacuum_max_workers", "max_worker_processes", "max_wal_senders", "max_files_per_process", "wal_level",
+	"autovacuum", "autovacuum_naptime", "checkpoint_timeout", "max_wal_size", "data_directory", "stats_temp_directory",
+	"shared_preload_libraries"}
+
+// Run examines one cluster, or every cluster with clusterName "".
+func (d *Doctor) Run(ctx context.Context, clusterName string) (Report, error) {
+	rep := Report{At: time.Now(), Status: OK, Clusters: []ClusterReport{}}
+	var cls []*cluster.Cluster
+	if clusterName != "" {
+		cl, err := d.Clusters.Get(clusterName)
+		if err != nil {
+			return rep, err
+		}
+		cls = []*cluster.Cluster{cl}
+	} else {
+		cls = d.Clusters.All()
+		sort.Slice(cls, func(i, j int) bool { return cls[i].Name() < cls[j].Name() })
+	}
+	for _, cl := range cls {
+		cr := ClusterReport{Cluster: cl.Name(), Checks: []Check{}}
+		f, err := d.Facts(ctx, cl)
+		if err != nil {
+			cr.Status, cr.Error = Fail, err.Error()
+		} else {
+			cr.Version = f.Version
+			cr.Checks = Checks(f)
+			cr.Status = OK
+			for _, c := range cr.Checks {
+				if rank(c.Status) > rank(cr.Status) {
+					cr.Status = c.Status
+				}
+			}
+		}
+		if rank(cr.Status) > rank(rep.Status) {
+			rep.Status = cr.Status
+		}
+		rep.Clusters = append(rep.Clusters, cr)
+	}
+	return rep, nil
+}
+
+// Facts gathers what the checks need about one cluster.
+func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) {
+	info, err := cl.Info(ctx)
+	if err != nil {
+		return Facts{}, err
+	}
+	f := Facts{Cluster: cl.Name(), Version: info.ServerVersion, VersionNum: info.VersionNum, Databases: info.Databases,
+		Files: info.RelationFiles, Extensions: info.Extensions, Settings: map[string]string{}, OpenFilesLimit: -1,
+		CheckpointsTimed: info.CheckpointsTimed, CheckpointsRequested: info.CheckpointsRequested,
+		BatchLocks: d.Config.Provision.BatchLocks, PurgeBatch: d.Config.Drop.BatchRelations,
+		WALLogMaxSize: int64(d.Config.Provision.WALLogMaxSize)}
+	for _, s := range info.Standbys {
+		if s.State != "down" {
+			f.Streaming++
+		}
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return f, err
+	}
+	if f.Settings, err = readSettings(ctx, admin); err != nil {
+		return f, fmt.Errorf("read settings of %s: %w", cl.Name(), err)
+	}
+	var reset *time.Time
+	if err := admin.QueryRow(ctx, `SELECT stats_reset FROM pg_stat_bgwriter`).Scan(&reset); err == nil && reset != nil {
+		f.StatsReset = *reset
+	}
+	for _, dsn := range cl.StandbyDSNs() {
+		f.Standbys = append(f.Standbys, standbyFacts(ctx, dsn))
+	}
+
+	// The catalog: the largest template, recent builds and purges, growth.
+	b, maxSize, err := d.Store.LargestTemplateBuild(ctx)
+	switch {
+	case err == nil:
+		f.Largest, f.LargestSize = &b, maxSize
+	case !errors.Is(err, catalog.ErrNotFound):
+		return f, err
+	}
+	day := time.Now().Add(-24 * time.Hour)
+	if f.BuildsDay, err = d.Store.JobsFinished(ctx, cl.Name(), provision.BuildJob, day); err != nil {
+		return f, err
+	}
+	if f.PurgesDay, err = d.Store.JobsFinished(ctx, cl.Name(), purge.Job, day); err != nil {
+		return f, err
+	}
+	if f.Spares, err = d.Store.SpareCounts(ctx, cl.Name()); err != nil {
+		return f, err
+	}
+	if f.TenantBytesNow, f.TenantBytesDay, f.GrowthTenants, err = d.Store.SizeGrowth(ctx, cl.Name(), 24*time.Hour); err != nil {
+		return f, err
+	}
+
+	d.local(ctx, admin, &f)
+	return f, nil
+}
+
+type queryRower interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func readSettings(ctx context.Context, q queryRower) (map[string]string, error) {
+	rows, err := q.Query(ctx, `SELECT name, setting FROM pg_settings WHERE name = ANY($1)`, settings)
+	if err != nil {
+		return nil, cluster.Classify(err)
+	}
+	defer rows.Close()
+	out := map[string]string{}
+	for rows.Next() {
+		var k, v string
+		if err := rows.Scan(&k, &v); err != nil {
+			return nil, err
+		}
+		out[k] = v
+	}
+	return out, rows.Err()
+}
+
+func standbyFacts(ctx context.Context, dsn string) StandbyFacts {
+	s := StandbyFacts{DSN: cluster.RedactDSN(dsn)}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		s.Err = cluster.RedactError(err, dsn)
+		return s
+	}
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	cfg.RuntimeParams["application_name"] = "pgtenant"
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 5 * time.Second
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		s.Err = cluster.RedactError(err, dsn)
+		return s
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if s.Settings, err = readSettings(ctx, conn); err != nil {
+		s.Err = err.Error()
+	}
+	return s
+}
+
+// local fills the facts only the server's machine knows, when the server
+// runs on this one: its postmaster.pid, read through SQL, must be the very
+// file found at data_directory here.
+func (d *Doctor) local(ctx context.Context, admin queryRower, f *Facts) {
+	dir := f.Settings["data_directory"]
+	if dir == "" {
+		f.LocalWhy = "data_directory is not readable (needs superuser or pg_read_all_settings)"
+		return
+	}
+	var remote string
+	if err := admin.QueryRow(ctx, `SELECT pg_read_file('postmaster.pid')`).Scan(&remote); err != nil {
+		f.LocalWhy = "postmaster.pid is not readable through SQL (needs superuser or pg_read_server_files)"
+		return
+	}
+	here, err := os.ReadFile(filepath.Join(dir, "postmaster.pid"))
+	if err != nil || string(here) != remote {
+		f.LocalWhy = "the server runs on another machine (its data directory " + dir + " is not here)"
+		return
+	}
+	f.Local, f.DataDir = true, dir
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err == nil {
+		f.DiskFree, f.DiskTotal = int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+	}
+	if pid, err := strconv.Atoi(strings.SplitN(remote, "\n", 2)[0]); err == nil {
+		f.OpenFilesLimit = openFilesLimit(pid)
+	}
+	if f.VersionNum < 150000 {
+		p := f.Settings["stats_temp_directory"]
+		if p != "" && !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		f.StatsTempFS = fsType(p)
+	}
+}
+
+// openFilesLimit reads the soft "Max open files" of a process (-1 unknown).
+func openFilesLimit(pid int) int64 {
+	file, err := os.Open(fmt.Sprintf("/proc/%d/limits", pid))
+	if err != nil {
+		return -1
+	}
+	defer file.Close()
+	sc := bufio.NewScanner(file)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "Max open files"); ok {
+			fields := strings.Fields(rest)
+			if len(fields) > 0 {
+				if n, err := strconv.ParseInt(fields[0], 10, 64); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// fsType returns the file system type of the mount holding path ("" unknown).
+func fsType(path string) string {
+	b, err := os.ReadFile("/proc/mounts")
+	if err != nil || path == "" {
+		return ""
+	}
+	if p, err := filepath.EvalSymlinks(path); err == nil {
+		path = p
+	}
+	best, typ := "", ""
+	for _, line := range strings.Split(string(b), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 3 {
+			continue
+		}
+		mnt := fields[1]
+		if (path == mnt || strings.HasPrefix(path, strings.TrimSuffix(mnt, "/")+"/")) && len(mnt) > len(best) {
+			best, typ = mnt, fields[2]
+		}
+	}
+	return typ
+}

@@ -1,0 +1,212 @@
+package doctor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/doctor"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+var pg *pgtest.Cluster
+
+// The package's cluster is deliberately mis-set for a big template: the
+// default lock budget (64 per transaction).
+func TestMain(m *testing.M) {
+	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func check(t *testing.T, cr doctor.ClusterReport, name string) doctor.Check {
+	t.Helper()
+	for _, c := range cr.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("cluster %s: no check %q in %+v", cr.Cluster, name, cr.Checks)
+	return doctor.Check{}
+}
+
+// TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster: with a template of
+// ~4,200 relations, a cluster at max_locks_per_transaction = 64 is flagged
+// with the value to set; a cluster set up for it passes.
+func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
+	ctx := ctxT(t)
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	d, c := daemontest.Start(t, pg, cfg)
+	added, err := c.CreateTemplate(ctx, "wide", templates.Wide(40))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
+		}
+	}
+	b, _, err := d.Store().LargestTemplateBuild(ctx)
+	if err != nil || b.Relations < 4000 {
+		t.Fatalf("largest build = %+v, %v", b, err)
+	}
+
+	rep, err := c.Doctor(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Clusters) != 1 {
+		t.Fatalf("clusters = %+v", rep.Clusters)
+	}
+	bad := rep.Clusters[0]
+	locks := check(t, bad, "locks")
+	t.Logf("locks: %+v", locks)
+	if locks.Status != doctor.Warn && locks.Status != doctor.Fail {
+		t.Errorf("locks at max_locks_per_transaction=64 with %d relations: %s, want flagged", b.Relations, locks.Status)
+	}
+	if !strings.Contains(locks.Fix, "max_locks_per_transaction = 128") || !strings.Contains(locks.Got, "wide") {
+		t.Errorf("locks check does not say what to set or why: %+v", locks)
+	}
+	if s := check(t, bad, "standby1_settings"); s.Status != doctor.OK {
+		t.Errorf("standby with the primary's settings: %+v", s)
+	}
+	if bad.Status == doctor.OK {
+		t.Errorf("cluster status = ok with a flagged check")
+	}
+
+	// pgtenant's own batches beyond the lock table: a failure.
+	reg := cluster.NewRegistry()
+	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	bigBatches := cfg
+	bigBatches.Provision.BatchLocks = 20000
+	r2, err := (&doctor.Doctor{Store: d.Store(), Clusters: reg, Config: bigBatches}).Run(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := check(t, r2.Clusters[0], "locks"); l.Status != doctor.Fail {
+		t.Errorf("batch_locks 20000 over a lock table of ~7800: %+v", l)
+	}
+
+	// A cluster set up for the fleet: lock and file budgets for the template.
+	good, err := pgtest.Start(ctx, pgtest.Options{Standbys: 1, Settings: map[string]string{
+		"max_locks_per_transaction": "1024", "max_files_per_process": "10000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(good.Close)
+	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "good", DSN: good.PrimaryDSN("postgres"),
+		Standbys: []string{good.DSN(good.Standbys()[0], "postgres")}}); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = c.Doctor(ctx, "good")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := rep.Clusters[0]
+	for _, ch := range ok.Checks {
+		t.Logf("%-7s %s: %s", ch.Status, ch.Name, ch.Got)
+		if ch.Status != doctor.OK {
+			t.Errorf("good cluster: %s is %s: %s (fix: %s)", ch.Name, ch.Status, ch.Got, ch.Fix)
+		}
+	}
+	if ok.Status != doctor.OK {
+		t.Errorf("good cluster status = %s", ok.Status)
+	}
+	all, err := c.Doctor(ctx, "")
+	if err != nil || len(all.Clusters) != 2 || all.Status == doctor.OK {
+		t.Errorf("doctor over every cluster: %+v, %v", all, err)
+	}
+}
+
+func base() doctor.Facts {
+	return doctor.Facts{Cluster: "c", Version: "15.18", VersionNum: 150018, Databases: 10, Files: 3000, Streaming: 1,
+		Settings: map[string]string{"max_connections": "100", "max_locks_per_transaction": "64", "max_prepared_transactions": "0",
+			"autovacuum_max_workers": "3", "max_worker_processes": "8", "max_wal_senders": "10", "max_files_per_process": "1000",
+			"wal_level": "replica", "autovacuum": "on", "autovacuum_naptime": "60", "checkpoint_timeout": "300", "max_wal_size": "1024"},
+		Standbys:   []doctor.StandbyFacts{{DSN: "s1", Settings: map[string]string{"max_locks_per_transaction": "64", "max_connections": "100", "max_prepared_transactions": "0", "max_worker_processes": "8", "max_wal_senders": "10"}}},
+		Extensions: map[string]cluster.ExtensionState{"pg_prewarm": {Available: true}, "pg_buffercache": {Available: true}},
+		BatchLocks: 1000, PurgeBatch: 200, WALLogMaxSize: 32 << 20, Local: true, DiskFree: 50 << 30, DiskTotal: 100 << 30,
+		OpenFilesLimit: 1 << 20}
+}
+
+func find(cs []doctor.Check, name string) doctor.Check {
+	for _, c := range cs {
+		if c.Name == name {
+			return c
+		}
+	}
+	return doctor.Check{}
+}
+
+// TestChecks covers the checks the integration test cannot reach.
+func TestChecks(t *testing.T) {
+	for _, tc := range []struct {
+		name, check, want string
+		mutate            func(*doctor.Facts)
+	}{
+		{"baseline", "locks", doctor.OK, func(f *doctor.Facts) {}},
+		{"template beyond the lock table", "locks", doctor.Fail, func(f *doctor.Facts) {
+			f.Largest = &catalog.LargestBuild{Template: "huge", Version: 1, Relations: 22000}
+		}},
+		{"standby below the primary", "standby1_settings", doctor.Fail, func(f *doctor.Facts) {
+			f.Standbys[0].Settings["max_locks_per_transaction"] = "32"
+		}},
+		{"standby unreachable", "standby1_settings", doctor.Unknown, func(f *doctor.Facts) { f.Standbys[0].Err = "refused" }},
+		{"wal_level minimal", "replication", doctor.Fail, func(f *doctor.Facts) { f.Settings["wal_level"] = "minimal" }},
+		{"standby down", "replication", doctor.Fail, func(f *doctor.Facts) { f.Streaming = 0 }},
+		{"no standby at all", "replication", doctor.Warn, func(f *doctor.Facts) { f.Streaming, f.Standbys = 0, nil }},
+		{"autovacuum off", "autovacuum", doctor.Fail, func(f *doctor.Facts) { f.Settings["autovacuum"] = "off" }},
+		{"thousands of databases", "autovacuum", doctor.Warn, func(f *doctor.Facts) { f.Databases = 3000 }},
+		{"missing contrib", "prewarm_extensions", doctor.Warn, func(f *doctor.Facts) {
+			f.Extensions["pg_buffercache"] = cluster.ExtensionState{}
+		}},
+		{"open-file limit below max_files_per_process", "files", doctor.Warn, func(f *doctor.Facts) { f.OpenFilesLimit = 512 }},
+		{"FILE_COPY creates force checkpoints", "checkpoints", doctor.Warn, func(f *doctor.Facts) {
+			f.LargestSize, f.BuildsDay = 1<<30, 600
+		}},
+		{"disk almost full", "disk", doctor.Fail, func(f *doctor.Facts) { f.DiskFree = 2 << 30 }},
+		{"disk full in days", "disk", doctor.Fail, func(f *doctor.Facts) {
+			f.GrowthTenants, f.TenantBytesDay, f.TenantBytesNow = 100, 10<<30, 20<<30
+		}},
+		{"remote disk", "disk", doctor.Unknown, func(f *doctor.Facts) { f.Local, f.LocalWhy = false, "remote" }},
+		{"9.6 stats on disk, many databases", "stats_temp_directory", doctor.Fail, func(f *doctor.Facts) {
+			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "ext4"
+			f.Settings["stats_temp_directory"] = "pg_stat_tmp"
+		}},
+		{"9.6 stats on tmpfs", "stats_temp_directory", doctor.OK, func(f *doctor.Facts) {
+			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "tmpfs"
+		}},
+		{"9.6 with many databases and stats on disk: autovacuum storm", "autovacuum", doctor.Fail, func(f *doctor.Facts) {
+			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "ext4"
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := base()
+			tc.mutate(&f)
+			got := find(doctor.Checks(f), tc.check)
+			if got.Status != tc.want {
+				t.Errorf("%s = %s (%s; fix: %s), want %s", tc.check, got.Status, got.Got, got.Fix, tc.want)
+			}
+			if got.Status != doctor.OK && got.Status != doctor.Unknown && got.Fix == "" {
+				t.Errorf("%s flagged without a fix: %+v", tc.check, got)
+			}
+		})
+	}
+}

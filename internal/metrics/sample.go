@@ -1,0 +1,259 @@
+package metrics
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// sampleResult is what one pass read from a cluster, by tenant id.
+type sampleResult struct {
+	counters map[string]counters
+	conns    map[string]Connections
+	sizes    map[string]int64
+	files    *int64 // relation files, when sampled
+	queries  int
+}
+
+// The statistics queries. Each reads one cluster-wide (or shared-database-
+// wide) view in shared memory: their cost grows with the databases and the
+// relations of the shared databases, never with a round trip per tenant.
+const (
+	// Every database; tenants are picked out in Go. tup_returned is what
+	// scans returned; written rows are inserts, updates and deletes.
+	databaseStatsSQL = `
+		SELECT datname, xact_commit, xact_rollback, tup_returned, tup_inserted + tup_updated + tup_deleted,
+		       blks_hit, blks_read, temp_bytes, deadlocks, sessions, (active_time * 1000)::bigint
+		FROM pg_stat_database WHERE datname LIKE 't\_%'`
+	// Per-schema sums over the tables of one shared database.
+	schemaStatsSQL = `
+		SELECT t.schemaname,
+		       sum(coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0))::bigint,
+		       sum(t.n_tup_ins + t.n_tup_upd + t.n_tup_del)::bigint,
+		       sum(coalesce(io.heap_blks_hit, 0) + coalesce(io.idx_blks_hit, 0) + coalesce(io.toast_blks_hit, 0) + coalesce(io.tidx_blks_hit, 0))::bigint,
+		       sum(coalesce(io.heap_blks_read, 0) + coalesce(io.idx_blks_read, 0) + coalesce(io.toast_blks_read, 0) + coalesce(io.tidx_blks_read, 0))::bigint
+		FROM pg_stat_user_tables t JOIN pg_statio_user_tables io USING (relid)
+		WHERE t.schemaname LIKE 't\_%'
+		GROUP BY t.schemaname`
+	// Client sessions of tenant roles, by role and state: bounded by
+	// max_connections, not by the number of tenants.
+	sessionsSQL = `
+		SELECT usename, state, count(*)::int FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND usename LIKE 't\_%' AND state IS NOT NULL
+		GROUP BY usename, state`
+	// Sizes stat every file of a database: only the tenants whose turn it is.
+	databaseSizesSQL = `SELECT datname, pg_database_size(oid) FROM pg_database WHERE datname = ANY($1)`
+	schemaSizesSQL   = `
+		SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
+		FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm', 'S')
+		WHERE n.nspname = ANY($1) GROUP BY n.nspname`
+	// Relation files under base/ (superuser or pg_read_server_files).
+	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
+)
+
+// sample reads the statistics of every tenant of a cluster and the sizes of
+// the tenants in sizeTurn.
+func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenant, sizeTurn []catalog.MetricTenant, withFiles bool) (sampleResult, error) {
+	res := sampleResult{counters: map[string]counters{}, conns: map[string]Connections{}, sizes: map[string]int64{}}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return res, err
+	}
+	byPhysical := map[string]catalog.MetricTenant{}
+	shared := map[string][]catalog.MetricTenant{} // shared database → its schema tenants
+	for _, r := range rows {
+		if !measured(r.State) {
+			continue
+		}
+		byPhysical[tenant.PhysicalName(r.ID)] = r
+		if r.Mode == "schema" {
+			shared[r.Database] = append(shared[r.Database], r)
+		}
+	}
+
+	// Database tenants: one query over pg_stat_database.
+	res.queries++
+	statsSQL := databaseStatsSQL
+	if h, _ := cl.LastProbeResult(); h.VersionNum > 0 && h.VersionNum < 140000 {
+		// No session statistics before 14: client activity is seen only in writes.
+		statsSQL = strings.Replace(statsSQL, "sessions, (active_time * 1000)::bigint", "0::bigint, 0::bigint", 1)
+	}
+	dbRows, err := admin.Query(ctx, statsSQL)
+	if err != nil {
+		return res, fmt.Errorf("read pg_stat_database of %s: %w", cl.Name(), cluster.Classify(err))
+	}
+	for dbRows.Next() {
+		var name string
+		var k counters
+		if err := dbRows.Scan(&name, &k.Commits, &k.Rollbacks, &k.RowsRead, &k.RowsWritten, &k.BlksHit, &k.BlksRead, &k.TempBytes, &k.Deadlocks, &k.Sessions, &k.ActiveMicros); err != nil {
+			dbRows.Close()
+			return res, err
+		}
+		if t, ok := byPhysical[name]; ok && t.Mode == "database" && t.Database == name {
+			res.counters[t.ID] = k
+		}
+	}
+	if err := dbRows.Err(); err != nil {
+		return res, cluster.Classify(err)
+	}
+
+	// Sessions: one query over pg_stat_activity.
+	res.queries++
+	sRows, err := admin.Query(ctx, sessionsSQL)
+	if err != nil {
+		return res, fmt.Errorf("read pg_stat_activity of %s: %w", cl.Name(), cluster.Classify(err))
+	}
+	for sRows.Next() {
+		var role, state string
+		var n int
+		if err := sRows.Scan(&role, &state, &n); err != nil {
+			sRows.Close()
+			return res, err
+		}
+		t, ok := byPhysical[role]
+		if !ok {
+			continue
+		}
+		c := res.conns[t.ID]
+		switch state {
+		case "active", "fastpath function call":
+			c.Active += n
+		case "idle in transaction", "idle in transaction (aborted)":
+			c.IdleInTransaction += n
+		default:
+			c.Idle += n
+		}
+		res.conns[t.ID] = c
+	}
+	if err := sRows.Err(); err != nil {
+		return res, cluster.Classify(err)
+	}
+
+	// Schema tenants: one statistics query per shared database.
+	names := make([]string, 0, len(shared))
+	for db := range shared {
+		names = append(names, db)
+	}
+	sort.Strings(names)
+	for _, db := range names {
+		pool, err := cl.Pool(ctx, db)
+		if err != nil {
+			return res, err
+		}
+		res.queries++
+		if err := schemaStats(ctx, pool, byPhysical, res.counters); err != nil {
+			return res, fmt.Errorf("read table statistics of %s/%s: %w", cl.Name(), db, err)
+		}
+		for _, t := range shared[db] {
+			if _, ok := res.counters[t.ID]; !ok {
+				res.counters[t.ID] = counters{} // a schema without tables has no statistics rows
+			}
+		}
+	}
+
+	// Sizes of this pass's turn: one query for the databases, one per shared database.
+	var dbNames []string
+	schemas := map[string][]string{}
+	for _, t := range sizeTurn {
+		if t.Mode == "schema" {
+			schemas[t.Database] = append(schemas[t.Database], tenant.PhysicalName(t.ID))
+		} else {
+			dbNames = append(dbNames, t.Database)
+		}
+	}
+	if len(dbNames) > 0 {
+		res.queries++
+		if err := sizes(ctx, admin, databaseSizesSQL, dbNames, byPhysical, res.sizes); err != nil {
+			return res, fmt.Errorf("database sizes on %s: %w", cl.Name(), err)
+		}
+	}
+	for _, db := range names {
+		if len(schemas[db]) == 0 {
+			continue
+		}
+		pool, err := cl.Pool(ctx, db)
+		if err != nil {
+			return res, err
+		}
+		res.queries++
+		if err := sizes(ctx, pool, schemaSizesSQL, schemas[db], byPhysical, res.sizes); err != nil {
+			return res, fmt.Errorf("schema sizes in %s/%s: %w", cl.Name(), db, err)
+		}
+	}
+	if withFiles {
+		res.queries++
+		var n int64
+		if err := admin.QueryRow(ctx, relationFilesSQL).Scan(&n); err != nil {
+			n = -1 // not superuser: unknown
+		}
+		res.files = &n
+	}
+	return res, nil
+}
+
+func schemaStats(ctx context.Context, pool *pgxpool.Pool, byPhysical map[string]catalog.MetricTenant, out map[string]counters) error {
+	rows, err := pool.Query(ctx, schemaStatsSQL)
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var schema string
+		var k counters
+		if err := rows.Scan(&schema, &k.RowsRead, &k.RowsWritten, &k.BlksHit, &k.BlksRead); err != nil {
+			return err
+		}
+		if t, ok := byPhysical[schema]; ok && t.Mode == "schema" {
+			out[t.ID] = k
+		}
+	}
+	return cluster.Classify(rows.Err())
+}
+
+// sizes runs a (name, bytes) query over names and maps the names to tenants.
+// A database dropped between the catalog read and the query is just absent.
+// If the batch fails (a database dropped mid-query), each name is retried
+// alone and the failing ones are skipped.
+func sizes(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, byPhysical map[string]catalog.MetricTenant, out map[string]int64) error {
+	err := sizeBatch(ctx, pool, sql, names, byPhysical, out)
+	if err == nil || len(names) == 1 || ctx.Err() != nil {
+		return err
+	}
+	for _, n := range names {
+		_ = sizeBatch(ctx, pool, sql, []string{n}, byPhysical, out)
+	}
+	return ctx.Err()
+}
+
+func sizeBatch(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, byPhysical map[string]catalog.MetricTenant, out map[string]int64) error {
+	rows, err := pool.Query(ctx, sql, names)
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	defer rows.Close()
+	got := map[string]int64{}
+	for rows.Next() {
+		var name string
+		var n *int64
+		if err := rows.Scan(&name, &n); err != nil {
+			return err
+		}
+		if t, ok := byPhysical[name]; ok && n != nil {
+			got[t.ID] = *n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return cluster.Classify(err)
+	}
+	for id, n := range got {
+		out[id] = n
+	}
+	return nil
+}
