@@ -177,7 +177,6 @@ func (e *Env) IdleIO(ctx context.Context, o IdleIOOptions) (IdleIOResult, Table,
 // checks and the quota evaluation run too).
 func idleConfig(fc *fleet.Cluster, dir string, on bool) config.Config {
 	cfg := benchConfig(fc, dir)
-	quiet(&cfg)
 	t := cfg.Tiers["default"]
 	if on {
 		cfg.Metrics = config.Default().Metrics
@@ -192,7 +191,6 @@ func idleConfig(fc *fleet.Cluster, dir string, on bool) config.Config {
 // them through the API with a daemon without pools (nothing refills).
 func (e *Env) idleTenants(ctx context.Context, fc *fleet.Cluster, dir string, o IdleIOOptions) error {
 	cfg := benchConfig(fc, dir)
-	quiet(&cfg)
 	cfg.Jobs.Workers = 6
 	cfg.Provision.PoolInterval = config.Duration(500 * time.Millisecond)
 	cfg.Pools = []config.PoolConfig{
@@ -235,7 +233,6 @@ func (e *Env) idleTenants(ctx context.Context, fc *fleet.Cluster, dir string, o 
 		return err
 	}
 	c := benchConfig(fc, dir)
-	quiet(&c)
 	d, err = e.startDaemonInProcess(ctx, fc, c)
 	if err != nil {
 		return err

@@ -419,7 +419,15 @@ func benchConfig(fc *fleet.Cluster, dir string) config.Config {
 	cfg.TokenFile = filepath.Join(dir, "token")
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Provision.ColdWait = config.Duration(30 * time.Minute)
+	// The daemon's background work that no bench row measures is off: the
+	// reconciler, the metrics collector (bench idle-io turns it on) and the
+	// prewarm watcher (bench prewarm turns it on). Their first passes after a
+	// daemon starts (sizes of every new tenant, a hot-set capture) would
+	// otherwise run under whatever is measured next.
 	cfg.Reconcile.Interval = 0
+	cfg.Metrics.Interval = 0
+	cfg.Prewarm.CaptureInterval = 0
+	cfg.Prewarm.WatchInterval = 0
 	return cfg
 }
 

@@ -116,7 +116,6 @@ func (e *Env) Migrate(ctx context.Context, o MigrateOptions) (MigrateResult, Tab
 		return res, Table{}, err
 	}
 	cfg := benchConfig(fc, dir)
-	quiet(&cfg)
 	if o.Parallel > 0 {
 		cfg.Migrate.Parallel = o.Parallel
 	}
@@ -188,13 +187,6 @@ func (e *Env) Migrate(ctx context.Context, o MigrateOptions) (MigrateResult, Tab
 	return res, migrateTable(res), nil
 }
 
-// quiet turns off the daemon's background work that is not under test.
-func quiet(cfg *config.Config) {
-	cfg.Metrics.Interval = 0
-	cfg.Prewarm.CaptureInterval = 0
-	cfg.Prewarm.WatchInterval = 0
-}
-
 // migrateSpares fills spare pools of saas as large as the tenants wanted
 // (at most 1,000 per mode; the rest is made on the cold path), with daemons
 // of their own: the one that is measured must not refill behind the claims.
@@ -204,7 +196,6 @@ func (e *Env) migrateSpares(ctx context.Context, fc *fleet.Cluster, dir string, 
 	schemas, databases := min(o.Schemas, 1000), min(o.Databases, 1000)
 	for i, want := range [][2]int{{schemas, 0}, {schemas, databases}} {
 		cfg := benchConfig(fc, dir)
-		quiet(&cfg)
 		cfg.Jobs.Workers = 6
 		cfg.Pacer.HeavyDDLSlots = 3
 		cfg.Pacer.WaitForCheckpoint = false // spread checkpoints would hold every create: setup only

@@ -53,10 +53,13 @@ type Config struct {
 type PrewarmConfig struct {
 	// CaptureInterval between hot-set captures from pg_buffercache (0 = off).
 	CaptureInterval Duration `yaml:"capture_interval"`
-	// WatchInterval between checks for restarts and failovers (0 = off).
+	// WatchInterval between polls of each node (one query on a connection
+	// kept open) for restarts and failovers (0 = off).
 	WatchInterval Duration `yaml:"watch_interval"`
-	// RateLimit caps how fast prewarm reads, per second.
+	// RateLimit caps how fast prewarm reads, per second (all workers of a job together).
 	RateLimit ByteSize `yaml:"rate_limit"`
+	// Parallel: tenants a prewarm job loads at once, taken in priority order.
+	Parallel int `yaml:"parallel"`
 	// BufferFraction of the free shared buffers that prewarm fills (mode buffer);
 	// it never evicts a buffer in use, so hotter data is never pushed out.
 	BufferFraction float64 `yaml:"buffer_fraction"`
@@ -231,8 +234,8 @@ func Default() Config {
 			RetryBackoff: Duration(200 * time.Millisecond)},
 		Metrics: MetricsConfig{Interval: Duration(15 * time.Second), SizeInterval: Duration(10 * time.Minute),
 			HistoryRetention: Duration(14 * 24 * time.Hour), TopTenants: 100, CapInterval: Duration(time.Second)},
-		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(10 * time.Second),
-			RateLimit: 256 << 20, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
+		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(500 * time.Millisecond),
+			RateLimit: 256 << 20, Parallel: 4, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
 	}
 }
 
@@ -412,6 +415,9 @@ func (c Config) Validate() error {
 	}
 	if c.Prewarm.RateLimit <= 0 {
 		bad("prewarm.rate_limit", "must be positive, e.g. 256MB")
+	}
+	if c.Prewarm.Parallel < 1 {
+		bad("prewarm.parallel", "must be at least 1")
 	}
 	if c.Prewarm.BufferFraction <= 0 || c.Prewarm.BufferFraction > 1 {
 		bad("prewarm.buffer_fraction", "must be in (0, 1]")

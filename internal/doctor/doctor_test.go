@@ -1,10 +1,8 @@
 package doctor_test
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -24,12 +22,6 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func check(t *testing.T, cr doctor.ClusterReport, name string) doctor.Check {
 	t.Helper()
 	for _, c := range cr.Checks {
@@ -45,7 +37,7 @@ func check(t *testing.T, cr doctor.ClusterReport, name string) doctor.Check {
 // ~4,200 relations, a cluster at max_locks_per_transaction = 64 is flagged
 // with the value to set; a cluster set up for it passes.
 func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	d, c := daemontest.Start(t, pg, cfg)

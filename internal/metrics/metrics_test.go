@@ -29,12 +29,6 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m, pgtest.Options{}, &pg)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // fleet is a daemon with the saas template and tenants of both modes.
 type fleet struct {
 	c       *api.Client
@@ -45,7 +39,7 @@ type fleet struct {
 
 func startFleet(t *testing.T, mutate func(*config.Config)) fleet {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Metrics.Interval = 0 // the tests drive their own collector
@@ -145,7 +139,7 @@ func work(t *testing.T, dsn string, sqls ...string) {
 
 func pass(t *testing.T, c *metrics.Collector) metrics.PassStats {
 	t.Helper()
-	if err := c.Pass(ctxT(t), "local"); err != nil {
+	if err := c.Pass(pgtest.Context(t), "local"); err != nil {
 		t.Fatal(err)
 	}
 	return c.LastPass()["local"]
@@ -179,7 +173,7 @@ func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 	clock := &fakeClock{t: time.Now()}
 	c := f.collector(t, clock)
 	admin := pg.Conn(t, "postgres")
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 
 	// Each tenant makes a table before the baseline, so that the catalog rows
 	// CREATE TABLE writes are not part of what is compared.
@@ -280,7 +274,7 @@ func TestCollector_ConstantQueries(t *testing.T) {
 	// Four more tenants of each mode: same shared database, same queries.
 	for i := 0; i < 4; i++ {
 		for _, mode := range []string{"database", "schema"} {
-			if _, err := f.c.CreateTenant(ctxT(t), provision.Request{Template: "saas", Mode: mode}); err != nil {
+			if _, err := f.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: mode}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -306,7 +300,7 @@ func TestCollector_HistoryOnlyWhenCountersChange(t *testing.T) {
 	f := startFleet(t, nil)
 	clock := &fakeClock{t: time.Now().Truncate(time.Minute).Add(5 * time.Second)}
 	c := f.collector(t, clock)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	for _, label := range []string{"db1", "sc1"} {
 		work(t, f.tenants[label].DSN, `CREATE TABLE w (i int)`)
 	}
@@ -372,7 +366,7 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 	busy, quiet := f.tenants["db1"], f.tenants["sc2"]
 	work(t, busy.DSN, `CREATE TABLE w (i int)`)
 	pass(t, c)
-	if _, err := f.c.SetMetricsExport(ctxT(t), quiet.Tenant.ID, true); err != nil {
+	if _, err := f.c.SetMetricsExport(pgtest.Context(t), quiet.Tenant.ID, true); err != nil {
 		t.Fatal(err)
 	}
 	work(t, busy.DSN, `INSERT INTO w SELECT generate_series(1, 50000)`, `SELECT count(*) FROM w`)
@@ -427,7 +421,7 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 	}
 
 	// The daemon's own collector serves the API: sorted lists and /metrics.
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		byActivity, err := f.c.Tenants(ctx, url.Values{"sort": {"activity"}, "limit": {"2"}})

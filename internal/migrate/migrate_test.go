@@ -32,12 +32,6 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 type env struct {
 	d   func() // stops the daemon (StartCancellable)
 	c   *api.Client
@@ -68,7 +62,7 @@ INSERT INTO accounts VALUES (1, 10), (2, 20);`}
 // until it is materialised.
 func (e env) upload(t *testing.T, name string, files ...templates.Upload) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	add := e.c.PushTemplate
 	if len(files) == 1 {
 		add = e.c.CreateTemplate
@@ -86,7 +80,7 @@ func (e env) upload(t *testing.T, name string, files ...templates.Upload) {
 
 func (e env) tenant(t *testing.T, template, mode string) catalog.Tenant {
 	t.Helper()
-	r, err := e.c.CreateTenant(ctxT(t), provision.Request{Template: template, Mode: mode})
+	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: template, Mode: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +104,7 @@ func (e env) tenants(t *testing.T, template string, databases, schemas int) []ca
 
 func (e env) rollout(t *testing.T, req migrate.Request) migrate.Status {
 	t.Helper()
-	out, err := e.c.StartRollout(ctxT(t), req)
+	out, err := e.c.StartRollout(pgtest.Context(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +118,7 @@ func (e env) rollout(t *testing.T, req migrate.Request) migrate.Status {
 // rollout with every tenant.
 func (e env) wait(t *testing.T, id int64) migrate.Status {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	st, err := e.c.Rollout(ctx, id, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -143,7 +137,7 @@ func (e env) wait(t *testing.T, id int64) migrate.Status {
 func (e env) catalogVersion(t *testing.T, id string) int {
 	t.Helper()
 	var v int
-	if err := e.cat.QueryRow(ctxT(t), `SELECT version FROM tenants WHERE id = $1`, id).Scan(&v); err != nil {
+	if err := e.cat.QueryRow(pgtest.Context(t), `SELECT version FROM tenants WHERE id = $1`, id).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
 	return v
@@ -155,7 +149,7 @@ func inTenant(t *testing.T, tn catalog.Tenant, f func(conn *pgx.Conn)) {
 	t.Helper()
 	conn := pg.Conn(t, tn.Database)
 	if tn.Mode == "schema" {
-		if _, err := conn.Exec(ctxT(t), "SET search_path = t_"+tn.ID); err != nil {
+		if _, err := conn.Exec(pgtest.Context(t), "SET search_path = t_"+tn.ID); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -172,7 +166,7 @@ func marker(t *testing.T, tn catalog.Tenant) string {
 		if tn.Mode == "schema" {
 			q = `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 't_` + tn.ID + `'`
 		}
-		if err := conn.QueryRow(ctxT(t), q).Scan(&m); err != nil {
+		if err := conn.QueryRow(pgtest.Context(t), q).Scan(&m); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -197,7 +191,7 @@ func byTenant(st migrate.Status) map[string]catalog.RolloutTenant {
 // nothing to do and connects to no tenant.
 func TestRollout_BothModes(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	e.upload(t, "mig_both", v1)
 	ts := e.tenants(t, "mig_both", 2, 3)
 	if _, err := e.c.TenantAction(ctx, ts[4].ID, "suspend"); err != nil {
@@ -329,7 +323,7 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS accounts_note ON accounts (note);`}
 // its data is fixed, `rollout retry` migrates it.
 func TestRollout_FailingTenantRolledBack_RetryAfterFix(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	e.upload(t, "mig_fail", v1)
 	ts := e.tenants(t, "mig_fail", 2, 2)
 	bad := ts[2] // a schema tenant
@@ -396,7 +390,7 @@ ALTER TABLE accounts ADD CONSTRAINT balance_positive CHECK (balance >= 0);`})
 // catalog row was lost after it committed (the marker guard).
 func TestRollout_KilledMidwayResumes(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	e.upload(t, "mig_kill", v1)
 	ts := e.tenants(t, "mig_kill", 2, 10)
 	// Each application inserts a row: a second one would show.
@@ -460,7 +454,7 @@ SELECT pg_sleep(0.2);`})
 // template is refused while this one is unfinished.
 func TestRollout_CanaryAndTenantsCreatedDuring(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	e.upload(t, "mig_canary", v1)
 	ts := e.tenants(t, "mig_canary", 0, 4)
 	// The template build of v2 takes 3 s (only the build: pgt_build_<job>),
@@ -521,7 +515,7 @@ func TestRollout_LockTimeoutRetried(t *testing.T) {
 		c.Migrate.LockTimeout = config.Duration(100 * time.Millisecond)
 		c.Migrate.RetryBackoff = config.Duration(100 * time.Millisecond)
 	})
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	e.upload(t, "mig_lock", v1)
 	busy := e.tenant(t, "mig_lock", "schema")
 	e.upload(t, "mig_lock", v1, templates.Upload{Name: "0002_col.sql", Body: `ALTER TABLE accounts ADD COLUMN note text;`})

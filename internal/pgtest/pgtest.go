@@ -211,3 +211,11 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// Context is a test's context: cancelled when the test ends, and after 4
+// minutes so that a stuck wait fails the test instead of the whole run.
+func Context(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -40,7 +41,21 @@ type Service struct {
 	ColdWait time.Duration
 	// Pool is poked after each claim so that it refills; may be nil.
 	Pool *Pool
+
+	placed placement
 }
+
+// placement caches the tenant count per cluster that placement balances:
+// counting every tenant on each create would cost a scan of the catalog's
+// tenants per sign-up. Counts are reloaded every placementTTL and bumped for
+// each tenant placed in between.
+type placement struct {
+	mu     sync.Mutex
+	counts map[string]int
+	at     time.Time
+}
+
+const placementTTL = 10 * time.Second
 
 // Request asks for a tenant.
 type Request struct {
@@ -164,18 +179,29 @@ func (s *Service) place(ctx context.Context, name string) (*cluster.Cluster, err
 	if name != "" {
 		return s.Clusters.Get(name)
 	}
-	counts, err := s.Store.TenantCounts(ctx)
-	if err != nil {
-		return nil, err
+	all := s.Clusters.All()
+	if len(all) == 1 {
+		return all[0], nil
 	}
 	var names []string
-	for _, c := range s.Clusters.All() {
+	for _, c := range all {
 		names = append(names, c.Name())
 	}
-	chosen, err := tenant.Place(names, counts)
+	p := &s.placed
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if time.Since(p.at) > placementTTL {
+		counts, err := s.Store.TenantCounts(ctx)
+		if err != nil {
+			return nil, err
+		}
+		p.counts, p.at = counts, time.Now()
+	}
+	chosen, err := tenant.Place(names, p.counts)
 	if err != nil {
 		return nil, err
 	}
+	p.counts[chosen]++
 	return s.Clusters.Get(chosen)
 }
 

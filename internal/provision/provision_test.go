@@ -32,16 +32,10 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // createTemplate uploads a directory of examples/templates and waits until it is built.
 func createTemplate(t testing.TB, c *api.Client, name string, files []templates.Upload) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	added, err := c.CreateTemplate(ctx, name, files)
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +70,7 @@ func example(t *testing.T, name string) []templates.Upload {
 func waitSpares(t *testing.T, catalogDB, template, mode string, n int) {
 	t.Helper()
 	conn := pg.Conn(t, catalogDB)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	for {
 		var got int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE template = $1 AND mode = $2 AND state = 'spare'`, template, mode).Scan(&got); err != nil {
@@ -121,7 +115,7 @@ func name(s string) *string { return &s }
 // template, gets a DSN that works and a schema it owns.
 func TestCreate_BothModes(t *testing.T) {
 	c, catDB := startWithCatalog(t, 1)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
@@ -176,7 +170,7 @@ func TestCreate_BothModes(t *testing.T) {
 // checked with real logins.
 func TestIsolation(t *testing.T) {
 	c, catDB := startWithCatalog(t, 0)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	var db, sc [2]api.CreateTenantResponse
 	for i := range 2 {
@@ -231,7 +225,7 @@ func TestIsolation(t *testing.T) {
 // known password, and has no CONNECT right.
 func TestSpares_UnusableBeforeClaim(t *testing.T) {
 	c, catDB := startWithCatalog(t, 2)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	waitSpares(t, catDB, "saas", "database", 2)
 	waitSpares(t, catDB, "saas", "schema", 2)
@@ -287,7 +281,7 @@ func TestSpares_UnusableBeforeClaim(t *testing.T) {
 // external id make one tenant.
 func TestCreate_RetryByExternalID(t *testing.T) {
 	c, catDB := startWithCatalog(t, 1)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	first, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
 	if err != nil {
@@ -333,7 +327,7 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 // message naming what is wrong, and leaves nothing behind.
 func TestCreate_BadInput(t *testing.T) {
 	c, catDB := startWithCatalog(t, 0)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	for _, tc := range []struct {
 		req    provision.Request
@@ -365,7 +359,7 @@ func TestCreate_BadInput(t *testing.T) {
 // TestCreate_ClusterDown: a cluster that is down gives 503 and no tenant.
 func TestCreate_ClusterDown(t *testing.T) {
 	c, catDB := startWithCatalog(t, 0)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	other, err := pgtest.Start(ctx, pgtest.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -394,7 +388,7 @@ func TestCreate_ClusterDown(t *testing.T) {
 // TestCreate_TierApplied: a tier's limits land on the role.
 func TestCreate_TierApplied(t *testing.T) {
 	c, catDB := startWithCatalog(t, 1)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	waitSpares(t, catDB, "saas", "database", 1)
 	got, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Tier: "small"})
@@ -423,7 +417,7 @@ func TestTemplate_ManyRelationsAtDefaultLockLimit(t *testing.T) {
 		t.Skip("builds 20,000 relations")
 	}
 	c, _ := startWithCatalog(t, 0)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "wide", templates.Wide(200))
 	d, err := c.Template(ctx, "wide")
 	if err != nil {
@@ -466,7 +460,7 @@ func FuzzCreate_Names(f *testing.F) {
 	f.Add("ok", "", "tiny; DROP DATABASE x")
 	f.Add("ok", "", "../../etc")
 	f.Fuzz(func(t *testing.T, displayName, externalID, template string) {
-		ctx := ctxT(t)
+		ctx := pgtest.Context(t)
 		req := provision.Request{Template: template, Mode: "schema", Name: &displayName, ExternalID: externalID, Cluster: "local"}
 		got, err := c.CreateTenant(ctx, req)
 		if err != nil {
@@ -497,7 +491,7 @@ func FuzzCreate_Names(f *testing.F) {
 // spare, in both modes (claims must not collide on shared catalog rows).
 func TestCreate_ConcurrentClaims(t *testing.T) {
 	c, catDB := startWithCatalog(t, 4)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	createTemplate(t, c, "saas", example(t, "saas"))
 	waitSpares(t, catDB, "saas", "database", 4)
 	waitSpares(t, catDB, "saas", "schema", 4)

@@ -35,12 +35,6 @@ type env struct {
 	cfg     config.Config
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 func start(t *testing.T, mutate func(*config.Config)) env {
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
@@ -72,7 +66,7 @@ func readDir(t *testing.T, dir string) []templates.Upload {
 
 func (e env) template(t *testing.T, name string, files []templates.Upload) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	added, err := e.c.CreateTemplate(ctx, name, files)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +81,7 @@ func (e env) template(t *testing.T, name string, files []templates.Upload) {
 // tenant creates a tenant with some data and returns it.
 func (e env) tenant(t *testing.T, template, mode string) api.CreateTenantResponse {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	r, err := e.c.CreateTenant(ctx, provision.Request{Template: template, Mode: mode})
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +110,7 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 // checksum hashes every row of every table of a tenant, as the admin sees it.
 func checksum(t *testing.T, tn catalog.Tenant) string {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	conn := pg.Conn(t, tn.Database)
 	schema := "public"
 	if tn.Mode == "schema" {
@@ -146,7 +140,7 @@ func waitJob(t *testing.T, c *api.Client, j *jobs.Job) jobs.Job {
 	if j == nil {
 		t.Fatal("no job")
 	}
-	got, err := c.WaitJob(ctxT(t), j.ID, nil)
+	got, err := c.WaitJob(pgtest.Context(t), j.ID, nil)
 	if err != nil || got.State != jobs.Succeeded {
 		t.Fatalf("job %d: %v %s %s", j.ID, err, got.State, got.LastError)
 	}
@@ -156,7 +150,7 @@ func waitJob(t *testing.T, c *api.Client, j *jobs.Job) jobs.Job {
 // objectsLeft lists what of a tenant exists on the cluster and in the catalog.
 func objectsLeft(t *testing.T, e env, tn catalog.Tenant) []string {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	admin := pg.Conn(t, "postgres")
 	name := "t_" + tn.ID
 	var left []string
@@ -182,7 +176,7 @@ func objectsLeft(t *testing.T, e env, tn catalog.Tenant) []string {
 // restore brings it back with the same data and password.
 func TestDropRestore_RoundTrip(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
 			tn := e.tenant(t, "saas", mode)
@@ -243,7 +237,7 @@ func TestDropRestore_RoundTrip(t *testing.T) {
 // TestSuspendResume: the same lock-out without the deletion clock.
 func TestSuspendResume(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	tn := e.tenant(t, "saas", "database")
 	s, err := e.c.TenantAction(ctx, tn.Tenant.ID, "suspend")
 	if err != nil || s.Tenant.State != catalog.StateSuspended || s.Tenant.PurgeAfter != nil {
@@ -266,7 +260,7 @@ func TestSuspendResume(t *testing.T) {
 // database, schema, role and catalog row, and no neighbour's data changes.
 func TestPurge_LeavesNothingAndSparesNeighbours(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	var neighbours []catalog.Tenant
 	var sums []string
 	for _, mode := range []string{"database", "schema"} {
@@ -300,7 +294,7 @@ func TestPurge_LeavesNothingAndSparesNeighbours(t *testing.T) {
 // cannot be restored.
 func TestDrop_UnknownAndWrongState(t *testing.T) {
 	e := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	for _, id := range []string{"aaaaaaaaaaaa", "not-an-id", "'; DROP TABLE tenants; --"} {
 		_, err := e.c.DropTenant(ctx, id, false)
 		var apiErr *api.Error
@@ -317,7 +311,7 @@ func TestRetention_PurgesAutomatically(t *testing.T) {
 		c.Drop.Retention = config.Duration(time.Second)
 		c.Drop.CheckInterval = config.Duration(200 * time.Millisecond)
 	})
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	tn := e.tenant(t, "saas", "schema")
 	if _, err := e.c.DropTenant(ctx, tn.Tenant.ID, false); err != nil {
 		t.Fatal(err)
@@ -356,7 +350,7 @@ func TestPurge_InterruptedResumes(t *testing.T) {
 	first, cancelFirst := daemontest.StartCancellable(t, pg, cfg)
 	e := env{c: first, catalog: catDB, cfg: cfg}
 	e.template(t, "wide", templates.Wide(20))
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	tn := e.tenant(t, "wide", "schema")
 	res, err := first.DropTenant(ctx, tn.Tenant.ID, true)
 	if err != nil {

@@ -30,12 +30,6 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m, pgtest.Options{}, &pg)
 }
 
-func ctxT(t testing.TB) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // TestNext walks the state machine without a database.
 func TestNext(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
@@ -102,7 +96,7 @@ func (c *fakeClock) Add(d time.Duration) {
 
 func start(t *testing.T, mutate func(*config.Config)) (*api.Client, *catalog.Store, config.Config) {
 	t.Helper()
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Metrics.Interval = 0
@@ -157,7 +151,7 @@ func refused(t *testing.T, conn *pgx.Conn, sql string) {
 // its way back under, in both modes; each step is an event.
 func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 	c, store, cfg := start(t, nil)
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	reg := cluster.NewRegistry()
 	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
 	if err != nil {
@@ -304,7 +298,7 @@ func TestCapper_CancelsStatementsOverTheCap(t *testing.T) {
 		cfg.Tiers["capped"] = config.Tier{ConnectionLimit: 5, StatementTimeout: config.Duration(time.Minute), StatementCap: config.Duration(2 * time.Second)}
 		cfg.Metrics.CapInterval = config.Duration(200 * time.Millisecond)
 	})
-	ctx := ctxT(t)
+	ctx := pgtest.Context(t)
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
 			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: "capped"})
