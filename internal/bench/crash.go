@@ -181,14 +181,16 @@ func (s *soak) op(ctx context.Context, c *api.Client) {
 		return
 	}
 	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, ExternalID: ext})
-	if err != nil || r.Job != nil {
-		return
+	if err != nil || r.Job != nil || r.Tenant.State == catalog.StateProvisioning {
+		return // still pending: retried with the same external id until it is built
 	}
 	s.mu.Lock()
-	delete(s.pending, ext)
-	s.creates++
-	if r.Tenant.State == catalog.StateActive {
-		s.active = append(s.active, r.Tenant.ID)
+	if _, ok := s.pending[ext]; ok { // another client may have confirmed it meanwhile
+		delete(s.pending, ext)
+		s.creates++
+		if r.Tenant.State == catalog.StateActive {
+			s.active = append(s.active, r.Tenant.ID)
+		}
 	}
 	s.mu.Unlock()
 }
@@ -219,17 +221,18 @@ func (s *soak) runUntilKilled(ctx context.Context, p *daemonProc, catalogDSN str
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM job_steps`).Scan(&base); err != nil {
 		return false, err
 	}
+	s.mu.Lock() // the rng is shared with the clients
 	target := base + 1 + int64(s.rng.IntN(3))
 	deadline := time.Now().Add(time.Duration(500+s.rng.IntN(2500)) * time.Millisecond)
+	pause := time.Duration(s.rng.IntN(2)*s.rng.IntN(30)) * time.Millisecond
+	s.mu.Unlock()
 	for time.Now().Before(deadline) {
 		var n int64
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM job_steps`).Scan(&n); err != nil {
 			return false, err
 		}
 		if n >= target {
-			if s.rng.IntN(2) == 0 {
-				time.Sleep(time.Duration(s.rng.IntN(30)) * time.Millisecond)
-			}
+			time.Sleep(pause) // at once, or a few ms into the next step
 			p.kill()
 			return true, nil
 		}
@@ -244,6 +247,7 @@ func (s *soak) settle(ctx context.Context, c *api.Client, catalogDSN string, res
 	deadline := time.Now().Add(5 * time.Minute)
 	for len(s.pending) > 0 && time.Now().Before(deadline) {
 		s.op(ctx, c)
+		time.Sleep(20 * time.Millisecond) // a pending tenant may still be building
 	}
 	conn, err := pgx.Connect(ctx, catalogDSN)
 	if err != nil {

@@ -95,7 +95,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	}
 	if req.ExternalID != "" {
 		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
-			return s.existing(t)
+			return s.existing(ctx, t)
 		} else if !errors.Is(err, catalog.ErrNotFound) {
 			return Created{}, err
 		}
@@ -123,7 +123,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	}
 	if errors.Is(err, catalog.ErrConflict) && req.ExternalID != "" {
 		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
-			return s.existing(t)
+			return s.existing(ctx, t)
 		}
 	}
 	if !errors.Is(err, catalog.ErrNotFound) {
@@ -166,12 +166,25 @@ func (s *Service) validate(req *Request) error {
 	return nil
 }
 
-func (s *Service) existing(t catalog.Tenant) (Created, error) {
+// existing answers a retry of a create whose external id names a tenant:
+// the tenant, without its password (shown once), and while it is still
+// being built, the build job to follow.
+func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, error) {
 	cl, err := s.Clusters.Get(t.Cluster)
 	if err != nil {
 		return Created{}, err
 	}
-	return Created{Tenant: t, Existing: true, DSN: s.dsn(cl, t, "")}, nil
+	out := Created{Tenant: t, Existing: true, DSN: s.dsn(cl, t, "")}
+	if t.State == catalog.StateProvisioning {
+		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: BuildJob, TargetKind: "tenant", Target: t.ID, Limit: 1})
+		if err != nil {
+			return Created{}, err
+		}
+		if len(js) == 1 {
+			out.Job = &js[0]
+		}
+	}
+	return out, nil
 }
 
 // place returns the named cluster, or the one with the fewest tenants.
@@ -293,7 +306,7 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	if err := s.Store.InsertTenant(ctx, tx, want); err != nil {
 		if errors.Is(err, catalog.ErrConflict) {
 			if t, err := s.Store.TenantByExternalID(ctx, want.ExternalID); err == nil {
-				return s.existing(t)
+				return s.existing(ctx, t)
 			}
 		}
 		return Created{}, err

@@ -294,6 +294,22 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 	if again.Tenant.ID != first.Tenant.ID || !again.Existing || again.Password != "" {
 		t.Errorf("retry = id %s existing %v password %q; want id %s, existing, no password", again.Tenant.ID, again.Existing, again.Password, first.Tenant.ID)
 	}
+	if again.Job != nil {
+		t.Errorf("retry of an active tenant carries job %d, want none", again.Job.ID)
+	}
+	// A retry while the tenant is still being built (its first request timed
+	// out, say) gets the build job to follow.
+	cat := pg.Conn(t, catDB)
+	if _, err := cat.Exec(ctx, `UPDATE tenants SET state = 'provisioning' WHERE id = $1`, first.Tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	building, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
+	if err != nil || !building.Existing || building.Job == nil || building.Job.Target != first.Tenant.ID || building.Job.Type != provision.BuildJob {
+		t.Errorf("retry while provisioning = %+v, %v; want the existing tenant with its build job", building, err)
+	}
+	if _, err := cat.Exec(ctx, `UPDATE tenants SET state = 'active' WHERE id = $1`, first.Tenant.ID); err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	ids := make(chan string, 6)
 	for range 6 {

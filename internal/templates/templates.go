@@ -15,8 +15,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -273,19 +271,4 @@ func (s *Service) Files(ctx context.Context, template string, version int) ([]Fi
 		return nil, err
 	}
 	return FromCatalog(cf)
-}
-
-// connectAs opens an admin session on a database that acts as role (SET ROLE).
-func connectAs(ctx context.Context, cl *cluster.Cluster, database, role string) (*pgx.Conn, error) {
-	conn, err := cl.Connect(ctx, database)
-	if err != nil {
-		return nil, err
-	}
-	if role != "" {
-		if _, err := conn.Exec(ctx, "SET ROLE "+cluster.Ident(role)); err != nil {
-			conn.Close(ctx)
-			return nil, cluster.Classify(err)
-		}
-	}
-	return conn, nil
 }
