@@ -8,6 +8,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 )
 
@@ -40,6 +41,7 @@ func serverUser() (runAs, error) {
 // group so that a terminal's Ctrl-C reaches pgtenant only (pgtenant stops the
 // servers itself, in order).
 func (r runAs) command(name string, args ...string) *exec.Cmd {
+	raiseFileLimit()
 	cmd := exec.Command(name, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if r.isOther() {
@@ -90,3 +92,16 @@ func (r runAs) checkTraversable(dir string) error {
 	}
 	return nil
 }
+
+// raiseFileLimit lifts this process's soft limit on open files to its hard
+// limit, once, so that the servers it starts inherit it: a tenant fleet
+// opens many relation files (up to max_files_per_process per backend), and
+// a login session's soft limit is often 1,024. Setting it explicitly also
+// stops Go from handing child processes the original soft limit back.
+var raiseFileLimit = sync.OnceFunc(func() {
+	var l syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l) == nil && l.Cur < l.Max {
+		l.Cur = l.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
+	}
+})
