@@ -6,6 +6,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/pgtenant/pgtenant/internal/config"
 )
 
 // print writes v as indented JSON with -o json, or calls table otherwise.
@@ -30,15 +32,4 @@ func row(w io.Writer, cells ...any) {
 }
 
 // humanBytes formats a byte count with 1024-based units.
-func humanBytes(n int64) string {
-	const unit = 1024
-	if n < unit && n > -unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit || m <= -unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+func humanBytes(n int64) string { return config.ByteSize(n).Human() }

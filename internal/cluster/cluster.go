@@ -123,8 +123,15 @@ func (c *Cluster) Connect(ctx context.Context, database string) (*pgx.Conn, erro
 }
 
 func (c *Cluster) connConfig(database string) *pgx.ConnConfig {
-	cc := c.cfg.Copy()
-	cc.Database = database
+	return withDefaults(c.cfg.Copy(), database)
+}
+
+// withDefaults points cc at database (unless empty) and sets pgtenant's
+// application_name and, unless the DSN has one, a 5 s connect timeout.
+func withDefaults(cc *pgx.ConnConfig, database string) *pgx.ConnConfig {
+	if database != "" {
+		cc.Database = database
+	}
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
@@ -244,21 +251,19 @@ func (c *Cluster) ConnectNode(ctx context.Context, node, database string) (*pgx.
 	if _, err := fmt.Sscanf(node, "standby%d", &i); err != nil || i < 1 || i > len(c.standbyDSNs) {
 		return nil, fmt.Errorf("cluster %s has no node %q (nodes: %v)", c.name, node, c.Nodes())
 	}
-	cfg, err := pgx.ParseConfig(c.standbyDSNs[i-1])
-	if err != nil {
-		return nil, err
-	}
-	cfg.Database = database
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = "pgtenant"
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 5 * time.Second
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := ConnectDSN(ctx, c.standbyDSNs[i-1], database)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s/%s/%s: %w", c.name, node, database, Classify(err))
 	}
 	return conn, nil
+}
+
+// ConnectDSN opens one connection to a server given by DSN (to database
+// instead of the DSN's when database is not empty), with withDefaults.
+func ConnectDSN(ctx context.Context, dsn, database string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.ConnectConfig(ctx, withDefaults(cfg, database))
 }

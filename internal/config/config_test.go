@@ -103,3 +103,11 @@ func TestParse_READMEExample(t *testing.T) {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
 	}
 }
+
+func TestByteSize_Human(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 64 << 20: "64.0 MiB", -2048: "-2.0 KiB"} {
+		if got := config.ByteSize(n).Human(); got != want {
+			t.Errorf("ByteSize(%d).Human() = %q, want %q", n, got, want)
+		}
+	}
+}

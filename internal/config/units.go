@@ -76,6 +76,21 @@ func (b ByteSize) String() string {
 	return strconv.FormatInt(v, 10)
 }
 
+// Human formats the size for people, with 1024-based units ("1.5 GiB").
+func (b ByteSize) Human() string {
+	const unit = 1024
+	n := int64(b)
+	if n < unit && n > -unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit || m <= -unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
 // ParseByteSize parses "64MB", "512kB", "1GB", "4096".
 func ParseByteSize(s string) (int64, error) {
 	s = strings.TrimSpace(s)

@@ -179,19 +179,7 @@ func readSettings(ctx context.Context, q queryRower) (map[string]string, error) 
 
 func standbyFacts(ctx context.Context, dsn string) StandbyFacts {
 	s := StandbyFacts{DSN: cluster.RedactDSN(dsn)}
-	cfg, err := pgx.ParseConfig(dsn)
-	if err != nil {
-		s.Err = cluster.RedactError(err, dsn)
-		return s
-	}
-	if cfg.RuntimeParams == nil {
-		cfg.RuntimeParams = map[string]string{}
-	}
-	cfg.RuntimeParams["application_name"] = "pgtenant"
-	if cfg.ConnectTimeout == 0 {
-		cfg.ConnectTimeout = 5 * time.Second
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := cluster.ConnectDSN(ctx, dsn, "")
 	if err != nil {
 		s.Err = cluster.RedactError(err, dsn)
 		return s
