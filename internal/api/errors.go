@@ -41,6 +41,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusConflict, "conflict"
 	case errors.Is(err, cluster.ErrUnavailable):
 		return http.StatusServiceUnavailable, "unavailable"
+	case errors.Is(err, provision.ErrNoCapacity):
+		return http.StatusServiceUnavailable, "no_capacity"
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusGatewayTimeout, "timeout"
 	}
@@ -69,6 +71,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == "unauthorized"
 	case cluster.ErrUnavailable:
 		return e.Code == "unavailable"
+	case provision.ErrNoCapacity:
+		return e.Code == "no_capacity"
 	}
 	return false
 }

@@ -428,6 +428,9 @@ func benchConfig(fc *fleet.Cluster, dir string) config.Config {
 	cfg.Metrics.Interval = 0
 	cfg.Prewarm.CaptureInterval = 0
 	cfg.Prewarm.WatchInterval = 0
+	// Benches create more tenants than one cluster admits at the default
+	// tier's connection limit; admission is not what they measure.
+	cfg.Provision.ConnectionOvercommit = 0
 	return cfg
 }
 

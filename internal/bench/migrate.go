@@ -426,11 +426,11 @@ func (e *Env) migrateSequential(ctx context.Context, fc *fleet.Cluster, admin *p
 				return 0, err
 			}
 			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-				name := cluster.Ident(tenant.PhysicalName(t.ID))
-				what, q := "DATABASE", `SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()`
+				name, markerSchema := cluster.Ident(tenant.PhysicalName(t.ID)), tenant.MarkerSchema
 				if t.Mode == "schema" {
-					what, q = "SCHEMA", `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = '`+tenant.PhysicalName(t.ID)+`'`
+					markerSchema = tenant.PhysicalName(t.ID)
 				}
+				q := `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = ` + cluster.Literal(markerSchema)
 				var comment *string
 				if err := tx.QueryRow(ctx, q).Scan(&comment); err != nil {
 					return err
@@ -455,7 +455,7 @@ func (e *Env) migrateSequential(ctx context.Context, fc *fleet.Cluster, admin *p
 					}
 				}
 				mk.Version = 2
-				_, err := tx.Exec(ctx, "RESET ROLE; COMMENT ON "+what+" "+name+" IS "+cluster.Literal(mk.String()))
+				_, err := tx.Exec(ctx, "RESET ROLE; COMMENT ON SCHEMA "+cluster.Ident(markerSchema)+" IS "+cluster.Literal(mk.String()))
 				return err
 			})
 			conn.Close(ctx)

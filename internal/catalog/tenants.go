@@ -238,6 +238,31 @@ func (s *Store) TenantCounts(ctx context.Context) (map[string]int, error) {
 	return out, rows.Err()
 }
 
+// TierCounts counts, per cluster and tier, the tenants that hold a share
+// of the cluster's connections (every claimed tenant not being purged:
+// provisioning, active, suspended, dropped and restorable).
+func (s *Store) TierCounts(ctx context.Context) (map[string]map[string]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT cluster, tier, count(*) FROM tenants
+		WHERE state IN ('provisioning', 'active', 'suspended', 'dropped') GROUP BY cluster, tier`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]map[string]int{}
+	for rows.Next() {
+		var c, tier string
+		var n int
+		if err := rows.Scan(&c, &tier, &n); err != nil {
+			return nil, err
+		}
+		if out[c] == nil {
+			out[c] = map[string]int{}
+		}
+		out[c][tier] = n
+	}
+	return out, rows.Err()
+}
+
 // VersionDistribution counts a template's tenants by version: active,
 // suspended, dropped (restorable) and being provisioned; not spares, nor
 // tenants being purged.

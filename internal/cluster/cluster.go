@@ -122,12 +122,27 @@ func (c *Cluster) Connect(ctx context.Context, database string) (*pgx.Conn, erro
 	return conn, nil
 }
 
+// ConnectAs opens a connection to a database of the primary as another
+// role (a tenant's agent), with the same host, TLS and pinned settings as
+// admin sessions. The caller closes it.
+func (c *Cluster) ConnectAs(ctx context.Context, database, user, password, application string) (*pgx.Conn, error) {
+	cc := c.connConfig(database)
+	cc.User, cc.Password = user, password
+	cc.RuntimeParams["application_name"] = application
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s/%s as %s: %w", c.name, database, user, Classify(err))
+	}
+	return conn, nil
+}
+
 func (c *Cluster) connConfig(database string) *pgx.ConnConfig {
 	return withDefaults(c.cfg.Copy(), database)
 }
 
-// withDefaults points cc at database (unless empty) and sets pgtenant's
-// application_name and, unless the DSN has one, a 5 s connect timeout.
+// withDefaults points cc at database (unless empty), pins the session
+// settings (PinnedSettings) and pgtenant's application_name and, unless the
+// DSN has one, sets a 5 s connect timeout.
 func withDefaults(cc *pgx.ConnConfig, database string) *pgx.ConnConfig {
 	if database != "" {
 		cc.Database = database
@@ -135,11 +150,71 @@ func withDefaults(cc *pgx.ConnConfig, database string) *pgx.ConnConfig {
 	if cc.RuntimeParams == nil {
 		cc.RuntimeParams = map[string]string{}
 	}
+	for k, v := range PinnedSettings {
+		cc.RuntimeParams[k] = v
+	}
 	cc.RuntimeParams["application_name"] = "pgtenant"
 	if cc.ConnectTimeout == 0 {
 		cc.ConnectTimeout = 5 * time.Second
 	}
 	return cc
+}
+
+// AdminLockTimeout bounds every lock wait of a session pgtenant opens on a
+// cluster, unless a statement sets its own: a tenant can hold locks on its
+// tables, its schema and its role's catalog row, and no control-plane step
+// may wait on them for ever. A step that times out fails with
+// ErrLockNotAvailable and is retried by its job.
+const AdminLockTimeout = 10 * time.Second
+
+// PinnedSettings are sent as startup parameters on every session pgtenant
+// opens on a cluster, admin and tenant-agent sessions alike. Startup
+// parameters take precedence over ALTER DATABASE … SET and ALTER ROLE … SET,
+// so nothing a tenant sets on a database or on a role it can reach changes
+// how pgtenant's own SQL behaves (docs/SECURITY.md, "Pinned sessions"):
+//   - search_path: functions, operators and types resolve in pg_catalog
+//     only (pg_temp is never searched for functions or operators), so a
+//     tenant's public.unnest(oid[]) cannot shadow pg_catalog.unnest;
+//   - role: ALTER DATABASE … SET role would start the session as a tenant;
+//   - read-only, isolation, timeouts: a tenant cannot make the control
+//     plane's writes fail, time out, or wait unbounded;
+//   - standard_conforming_strings and backslash_quote: Literal's quoting
+//     relies on them;
+//   - exit_on_error, local_preload_libraries, tablespaces, access method,
+//     date and number formats: no surprise in behaviour or in text output.
+//
+// Only parameters any role may set are pinned, since tenant-agent sessions
+// are not superusers.
+var PinnedSettings = map[string]string{
+	"search_path":                         "pg_catalog, pg_temp",
+	"role":                                "none",
+	"default_transaction_read_only":       "off",
+	"default_transaction_isolation":       "read committed",
+	"default_transaction_deferrable":      "off",
+	"statement_timeout":                   "0",
+	"lock_timeout":                        fmt.Sprintf("%dms", AdminLockTimeout.Milliseconds()),
+	"idle_in_transaction_session_timeout": "0",
+	"idle_session_timeout":                "0",
+	"standard_conforming_strings":         "on",
+	"backslash_quote":                     "safe_encoding",
+	"check_function_bodies":               "on",
+	"exit_on_error":                       "off",
+	"local_preload_libraries":             "",
+	"row_security":                        "on",
+	"default_tablespace":                  "",
+	"temp_tablespaces":                    "",
+	"default_table_access_method":         "heap",
+	"client_min_messages":                 "warning",
+	"client_encoding":                     "UTF8",
+	"DateStyle":                           "ISO, MDY",
+	"IntervalStyle":                       "postgres",
+	"TimeZone":                            "UTC",
+	"extra_float_digits":                  "1",
+	"bytea_output":                        "hex",
+	"transform_null_equals":               "off",
+	"array_nulls":                         "on",
+	"quote_all_identifiers":               "off",
+	"xmloption":                           "content",
 }
 
 // TenantDSN is the DSN a tenant uses: the primary's host and port, the
@@ -247,15 +322,56 @@ func (c *Cluster) ConnectNode(ctx context.Context, node, database string) (*pgx.
 	if node == "" || node == "primary" {
 		return c.Connect(ctx, database)
 	}
-	var i int
-	if _, err := fmt.Sscanf(node, "standby%d", &i); err != nil || i < 1 || i > len(c.standbyDSNs) {
-		return nil, fmt.Errorf("cluster %s has no node %q (nodes: %v)", c.name, node, c.Nodes())
+	dsn, err := c.standbyDSN(node)
+	if err != nil {
+		return nil, err
 	}
-	conn, err := ConnectDSN(ctx, c.standbyDSNs[i-1], database)
+	conn, err := ConnectDSN(ctx, dsn, database)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s/%s/%s: %w", c.name, node, database, Classify(err))
 	}
 	return conn, nil
+}
+
+// NodeAdmin returns an admin pool of the maintenance database on one node
+// (see Nodes), created on first use: the primary's is Admin; a standby's
+// serves checks that run there every few seconds (sessions to end, the
+// statement cap) without a connection set-up each time.
+func (c *Cluster) NodeAdmin(ctx context.Context, node string) (*pgxpool.Pool, error) {
+	if node == "" || node == "primary" {
+		return c.Admin(ctx)
+	}
+	dsn, err := c.standbyDSN(node)
+	if err != nil {
+		return nil, err
+	}
+	key := node + "/"
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p, ok := c.pools[key]; ok {
+		return p, nil
+	}
+	pc, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s %s: bad dsn: %s", c.name, node, RedactError(err, dsn))
+	}
+	pc.ConnConfig = withDefaults(pc.ConnConfig, c.cfg.Database)
+	pc.MaxConns = 2 // short checks only
+	pc.MaxConnIdleTime = time.Minute
+	p, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, Classify(err)
+	}
+	c.pools[key] = p
+	return p, nil
+}
+
+func (c *Cluster) standbyDSN(node string) (string, error) {
+	var i int
+	if _, err := fmt.Sscanf(node, "standby%d", &i); err != nil || i < 1 || i > len(c.standbyDSNs) {
+		return "", fmt.Errorf("cluster %s has no node %q (nodes: %v)", c.name, node, c.Nodes())
+	}
+	return c.standbyDSNs[i-1], nil
 }
 
 // ConnectDSN opens one connection to a server given by DSN (to database

@@ -28,21 +28,49 @@ func CreateRole(ctx context.Context, q *pgxpool.Pool, role string) error {
 	return nil
 }
 
-// DropRole drops a role if it exists. DROP OWNED first, in the maintenance
-// database, removes its grants there (shared objects).
-func DropRole(ctx context.Context, q *pgxpool.Pool, role string) error {
-	var exists bool
-	if err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, role).Scan(&exists); err != nil {
+// DropRoles drops roles that exist. DROP OWNED first, in the maintenance
+// database, removes their grants there and on shared objects; what they
+// own in other databases (DropOwned) must be gone before.
+func DropRoles(ctx context.Context, q *pgxpool.Pool, roles ...string) error {
+	if err := DropOwned(ctx, q, roles...); err != nil {
+		return err
+	}
+	for _, role := range roles {
+		if _, err := q.Exec(ctx, "DROP ROLE IF EXISTS "+Ident(role)); err != nil {
+			return fmt.Errorf("drop role %s: %w", role, Classify(err))
+		}
+	}
+	return nil
+}
+
+// DropOwned runs DROP OWNED BY (RESTRICT) for the roles that exist, in the
+// database q is connected to: their objects there (large objects, objects
+// made in schemas they were allowed into), default privileges and grants.
+// Objects of other roles that depend on theirs make it fail with
+// ErrDependents, naming them; nothing of another role is dropped.
+func DropOwned(ctx context.Context, q interface {
+	Execer
+	Querier
+}, roles ...string) error {
+	var existing []string
+	if err := q.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(rolname::text), '{}') FROM pg_catalog.pg_roles WHERE rolname = ANY($1)`,
+		roles).Scan(&existing); err != nil {
 		return Classify(err)
 	}
-	if !exists {
+	if len(existing) == 0 {
 		return nil
 	}
-	if _, err := q.Exec(ctx, "DROP OWNED BY "+Ident(role)); err != nil {
-		return fmt.Errorf("drop owned by %s: %w", role, Classify(err))
+	var ids []string
+	for _, r := range existing {
+		ids = append(ids, Ident(r))
 	}
-	if _, err := q.Exec(ctx, "DROP ROLE IF EXISTS "+Ident(role)); err != nil {
-		return fmt.Errorf("drop role %s: %w", role, Classify(err))
+	if _, err := q.Exec(ctx, "DROP OWNED BY "+strings.Join(ids, ", ")+" RESTRICT"); err != nil {
+		err = Classify(err)
+		var pgErr *pgconn.PgError
+		if errors.Is(err, ErrDependents) && errors.As(err, &pgErr) && pgErr.Detail != "" {
+			return fmt.Errorf("drop what %s own: %w: %s", strings.Join(existing, " and "), err, strings.ReplaceAll(pgErr.Detail, "\n", "; "))
+		}
+		return fmt.Errorf("drop what %s own: %w", strings.Join(existing, " and "), err)
 	}
 	return nil
 }
@@ -76,8 +104,18 @@ func CreateDatabase(ctx context.Context, q *pgxpool.Pool, name, template, owner,
 	return nil
 }
 
-// DropDatabase drops a database if it exists, ending its sessions.
+// DropDatabase drops a database if it exists, ending its sessions. A
+// template database cannot be dropped: IS_TEMPLATE is cleared first
+// (pgtenant's template databases, or anything that set it).
 func DropDatabase(ctx context.Context, q *pgxpool.Pool, name string) error {
+	_, err := q.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+		IF EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = %[1]s AND datistemplate) THEN
+			ALTER DATABASE %[2]s IS_TEMPLATE false;
+		END IF;
+	END $$`, Literal(name), Ident(name)))
+	if err != nil {
+		return fmt.Errorf("drop database %s: clear IS_TEMPLATE: %w", name, Classify(err))
+	}
 	if _, err := q.Exec(ctx, "DROP DATABASE IF EXISTS "+Ident(name)+" WITH (FORCE)"); err != nil {
 		return fmt.Errorf("drop database %s: %w", name, Classify(err))
 	}
@@ -177,28 +215,8 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 	if !exists {
 		return nil
 	}
-	var outside []string
-	rows, err := conn.Query(ctx, `
-		SELECT DISTINCT pg_describe_object(d.classid, d.objid, d.objsubid)
-		FROM pg_depend d
-		JOIN pg_class rc ON d.refclassid = 'pg_class'::regclass AND rc.oid = d.refobjid
-		JOIN pg_namespace rn ON rn.oid = rc.relnamespace AND rn.nspname = $1
-		LEFT JOIN pg_class c ON d.classid = 'pg_class'::regclass AND c.oid = d.objid
-		LEFT JOIN pg_rewrite w ON d.classid = 'pg_rewrite'::regclass AND w.oid = d.objid
-		LEFT JOIN pg_class wc ON wc.oid = w.ev_class
-		LEFT JOIN pg_constraint k ON d.classid = 'pg_constraint'::regclass AND k.oid = d.objid
-		LEFT JOIN pg_class kc ON kc.oid = k.conrelid
-		WHERE coalesce(c.relnamespace, wc.relnamespace, kc.relnamespace) IS NOT NULL
-		  AND coalesce(c.relnamespace, wc.relnamespace, kc.relnamespace) NOT IN (rn.oid, 'pg_toast'::regnamespace)
-		LIMIT 10`, schema)
-	if err != nil {
-		return Classify(err)
-	}
-	if outside, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
-		return Classify(err)
-	}
-	if len(outside) > 0 {
-		return fmt.Errorf("drop schema %s: %w: %v", schema, ErrOutsideDependents, outside)
+	if err := checkOutsideDependents(ctx, conn, schema); err != nil {
+		return err
 	}
 	total := -1
 	dropped := 0
@@ -276,8 +294,86 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 			}
 		}
 	}
-	if _, err := conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+Ident(schema)+" CASCADE"); err != nil {
-		return fmt.Errorf("drop schema %s: %w", schema, Classify(err))
+	// The last CASCADE takes types, functions and the rest: checked again
+	// in its own transaction, since objects outside may have come to
+	// depend on them while the batches ran.
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := checkOutsideDependents(ctx, tx, schema); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "DROP SCHEMA IF EXISTS "+Ident(schema)+" CASCADE"); err != nil {
+			return fmt.Errorf("drop schema %s: %w", schema, Classify(err))
+		}
+		return nil
+	})
+}
+
+// outsideDependentsSQL lists (up to 20) objects outside schema $1 that
+// depend on an object in it: what DROP … CASCADE would take along beyond
+// the schema, e.g. another tenant's column of this tenant's enum type, or
+// its view of this tenant's table. Sub-objects count where their table is
+// (defaults, rules, triggers, policies); a cast counts as outside when it
+// involves a type of another schema (other than a built-in one).
+const outsideDependentsSQL = `
+WITH s AS (SELECT oid, nspname FROM pg_catalog.pg_namespace WHERE nspname = $1),
+mine (classid, objid) AS (
+	SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_class x, s WHERE x.relnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_type x, s WHERE x.typnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_proc x, s WHERE x.pronamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_operator'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_operator x, s WHERE x.oprnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_collation'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_collation x, s WHERE x.collnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_conversion'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_conversion x, s WHERE x.connamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_opclass'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_opclass x, s WHERE x.opcnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_opfamily'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_opfamily x, s WHERE x.opfnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_ts_config'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_ts_config x, s WHERE x.cfgnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_ts_dict'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_ts_dict x, s WHERE x.dictnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_statistic_ext x, s WHERE x.stxnamespace = s.oid
+	UNION ALL SELECT 'pg_catalog.pg_constraint'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_constraint x, s WHERE x.connamespace = s.oid
+)
+SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)
+FROM pg_catalog.pg_depend d
+JOIN mine m ON d.refclassid = m.classid AND d.refobjid = m.objid
+CROSS JOIN s
+LEFT JOIN pg_catalog.pg_class dc ON d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND dc.oid = d.objid
+LEFT JOIN pg_catalog.pg_type dt ON d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass AND dt.oid = d.objid
+LEFT JOIN pg_catalog.pg_proc dp ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND dp.oid = d.objid
+LEFT JOIN pg_catalog.pg_constraint dk ON d.classid = 'pg_catalog.pg_constraint'::pg_catalog.regclass AND dk.oid = d.objid
+LEFT JOIN pg_catalog.pg_attrdef ad ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND ad.oid = d.objid
+LEFT JOIN pg_catalog.pg_rewrite rw ON d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass AND rw.oid = d.objid
+LEFT JOIN pg_catalog.pg_trigger tg ON d.classid = 'pg_catalog.pg_trigger'::pg_catalog.regclass AND tg.oid = d.objid
+LEFT JOIN pg_catalog.pg_policy po ON d.classid = 'pg_catalog.pg_policy'::pg_catalog.regclass AND po.oid = d.objid
+LEFT JOIN pg_catalog.pg_class tbl ON tbl.oid = coalesce(ad.adrelid, rw.ev_class, tg.tgrelid, po.polrelid)
+LEFT JOIN pg_catalog.pg_cast ca ON d.classid = 'pg_catalog.pg_cast'::pg_catalog.regclass AND ca.oid = d.objid
+LEFT JOIN pg_catalog.pg_transform tr ON d.classid = 'pg_catalog.pg_transform'::pg_catalog.regclass AND tr.oid = d.objid
+WHERE d.deptype IN ('n', 'a')
+  AND CASE
+	WHEN dc.oid IS NOT NULL THEN dc.relnamespace <> s.oid
+	WHEN dt.oid IS NOT NULL THEN dt.typnamespace <> s.oid
+	WHEN dp.oid IS NOT NULL THEN dp.pronamespace <> s.oid
+	WHEN dk.oid IS NOT NULL THEN dk.connamespace <> s.oid
+	WHEN tbl.oid IS NOT NULL THEN tbl.relnamespace <> s.oid
+	WHEN ca.oid IS NOT NULL THEN EXISTS (SELECT 1 FROM pg_catalog.pg_type ty WHERE ty.oid IN (ca.castsource, ca.casttarget)
+		AND ty.oid >= 16384 AND ty.typnamespace <> s.oid)
+	WHEN tr.oid IS NOT NULL THEN false
+	ELSE (pg_catalog.pg_identify_object(d.classid, d.objid, d.objsubid)).schema IS DISTINCT FROM s.nspname
+  END
+LIMIT 20`
+
+// checkOutsideDependents fails with ErrOutsideDependents, naming them, when
+// objects outside the schema depend on objects in it.
+func checkOutsideDependents(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, schema string) error {
+	rows, err := q.Query(ctx, outsideDependentsSQL, schema)
+	if err != nil {
+		return Classify(err)
+	}
+	outside, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return Classify(err)
+	}
+	if len(outside) > 0 {
+		return fmt.Errorf("drop schema %s: %w: %s", schema, ErrOutsideDependents, strings.Join(outside, "; "))
 	}
 	return nil
 }
@@ -296,14 +392,49 @@ func RevokePublicConnect(ctx context.Context, cl *Cluster, databases ...string) 
 	return nil
 }
 
-// CreateExtension installs an extension in the maintenance database if it is missing.
+// CreateExtension installs an extension in the maintenance database if it
+// is missing (CreateExtensionSQL).
 func CreateExtension(ctx context.Context, cl *Cluster, name string) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := admin.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS "+Ident(name)); err != nil {
+	if _, err := admin.Exec(ctx, CreateExtensionSQL(name)); err != nil {
 		return fmt.Errorf("create extension %s on %s: %w (install the PostgreSQL contrib package)", name, cl.Name(), Classify(err))
 	}
 	return nil
+}
+
+// ExtensionSchemaName is where pgtenant installs the extensions it uses in a
+// maintenance database: a schema of the admin role that nobody else may
+// use. Admin sessions resolve unqualified names in pg_catalog only
+// (PinnedSettings), so what they use from it they qualify.
+const ExtensionSchemaName = "pgtenant"
+
+// CreateExtensionSQL installs an extension, if missing, in ExtensionSchemaName.
+func CreateExtensionSQL(name string) string {
+	return fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s; REVOKE ALL ON SCHEMA %[1]s FROM PUBLIC;
+		CREATE EXTENSION IF NOT EXISTS %[2]s SCHEMA %[1]s`, Ident(ExtensionSchemaName), Ident(name))
+}
+
+// Querier runs a query returning one row: a pool, a connection or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ExtensionSchema returns the quoted schema an extension is installed in, in
+// the database q is connected to, for qualifying its objects (admin
+// sessions resolve unqualified names in pg_catalog only). ErrNotFound: it is
+// not installed there.
+func ExtensionSchema(ctx context.Context, q Querier, name string) (string, error) {
+	var schema string
+	err := q.QueryRow(ctx, `SELECT n.nspname FROM pg_catalog.pg_extension e
+		JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = $1`, name).Scan(&schema)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("extension %s: %w", name, ErrNotFound)
+	}
+	if err != nil {
+		return "", Classify(err)
+	}
+	return Ident(schema), nil
 }

@@ -21,6 +21,9 @@ var (
 	ErrCanceled         = errors.New("statement canceled")                // 57014
 	ErrDataViolation    = errors.New("data violates a constraint")        // class 23 other than 23505
 	ErrSerialization    = errors.New("serialization failure or deadlock") // 40001, 40P01
+	ErrAuthFailed       = errors.New("authentication failed")             // 28P01, 28000: wrong password, no such role, NOLOGIN
+	ErrReadOnly         = errors.New("read-only transaction")             // 25006
+	ErrDependents       = errors.New("other objects depend on it")        // 2BP01
 )
 
 // Error is a PostgreSQL error classified as one of the sentinels above.
@@ -43,6 +46,9 @@ var sqlstates = map[string]error{
 	"53300": ErrTooManyConns,
 	"57014": ErrCanceled,
 	"40001": ErrSerialization, "40P01": ErrSerialization,
+	"28P01": ErrAuthFailed, "28000": ErrAuthFailed,
+	"25006": ErrReadOnly,
+	"2BP01": ErrDependents,
 	"57P01": ErrUnavailable, "57P02": ErrUnavailable, "57P03": ErrUnavailable, // admin/crash shutdown, cannot connect now
 }
 

@@ -149,6 +149,15 @@ type ProvisionConfig struct {
 	ColdWait Duration `yaml:"cold_wait"`
 	// PoolInterval is how often pools are checked (they are also refilled after each claim).
 	PoolInterval Duration `yaml:"pool_interval"`
+	// ConnectionOvercommit is how far the connection limits of a cluster's
+	// tenants may add up beyond its connections: a tenant is placed on a
+	// cluster only while the sum of its tenants' tier connection_limit
+	// stays within (max_connections − superuser_reserved_connections −
+	// migrate.per_cluster) × this. 1 (the default) promises every tenant
+	// its whole limit whatever its neighbours do; 4 admits four times as
+	// many, mostly idle, tenants at the risk that busy neighbours fill the
+	// server; 0 turns admission off (README, "Connections").
+	ConnectionOvercommit float64 `yaml:"connection_overcommit"`
 }
 
 // DropConfig tunes dropping.
@@ -195,6 +204,11 @@ type MigrateConfig struct {
 	// waits its turn (retried with backoff) instead of queueing its own
 	// traffic behind the migration's lock.
 	LockTimeout Duration `yaml:"lock_timeout"`
+	// NoTransactionLockTimeout bounds each lock wait of a NO TRANSACTION
+	// file (CREATE INDEX CONCURRENTLY waits for every older transaction of
+	// the database): a tenant, or a neighbour in a shared database, holding
+	// a transaction open cannot stall the rollout for longer.
+	NoTransactionLockTimeout Duration `yaml:"no_transaction_lock_timeout"`
 	// Retries of a tenant's transaction after a lock timeout, deadlock or lost connection.
 	Retries int `yaml:"retries"`
 	// RetryBackoff before the first retry, doubled each time (with jitter).
@@ -223,14 +237,15 @@ func Default() Config {
 			MaxBackoff:  Duration(time.Minute),
 		},
 		Tiers: map[string]Tier{
-			"default": {ConnectionLimit: 20, StatementTimeout: Duration(30 * time.Second),
+			"default": {ConnectionLimit: 10, StatementTimeout: Duration(30 * time.Second),
 				IdleInTransactionSessionTimeout: Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 1 << 30, Priority: 1},
 		},
 		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
-			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second)},
+			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second), ConnectionOvercommit: 1},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
-		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second), Retries: 5,
+		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second),
+			NoTransactionLockTimeout: Duration(time.Minute), Retries: 5,
 			RetryBackoff: Duration(200 * time.Millisecond)},
 		Metrics: MetricsConfig{Interval: Duration(15 * time.Second), SizeInterval: Duration(10 * time.Minute),
 			HistoryRetention: Duration(14 * 24 * time.Hour), TopTenants: 100, CapInterval: Duration(time.Second)},
@@ -389,6 +404,9 @@ func (c Config) Validate() error {
 	if c.Provision.PoolInterval.D() <= 0 {
 		bad("provision.pool_interval", "must be positive")
 	}
+	if c.Provision.ConnectionOvercommit < 0 {
+		bad("provision.connection_overcommit", "must be 0 (admission off) or positive, e.g. 1 (no overcommit)")
+	}
 	if c.Provision.DefaultPoolSize < 0 {
 		bad("provision.default_pool_size", "must be 0 or more")
 	}
@@ -439,6 +457,9 @@ func (c Config) Validate() error {
 	}
 	if c.Migrate.LockTimeout.D() < 10*time.Millisecond {
 		bad("migrate.lock_timeout", "must be at least 10ms")
+	}
+	if c.Migrate.NoTransactionLockTimeout.D() < 10*time.Millisecond {
+		bad("migrate.no_transaction_lock_timeout", "must be at least 10ms")
 	}
 	if c.Migrate.Retries < 0 {
 		bad("migrate.retries", "must be 0 or more")

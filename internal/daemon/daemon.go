@@ -31,6 +31,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/quota"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -98,7 +99,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)
 	d.runner = jobs.NewRunner(store.Pool(), cfg.Jobs, pacer, log, reg)
 	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
-	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg,
+	agents := &sandbox.Agents{Store: store}
+	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg,
 		Logger: log, ColdWait: cfg.Provision.ColdWait.D()}
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
 	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
@@ -106,7 +108,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.runner.Register(provision.BuildJob, prov.BuildHandler())
 	d.runner.Register(purge.Job, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
-	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Pool: d.pool}
+	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg, Logger: log, Pool: d.pool}
 	d.runner.Register(migrate.Job, mig.Handler())
 	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
 	d.runner.Register(prewarm.Job, warm.Handler())

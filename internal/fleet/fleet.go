@@ -67,16 +67,21 @@ type Cluster struct {
 // fleet. Callers override them with Options.Settings.
 func DefaultSettings() map[string]string {
 	return map[string]string{
-		"listen_addresses":             "'127.0.0.1'",
-		"unix_socket_directories":      "''", // TCP only: no clash over /var/run/postgresql, no path-length limit
-		"max_connections":              "200",
-		"shared_buffers":               "128MB",
-		"wal_level":                    "replica",
-		"max_wal_senders":              "10",
-		"max_replication_slots":        "10",
-		"hot_standby":                  "on",
-		"hot_standby_feedback":         "on",
-		"wal_receiver_status_interval": "1s",
+		"listen_addresses":        "'127.0.0.1'",
+		"unix_socket_directories": "''", // TCP only: no clash over /var/run/postgresql, no path-length limit
+		// Admission (provision.connection_overcommit) gives each tenant its
+		// tier's whole connection limit: room for 48 tenants of the default
+		// tier. The superuser reserve keeps pgtenant's admin sessions in
+		// when tenants use every other slot.
+		"max_connections":                "500",
+		"superuser_reserved_connections": "10",
+		"shared_buffers":                 "128MB",
+		"wal_level":                      "replica",
+		"max_wal_senders":                "10",
+		"max_replication_slots":          "10",
+		"hot_standby":                    "on",
+		"hot_standby_feedback":           "on",
+		"wal_receiver_status_interval":   "1s",
 		// Templates of many relations are materialised in batches, so the
 		// default of 64 would work; 256 leaves room for tenants' own DDL.
 		"max_locks_per_transaction": "256",

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -35,11 +37,11 @@ const (
 	// Per-schema sums over the tables of one shared database.
 	schemaStatsSQL = `
 		SELECT t.schemaname,
-		       sum(coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0))::bigint,
-		       sum(t.n_tup_ins + t.n_tup_upd + t.n_tup_del)::bigint,
-		       sum(coalesce(io.heap_blks_hit, 0) + coalesce(io.idx_blks_hit, 0) + coalesce(io.toast_blks_hit, 0) + coalesce(io.tidx_blks_hit, 0))::bigint,
-		       sum(coalesce(io.heap_blks_read, 0) + coalesce(io.idx_blks_read, 0) + coalesce(io.toast_blks_read, 0) + coalesce(io.tidx_blks_read, 0))::bigint
-		FROM pg_stat_user_tables t JOIN pg_statio_user_tables io USING (relid)
+		       pg_catalog.sum(coalesce(t.seq_tup_read, 0) + coalesce(t.idx_tup_fetch, 0))::bigint,
+		       pg_catalog.sum(t.n_tup_ins + t.n_tup_upd + t.n_tup_del)::bigint,
+		       pg_catalog.sum(coalesce(io.heap_blks_hit, 0) + coalesce(io.idx_blks_hit, 0) + coalesce(io.toast_blks_hit, 0) + coalesce(io.tidx_blks_hit, 0))::bigint,
+		       pg_catalog.sum(coalesce(io.heap_blks_read, 0) + coalesce(io.idx_blks_read, 0) + coalesce(io.toast_blks_read, 0) + coalesce(io.tidx_blks_read, 0))::bigint
+		FROM pg_catalog.pg_stat_user_tables t JOIN pg_catalog.pg_statio_user_tables io USING (relid)
 		WHERE t.schemaname LIKE 't\_%'
 		GROUP BY t.schemaname`
 	// Client sessions of tenant roles, by role and state: bounded by
@@ -51,8 +53,8 @@ const (
 	// Sizes stat every file of a database: only the tenants whose turn it is.
 	databaseSizesSQL = `SELECT datname, pg_database_size(oid) FROM pg_database WHERE datname = ANY($1)`
 	schemaSizesSQL   = `
-		SELECT n.nspname, coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint
-		FROM pg_namespace n LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm', 'S')
+		SELECT n.nspname, coalesce(pg_catalog.sum(pg_catalog.pg_total_relation_size(c.oid)), 0)::bigint
+		FROM pg_catalog.pg_namespace n LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm', 'S')
 		WHERE n.nspname = ANY($1) GROUP BY n.nspname`
 	// Relation files under base/ (superuser or pg_read_server_files).
 	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
@@ -232,24 +234,36 @@ func sizes(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, 
 	return ctx.Err()
 }
 
+// sizeLockTimeout bounds the wait for a relation's lock while measuring a
+// schema tenant's size (pg_total_relation_size takes ACCESS SHARE on each
+// relation): a tenant holding ACCESS EXCLUSIVE on its own table makes only
+// its own size stale, retried alone by sizes, never the pass fail.
+const sizeLockTimeout = 200 * time.Millisecond
+
 func sizeBatch(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, byPhysical map[string]catalog.MetricTenant, out map[string]int64) error {
-	rows, err := pool.Query(ctx, sql, names)
-	if err != nil {
-		return cluster.Classify(err)
-	}
-	defer rows.Close()
 	got := map[string]int64{}
-	for rows.Next() {
-		var name string
-		var n *int64
-		if err := rows.Scan(&name, &n); err != nil {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", sizeLockTimeout.Milliseconds())); err != nil {
 			return err
 		}
-		if t, ok := byPhysical[name]; ok && n != nil {
-			got[t.ID] = *n
+		rows, err := tx.Query(ctx, sql, names)
+		if err != nil {
+			return err
 		}
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			var n *int64
+			if err := rows.Scan(&name, &n); err != nil {
+				return err
+			}
+			if t, ok := byPhysical[name]; ok && n != nil {
+				got[t.ID] = *n
+			}
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return cluster.Classify(err)
 	}
 	for id, n := range got {

@@ -109,7 +109,11 @@ func (s *Service) migrate(ctx context.Context, r *jobs.Run, id int64) error {
 	if err := s.Store.SetRolloutState(ctx, s.Store.Pool(), id, catalog.RolloutMigrating); err != nil {
 		return err
 	}
-	d := &dispatcher{s: s, r: r, id: id, clusters: map[string]slots{}, lastPace: map[string]time.Time{}}
+	locks, err := newTenantLocks(ctx, s.Store.Pool())
+	if err != nil {
+		return err
+	}
+	d := &dispatcher{s: s, r: r, id: id, clusters: map[string]slots{}, lastPace: map[string]time.Time{}, locks: locks}
 	defer d.close()
 	provisioningSince := time.Time{}
 	for {
@@ -205,6 +209,7 @@ type dispatcher struct {
 	ro       catalog.Rollout
 	vs       *versions
 	clusters map[string]slots
+	locks    *tenantLocks
 	lastPace map[string]time.Time
 	lastProg time.Time
 	inflight int
@@ -227,6 +232,7 @@ func (d *dispatcher) close() {
 	for _, sl := range d.clusters {
 		sl.close()
 	}
+	d.locks.close()
 }
 
 // slotsOf returns a cluster's slots, made on first use: per_cluster of them,
@@ -250,7 +256,7 @@ func (d *dispatcher) slotsOf(ctx context.Context, name string) (slots, error) {
 		return nil, fmt.Errorf("connections free on cluster %s: %w", name, cluster.Classify(err))
 	}
 	n = max(1, min(n, free/2))
-	sl := newSlots(cl, n)
+	sl := newSlots(cl, d.s.Agents, n)
 	d.clusters[name] = sl
 	return sl, nil
 }
@@ -341,10 +347,10 @@ func (d *dispatcher) run(ctx context.Context, work []catalog.RolloutWork) (err e
 			d.inflight++
 			perCluster[name]++
 			d.started = append(d.started, w.Tenant.ID)
-			m := &tenantMove{s: d.s, vs: d.vs, t: w.Tenant, slot: sl}
+			m := &tenantMove{s: d.s, vs: d.vs, t: w.Tenant, slot: sl, locks: d.locks}
 			go func() {
 				o := m.run(ctx)
-				sl.done()
+				sl.drop()
 				pool.put(sl)
 				results <- o
 			}()

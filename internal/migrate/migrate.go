@@ -29,6 +29,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -52,6 +53,7 @@ type Service struct {
 	Clusters  *cluster.Registry
 	Runner    *jobs.Runner
 	Templates *templates.Service
+	Agents    *sandbox.Agents // tenants are migrated in sessions of their agent roles
 	Config    config.Config
 	Logger    *slog.Logger
 	Pool      Poker // may be nil

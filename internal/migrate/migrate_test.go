@@ -162,7 +162,7 @@ func marker(t *testing.T, tn catalog.Tenant) string {
 	t.Helper()
 	var m *string
 	inTenant(t, tn, func(conn *pgx.Conn) {
-		q := `SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()`
+		q := `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 'pgtenant'`
 		if tn.Mode == "schema" {
 			q = `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 't_` + tn.ID + `'`
 		}

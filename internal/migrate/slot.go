@@ -2,11 +2,14 @@ package migrate
 
 import (
 	"context"
+	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
 )
 
 // ApplicationName is the application_name of a rollout's connections to tenants.
@@ -14,58 +17,42 @@ const ApplicationName = "pgtenant migrate"
 
 // slot is one of a cluster's connection slots in a rollout: at most
 // per_cluster tenants are migrated at once on a cluster, each holding one
-// slot, and a slot holds at most one connection. A connection to a shared
-// database (schema mode) is kept for the next tenant of the same database,
-// which saves a connection set-up and a cold catalog cache per tenant; one
-// to a tenant's own database is closed when that tenant is done.
+// slot, and a slot holds at most one session. A session is a tenant's own
+// (authenticated as its agent role, see internal/sandbox), so it is closed
+// when that tenant is done: no connection ever serves two tenants.
 type slot struct {
-	cl   *cluster.Cluster
-	db   string
-	keep bool
-	c    *pgx.Conn
+	cl     *cluster.Cluster
+	agents *sandbox.Agents
+	s      *sandbox.Session
 }
 
-// conn returns a connection to database, reusing the slot's when it is to
-// the same database.
-func (s *slot) conn(ctx context.Context, database string, keep bool) (*pgx.Conn, error) {
-	if s.c != nil && s.db == database && !s.c.IsClosed() {
-		return s.c, nil
+// session returns the slot's session for tenant t, opening it on first use.
+func (s *slot) session(ctx context.Context, t catalog.Tenant) (*sandbox.Session, error) {
+	if s.s != nil && s.s.Tenant == t.ID && !s.s.Conn().IsClosed() {
+		return s.s, nil
 	}
 	s.drop()
-	c, err := s.cl.Connect(ctx, database)
+	sess, err := s.agents.Open(ctx, s.cl, sandbox.TargetOf(t), ApplicationName)
 	if err != nil {
 		return nil, err
 	}
-	// Named, so that operators (and the benchmark) see the rollout's
-	// connections in pg_stat_activity.
-	if _, err := c.Exec(ctx, "SET application_name = "+cluster.Literal(ApplicationName)); err != nil {
-		_ = c.Close(context.WithoutCancel(ctx))
-		return nil, cluster.Classify(err)
-	}
-	s.c, s.db, s.keep = c, database, keep
-	return c, nil
+	s.s = sess
+	return sess, nil
 }
 
-// done ends a tenant's use of the slot.
-func (s *slot) done() {
-	if !s.keep {
-		s.drop()
-	}
-}
-
-// drop closes the slot's connection and waits (up to a second) until its
+// drop closes the slot's session and waits (up to a second) until its
 // backend has exited: an exiting backend still holds one of the server's
 // connection slots, and the slot must not open a second connection before
 // the first is gone, or the rollout would exceed its connection budget.
 func (s *slot) drop() {
-	if s.c == nil {
+	if s.s == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	pid := s.c.PgConn().PID()
-	_ = s.c.Close(ctx)
-	s.c, s.db = nil, ""
+	pid := s.s.Conn().PgConn().PID()
+	_ = s.s.Close(ctx)
+	s.s = nil
 	admin, err := s.cl.Admin(ctx)
 	if err != nil {
 		return
@@ -73,20 +60,19 @@ func (s *slot) drop() {
 	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond) // an exit takes about that
 		var alive bool
-		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil || !alive {
+		if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive); err != nil || !alive {
 			return
 		}
 	}
 }
 
-// slots are a cluster's slots. The dispatcher never has more tenants of a
-// cluster in flight than the cluster has slots, so take never waits.
+// slots is a cluster's pool of slots.
 type slots chan *slot
 
-func newSlots(cl *cluster.Cluster, n int) slots {
+func newSlots(cl *cluster.Cluster, agents *sandbox.Agents, n int) slots {
 	ch := make(slots, n)
 	for range n {
-		ch <- &slot{cl: cl}
+		ch <- &slot{cl: cl, agents: agents}
 	}
 	return ch
 }
@@ -98,4 +84,58 @@ func (s slots) close() {
 	for range cap(s) {
 		(<-s).drop()
 	}
+}
+
+// tenantLocks keep two migrators off one tenant: a daemon that lost the
+// rollout's lease may still be migrating a tenant when another daemon takes
+// the job over. The locks are advisory locks in the catalog database, which
+// tenants cannot connect to: in a tenant's database any tenant of the
+// server could take the same key (keys are visible in pg_locks) and stall
+// a neighbour's migration. One catalog connection holds all of a rollout
+// run's locks; if it is lost, its locks go with it, and the marker check
+// inside each tenant's transaction is what remains.
+type tenantLocks struct {
+	mu   sync.Mutex
+	conn *pgxpool.Conn
+}
+
+func newTenantLocks(ctx context.Context, pool *pgxpool.Pool) (*tenantLocks, error) {
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &tenantLocks{conn: c}, nil
+}
+
+// try takes the tenant's lock if it is free.
+func (l *tenantLocks) try(ctx context.Context, id string) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ok bool
+	err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, lockSpace, id).Scan(&ok)
+	return ok, cluster.Classify(err)
+}
+
+// release gives the tenant's lock back; if that fails, the connection is
+// closed so that the server releases it.
+func (l *tenantLocks) release(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1, hashtext($2))`, lockSpace, id); err != nil {
+		_ = l.conn.Conn().Close(ctx)
+	}
+}
+
+// close releases every lock (by ending the session) and the connection.
+func (l *tenantLocks) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.conn.Exec(ctx, `SELECT pg_advisory_unlock_all()`); err != nil {
+		_ = l.conn.Conn().Close(ctx)
+	}
+	l.conn.Release()
 }

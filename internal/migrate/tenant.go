@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -95,17 +96,22 @@ var errGone = errors.New("tenant storage does not exist")
 // is never migrated blindly.
 var ErrMarkerMismatch = errors.New("tenant's version marker disagrees with the catalog")
 
-// lockSpace is the first key of the advisory lock a tenant's migration holds
-// ("pgt\x03"), the second being a hash of the tenant id.
+// lockSpace is the first key of the advisory lock (in the catalog) a
+// tenant's migration holds ("pgt\x03"), the second being a hash of the
+// tenant id.
 const lockSpace = 0x70677403
 
 // tenantMove migrates one tenant in a rollout.
 type tenantMove struct {
-	s    *Service
-	vs   *versions
-	t    catalog.Tenant
-	slot *slot // its cluster's connection slot, held while it runs
+	s     *Service
+	vs    *versions
+	t     catalog.Tenant
+	slot  *slot // its cluster's connection slot, held while it runs
+	locks *tenantLocks
 }
+
+// errBusy says another migrator holds the tenant's lock.
+var errBusy = fmt.Errorf("%w: another migrator is working on this tenant", cluster.ErrLockNotAvailable)
 
 // outcome of a tenant: the version it has committed, its rollout state
 // ("" when it is neither done nor failed: stopped, or its storage is gone)
@@ -125,6 +131,22 @@ type outcome struct {
 // the catalog: the dispatcher records outcomes in batches.
 func (m *tenantMove) run(ctx context.Context) outcome {
 	out := outcome{tenant: m.t.ID, cluster: m.t.Cluster, version: m.t.Version}
+	n, err := m.retry(ctx, func() error {
+		ok, err := m.locks.try(ctx, m.t.ID)
+		if err == nil && !ok {
+			err = errBusy
+		}
+		return err
+	})
+	out.attempts += n
+	if err != nil {
+		out.err = err
+		if ctx.Err() == nil {
+			out.state = catalog.RolloutTenantFailed
+		}
+		return out
+	}
+	defer m.locks.release(m.t.ID)
 	for v := m.t.Version + 1; v <= m.vs.target; v++ {
 		for _, seg := range m.vs.segments[v] {
 			n, err := m.segment(ctx, seg)
@@ -146,23 +168,33 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 // segment applies one segment with retries: lock timeouts, deadlocks and
 // lost connections are retried with backoff, anything else fails at once.
 func (m *tenantMove) segment(ctx context.Context, seg segment) (attempts int, err error) {
-	cfg := m.s.Config.Migrate
-	for attempt := 0; ; attempt++ {
-		var conn *pgx.Conn
-		conn, err = m.slot.conn(ctx, m.t.Database, m.t.Mode == "schema")
+	attempts, err = m.retry(ctx, func() error {
+		sess, err := m.slot.session(ctx, m.t)
 		if err == nil {
 			if seg.noTx {
-				err = m.applyOutside(ctx, conn, seg)
+				err = m.applyOutside(ctx, sess, seg)
 			} else {
-				err = m.applyInTx(ctx, conn, seg)
+				err = m.applyInTx(ctx, sess, seg)
 			}
 		}
-		if errors.Is(err, errApplied) {
-			return attempt + 1, nil
+		if err != nil && (seg.noTx || errors.Is(err, cluster.ErrUnavailable) || sess == nil || sess.Conn().IsClosed()) {
+			m.slot.drop() // session state (SET ROLE) or a broken connection: start afresh
 		}
-		if err != nil && (seg.noTx || errors.Is(err, cluster.ErrUnavailable) || conn == nil || conn.IsClosed()) {
-			m.slot.drop() // session state (an advisory lock, SET ROLE) or a broken connection: start afresh
-		}
+		return err
+	})
+	if errors.Is(err, errApplied) {
+		return attempts, nil
+	}
+	return attempts, err
+}
+
+// retry runs f until it succeeds, fails with an error that is not
+// retryable, or has been retried migrate.retries times, with jittered
+// exponential backoff.
+func (m *tenantMove) retry(ctx context.Context, f func() error) (attempts int, err error) {
+	cfg := m.s.Config.Migrate
+	for attempt := 0; ; attempt++ {
+		err = f()
 		if err == nil || ctx.Err() != nil || attempt >= cfg.Retries || !retryable(err) {
 			return attempt + 1, err
 		}
@@ -182,12 +214,19 @@ func retryable(err error) bool {
 }
 
 // markerQuery reads the tenant's marker: one row (NULL without a comment),
-// or none when its schema does not exist.
+// or none when its schema (schema mode) or its marker schema (database
+// mode) does not exist.
 func (m *tenantMove) markerQuery() string {
+	return "SELECT pg_catalog.obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace WHERE nspname = " +
+		cluster.Literal(m.markerSchema())
+}
+
+// markerSchema is the schema whose comment is the tenant's marker.
+func (m *tenantMove) markerSchema() string {
 	if m.t.Mode == "schema" {
-		return "SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = " + cluster.Literal(tenant.PhysicalName(m.t.ID))
+		return tenant.PhysicalName(m.t.ID)
 	}
-	return "SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = current_database()"
+	return tenant.MarkerSchema
 }
 
 // readMarker reads the tenant's marker as it is committed now.
@@ -201,21 +240,18 @@ func (m *tenantMove) readMarker(ctx context.Context, conn *pgx.Conn) (Marker, er
 }
 
 func (m *tenantMove) parseMarker(exists bool, comment *string) (Marker, error) {
-	name := tenant.PhysicalName(m.t.ID)
-	if !exists {
-		return Marker{}, fmt.Errorf("schema %s: %w", name, errGone)
-	}
-	if comment == nil && m.t.Mode == "database" {
-		// Built before databases carried a marker, and never migrated since:
-		// at the version the catalog says.
-		return Built(m.t.Version), nil
-	}
-	if comment == nil {
-		return Marker{}, fmt.Errorf("%w: schema %s has no pgtenant marker", ErrMarkerMismatch, name)
+	schema := m.markerSchema()
+	switch {
+	case !exists && m.t.Mode == "schema":
+		return Marker{}, fmt.Errorf("schema %s: %w", schema, errGone)
+	case !exists:
+		return Marker{}, fmt.Errorf("%w: database %s has no schema %s holding its marker", ErrMarkerMismatch, m.t.Database, schema)
+	case comment == nil:
+		return Marker{}, fmt.Errorf("%w: schema %s has no pgtenant marker", ErrMarkerMismatch, schema)
 	}
 	mk, ok := ParseMarker(*comment)
 	if !ok {
-		return Marker{}, fmt.Errorf("%w: the comment of %s is %q, not a pgtenant marker", ErrMarkerMismatch, name, *comment)
+		return Marker{}, fmt.Errorf("%w: the comment of schema %s is %q, not a pgtenant marker", ErrMarkerMismatch, schema, *comment)
 	}
 	return mk, nil
 }
@@ -237,47 +273,44 @@ func (m *tenantMove) check(mk Marker, seg segment) error {
 }
 
 // roleSQL makes what the template's files create belong to the tenant's
-// role, in its schema (schema mode).
+// role, in its schema (schema mode) or in public (database mode, where the
+// template's files were built).
 func (m *tenantMove) roleSQL(local bool) string {
-	id := cluster.Ident(tenant.PhysicalName(m.t.ID))
 	set := "SET "
 	if local {
 		set = "SET LOCAL "
 	}
-	sql := set + "ROLE " + id
+	path := "public"
 	if m.t.Mode == "schema" {
-		sql += "; " + set + "search_path = " + id
+		path = cluster.Ident(tenant.PhysicalName(m.t.ID))
 	}
-	return sql
+	return set + "ROLE " + cluster.Ident(tenant.PhysicalName(m.t.ID)) + "; " + set + "search_path = " + path
 }
 
-// markerSQL sets the tenant's marker.
+// markerSQL sets the tenant's marker. The agent may: it is a member of the
+// tenant's role (schema mode) and owns the marker schema (database mode).
 func (m *tenantMove) markerSQL(mk Marker) string {
-	name := cluster.Ident(tenant.PhysicalName(m.t.ID))
-	what := "SCHEMA "
-	if m.t.Mode == "database" {
-		what = "DATABASE "
-	}
-	return "COMMENT ON " + what + name + " IS " + cluster.Literal(mk.String())
+	return "COMMENT ON SCHEMA " + cluster.Ident(m.markerSchema()) + " IS " + cluster.Literal(mk.String())
 }
 
-// applyInTx applies a transactional segment in one transaction that also
-// checks and moves the tenant's marker, under a short lock_timeout. An
-// advisory lock on the tenant, taken before the marker is read, makes a
-// second migrator of the same tenant (a daemon that lost its lease) wait and
-// then find the segment applied. Round trips are few: the set-up and the
-// marker read go as one multi-statement query (each statement has its own
-// snapshot, so the marker is read after the lock is held; the role is set
-// with them), and the marker update goes with the COMMIT.
-func (m *tenantMove) applyInTx(ctx context.Context, conn *pgx.Conn, seg segment) (err error) {
+// applyInTx applies a transactional segment in one transaction of the
+// tenant's agent session that also checks and moves the tenant's marker,
+// under a short lock_timeout (the tenant's lock in the catalog is held by
+// run). Tenant code the files set off (triggers, defaults, deferred
+// constraint triggers at COMMIT) runs in the agent's session: whatever it
+// does, RESET ROLE included, it has the tenant's rights and no more. Round
+// trips are few: the set-up and the marker read go as one multi-statement
+// query, and the marker update goes with the COMMIT.
+func (m *tenantMove) applyInTx(ctx context.Context, sess *sandbox.Session, seg segment) (err error) {
+	conn := sess.Conn()
 	pc := conn.PgConn()
 	defer func() {
 		if err != nil && pc.TxStatus() != 'I' && !pc.IsClosed() {
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
-	results, err := pc.Exec(ctx, fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; SELECT pg_advisory_xact_lock(%d, hashtext(%s)); %s; %s",
-		m.s.Config.Migrate.LockTimeout.D().Milliseconds(), lockSpace, cluster.Literal(m.t.ID), m.roleSQL(true), m.markerQuery())).ReadAll()
+	results, err := pc.Exec(ctx, fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; %s; %s",
+		m.s.Config.Migrate.LockTimeout.D().Milliseconds(), m.roleSQL(true), m.markerQuery())).ReadAll()
 	if err != nil {
 		return cluster.Classify(err)
 	}
@@ -303,16 +336,15 @@ func (m *tenantMove) applyInTx(ctx context.Context, conn *pgx.Conn, seg segment)
 	return nil
 }
 
-// applyOutside runs a NO TRANSACTION file statement by statement, under a
-// session advisory lock, then commits the marker. Such files must be
+// applyOutside runs a NO TRANSACTION file statement by statement in the
+// tenant's agent session, then commits the marker. Such files must be
 // idempotent (CREATE INDEX CONCURRENTLY IF NOT EXISTS): one interrupted
-// before its marker is rerun. No lock_timeout here: CREATE INDEX
-// CONCURRENTLY waits for older transactions without blocking the tenant's
-// traffic, and a timeout would leave an invalid index behind.
-func (m *tenantMove) applyOutside(ctx context.Context, conn *pgx.Conn, seg segment) error {
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1, hashtext($2))`, pgx.QueryExecModeSimpleProtocol, lockSpace, m.t.ID); err != nil {
-		return cluster.Classify(err)
-	}
+// before its marker is rerun. Their lock waits (CREATE INDEX CONCURRENTLY
+// waits for every older transaction of the database, a neighbour's too in
+// a shared database) are bounded by migrate.no_transaction_lock_timeout: a
+// timeout leaves an invalid index, which checkIndexes reports.
+func (m *tenantMove) applyOutside(ctx context.Context, sess *sandbox.Session, seg segment) error {
+	conn := sess.Conn()
 	mk, err := m.readMarker(ctx, conn)
 	if err != nil {
 		return err
@@ -320,20 +352,20 @@ func (m *tenantMove) applyOutside(ctx context.Context, conn *pgx.Conn, seg segme
 	if err := m.check(mk, seg); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, m.roleSQL(false)); err != nil {
+	if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d; %s",
+		m.s.Config.Migrate.NoTransactionLockTimeout.D().Milliseconds(), m.roleSQL(false))); err != nil {
 		return cluster.Classify(err)
 	}
 	if err := execFiles(ctx, conn, seg.files); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, "RESET ROLE; RESET search_path"); err != nil {
+	if _, err := conn.Exec(ctx, "RESET ROLE; RESET search_path; RESET lock_timeout"); err != nil {
 		return cluster.Classify(err)
 	}
 	if err := m.checkIndexes(ctx, conn); err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, m.markerSQL(m.vs.markerAfter(mk.Built, seg))+
-		fmt.Sprintf("; SELECT pg_advisory_unlock(%d, hashtext(%s))", lockSpace, cluster.Literal(m.t.ID))); err != nil {
+	if _, err := conn.Exec(ctx, m.markerSQL(m.vs.markerAfter(mk.Built, seg))); err != nil {
 		return cluster.Classify(err)
 	}
 	return nil
@@ -343,8 +375,8 @@ func (m *tenantMove) applyOutside(ctx context.Context, conn *pgx.Conn, seg segme
 // CREATE INDEX CONCURRENTLY leaves, and what IF NOT EXISTS would then keep.
 func (m *tenantMove) checkIndexes(ctx context.Context, conn *pgx.Conn) error {
 	var invalid *string
-	err := conn.QueryRow(ctx, `SELECT string_agg(c.oid::regclass::text, ', ') FROM pg_index i
-		JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.string_agg(c.oid::regclass::text, ', ') FROM pg_catalog.pg_index i
+		JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE NOT i.indisvalid AND CASE WHEN $1 = '' THEN n.nspname NOT IN ('pg_catalog', 'information_schema')
 		  AND n.nspname NOT LIKE 'pg\_toast%' ELSE n.nspname = $1 END`, pgx.QueryExecModeSimpleProtocol, m.schemaFilter()).Scan(&invalid)
 	if err != nil {

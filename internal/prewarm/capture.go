@@ -99,10 +99,11 @@ func (s *Service) Capture(ctx context.Context, cl *cluster.Cluster, node string)
 		res.Skipped = "the node restarted and has not been prewarmed yet"
 		return res, nil
 	}
-	if err := ensureBufferCache(ctx, conn, node); err != nil {
+	view, err := ensureBufferCache(ctx, conn, node)
+	if err != nil {
 		return res, err
 	}
-	sets, err := s.readCache(ctx, cl, node, conn)
+	sets, err := s.readCache(ctx, cl, node, conn, view)
 	if err != nil {
 		return res, err
 	}
@@ -178,28 +179,25 @@ func identity(ctx context.Context, conn *pgx.Conn) (nodeID, error) {
 }
 
 // ensureBufferCache installs pg_buffercache in the maintenance database of a
-// primary; a standby gets it by replication.
-func ensureBufferCache(ctx context.Context, conn *pgx.Conn, node string) error {
+// primary (a standby gets it by replication) and returns the qualified name
+// of its view.
+func ensureBufferCache(ctx context.Context, conn *pgx.Conn, node string) (string, error) {
 	if node == "primary" {
-		if _, err := conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_buffercache`); err != nil {
-			return fmt.Errorf("create extension pg_buffercache: %w (install the PostgreSQL contrib package)", cluster.Classify(err))
+		if _, err := conn.Exec(ctx, cluster.CreateExtensionSQL("pg_buffercache")); err != nil {
+			return "", fmt.Errorf("create extension pg_buffercache: %w (install the PostgreSQL contrib package)", cluster.Classify(err))
 		}
-		return nil
 	}
-	var ok bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_buffercache')`).Scan(&ok); err != nil {
-		return cluster.Classify(err)
+	schema, err := cluster.ExtensionSchema(ctx, conn, "pg_buffercache")
+	if errors.Is(err, cluster.ErrNotFound) {
+		return "", fmt.Errorf("pg_buffercache is not installed on %s; it is created on the primary and replicates", node)
 	}
-	if !ok {
-		return fmt.Errorf("pg_buffercache is not installed on %s; it is created on the primary and replicates", node)
-	}
-	return nil
+	return schema + ".pg_buffercache", err
 }
 
 // readCache groups the node's buffer cache into ranges and attributes them
 // to tenants: by database for database tenants, by the relation's schema
 // (one catalog query per shared database) for schema tenants.
-func (s *Service) readCache(ctx context.Context, cl *cluster.Cluster, node string, conn *pgx.Conn) (map[string]*HotSet, error) {
+func (s *Service) readCache(ctx context.Context, cl *cluster.Cluster, node string, conn *pgx.Conn, view string) (map[string]*HotSet, error) {
 	rows, err := conn.Query(ctx, `
 		SELECT d.datname, r.relfilenode, r.fork, r.first, r.last, r.usage
 		FROM (SELECT reldatabase, relfilenode, relforknumber AS fork,
@@ -207,7 +205,7 @@ func (s *Service) readCache(ctx context.Context, cl *cluster.Cluster, node strin
 		      FROM (SELECT reldatabase, relfilenode, relforknumber, relblocknumber, usagecount,
 		                   relblocknumber - row_number() OVER (PARTITION BY reldatabase, relfilenode, relforknumber
 		                                                       ORDER BY relblocknumber) AS grp
-		            FROM pg_buffercache WHERE reldatabase IS NOT NULL AND reldatabase <> 0) b
+		            FROM `+view+` WHERE reldatabase IS NOT NULL AND reldatabase <> 0) b
 		      GROUP BY reldatabase, relfilenode, relforknumber, grp) r
 		JOIN pg_database d ON d.oid = r.reldatabase
 		WHERE d.datname LIKE 't\_%' OR d.datname LIKE 'pgt\_shared\_%'`)

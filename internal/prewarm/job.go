@@ -118,11 +118,12 @@ func (s *Service) freeBuffers(ctx context.Context, cl *cluster.Cluster, node str
 		return 0, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := ensureBufferCache(ctx, conn, node); err != nil {
+	view, err := ensureBufferCache(ctx, conn, node)
+	if err != nil {
 		return 0, err
 	}
 	var free int64
-	err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_buffercache
+	err = conn.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM `+view+`
 		WHERE relfilenode IS NULL OR (NOT $1 AND usagecount = 0 AND pinning_backends = 0)`, neverUsed).Scan(&free)
 	return free, cluster.Classify(err)
 }

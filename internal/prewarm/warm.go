@@ -198,8 +198,8 @@ func relations(ctx context.Context, conn *pgx.Conn, ranges []Range) (map[uint32]
 	for _, rg := range ranges {
 		nodes = append(nodes, rg.Filenode)
 	}
-	rows, err := conn.Query(ctx, `SELECT f, pg_filenode_relation(0, f)::oid FROM unnest($1::oid[]) AS f
-		WHERE pg_filenode_relation(0, f) IS NOT NULL`, nodes)
+	rows, err := conn.Query(ctx, `SELECT f, pg_catalog.pg_filenode_relation(0, f)::oid FROM pg_catalog.unnest($1::oid[]) AS f
+		WHERE pg_catalog.pg_filenode_relation(0, f) IS NOT NULL`, nodes)
 	if err != nil {
 		return nil, cluster.Classify(err)
 	}
@@ -237,7 +237,8 @@ func (w *warmer) loadAll(ctx context.Context, wc *warmConn, mode string, loads [
 			return err
 		}
 		_, err := wc.conn.Exec(ctx, `SELECT `+wc.fn+`(r.rel::regclass, $1, r.fork, r.first, r.last)
-			FROM unnest($2::oid[], $3::text[], $4::int8[], $5::int8[]) AS r(rel, fork, first, last)`, mode, rels, forks, firsts, lasts)
+			FROM ROWS FROM (pg_catalog.unnest($2::oid[]), pg_catalog.unnest($3::text[]), pg_catalog.unnest($4::int8[]),
+			                pg_catalog.unnest($5::int8[])) AS r(rel, fork, first, last)`, mode, rels, forks, firsts, lasts)
 		if err != nil {
 			return cluster.Classify(err)
 		}
@@ -263,25 +264,19 @@ func (w *warmer) conn(ctx context.Context, conns map[string]*warmConn, database 
 	if err != nil {
 		return nil, err
 	}
-	schema, err := prewarmSchema(ctx, c)
-	if errors.Is(err, pgx.ErrNoRows) {
+	schema, err := cluster.ExtensionSchema(ctx, c, "pg_prewarm")
+	if errors.Is(err, cluster.ErrNotFound) {
 		if err = w.ensureExtension(ctx, database); err == nil {
-			schema, err = prewarmSchema(ctx, c)
+			schema, err = cluster.ExtensionSchema(ctx, c, "pg_prewarm")
 		}
 	}
 	if err != nil {
 		c.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("pg_prewarm in %s on %s: %w", database, w.node, cluster.Classify(err))
 	}
-	wc := &warmConn{conn: c, fn: cluster.Ident(schema) + ".pg_prewarm"}
+	wc := &warmConn{conn: c, fn: schema + ".pg_prewarm"}
 	conns[database] = wc
 	return wc, nil
-}
-
-func prewarmSchema(ctx context.Context, c *pgx.Conn) (string, error) {
-	var schema string
-	err := c.QueryRow(ctx, `SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_prewarm'`).Scan(&schema)
-	return schema, err
 }
 
 // ensureExtension creates pg_prewarm in a database on the primary, in
@@ -292,7 +287,11 @@ func (w *warmer) ensureExtension(ctx context.Context, database string) error {
 		return err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
-	if _, err := c.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`); err != nil {
+	_, err = c.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`)
+	if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
+		return nil // another worker created it at the same moment
+	}
+	if err != nil {
 		return fmt.Errorf("create extension pg_prewarm in %s: %w (install the PostgreSQL contrib package)", database, cluster.Classify(err))
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -143,8 +144,10 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 	if t.Mode == ModeSchema {
 		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
 	}
-	_, err = admin.Exec(ctx, sql)
-	return cluster.Classify(err)
+	if _, err = admin.Exec(ctx, sql); err != nil {
+		return cluster.Classify(err)
+	}
+	return b.s.Agents.EnsureRole(ctx, admin, t.ID)
 }
 
 func (b *tenantBuilder) storage(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
@@ -188,17 +191,22 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		if err != nil {
 			return err
 		}
-		err = cluster.CreateDatabase(ctx, admin, name, build.Database, name, strategy)
+		// Owned by the admin role, never by the tenant: the owner of a
+		// database can set its IS_TEMPLATE, ALLOW_CONNECTIONS, CONNECTION
+		// LIMIT and the settings every session in it starts with, which
+		// would reach the control plane (docs/SECURITY.md).
+		err = cluster.CreateDatabase(ctx, admin, name, build.Database, "", strategy)
 		release()
 		if err != nil && !errors.Is(err, cluster.ErrDuplicate) {
 			return err
 		}
 	}
-	// The owner's own rights go too: a spare is unusable until claimed. The
-	// comment is its version marker (a copy does not inherit the template's).
-	if _, err := admin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC, %[1]s; COMMENT ON DATABASE %[1]s IS %[2]s",
-		cluster.Ident(name), cluster.Literal(schemaMarker(t.Version)))); err != nil {
+	// A spare is unusable until claimed: nobody but its agent may connect.
+	if _, err := admin.Exec(ctx, "REVOKE ALL ON DATABASE "+cluster.Ident(name)+" FROM PUBLIC"); err != nil {
 		return cluster.Classify(err)
+	}
+	if err := sandbox.GrantConnect(ctx, admin, sandbox.TargetOf(t)); err != nil {
+		return err
 	}
 	r.Progress(ctx, 1, 2, "giving the template's objects to the tenant's role")
 	conn, err := cl.Connect(ctx, name)
@@ -206,7 +214,22 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	return cluster.ReassignOwned(ctx, conn, templates.OwnerRole, name, b.s.Config.Provision.BatchLocks)
+	if err := cluster.ReassignOwned(ctx, conn, templates.OwnerRole, name, b.s.Config.Provision.BatchLocks); err != nil {
+		return err
+	}
+	// The tenant owns public (as the owner of a database would); its
+	// agent owns the schema whose comment is the version marker (a copy
+	// does not inherit the template's).
+	role, agent := cluster.Ident(name), cluster.Ident(tenant.AgentRole(t.ID))
+	_, err = conn.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+			IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public') THEN
+				ALTER SCHEMA public OWNER TO %[1]s;
+			END IF;
+		END $$;
+		CREATE SCHEMA IF NOT EXISTS %[3]s AUTHORIZATION %[2]s;
+		REVOKE ALL ON SCHEMA %[3]s FROM PUBLIC;
+		COMMENT ON SCHEMA %[3]s IS %[4]s`, role, agent, cluster.Ident(tenant.MarkerSchema), cluster.Literal(schemaMarker(t.Version))))
+	return cluster.Classify(err)
 }
 
 // buildSchema creates the tenant's schema in the shared database and replays
@@ -244,6 +267,18 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 	if err != nil {
 		return err
 	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := sandbox.GrantConnect(ctx, admin, sandbox.TargetOf(t)); err != nil {
+		return err
+	}
+	// The files run in this admin session as the tenant's role: the tenant
+	// has never logged in (a spare, or a cold build before its activation),
+	// so nothing in its schema is tenant-controlled yet, and with the
+	// search path set to its schema (after pg_catalog, searched first)
+	// nothing of other tenants can be reached.
 	id := cluster.Ident(name)
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE SCHEMA %s AUTHORIZATION %s; SET ROLE %s; SET search_path = %s", id, id, id, id)); err != nil {
 		return cluster.Classify(err)

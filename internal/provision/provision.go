@@ -18,6 +18,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -34,6 +35,7 @@ type Service struct {
 	Clusters  *cluster.Registry
 	Runner    *jobs.Runner
 	Templates *templates.Service
+	Agents    *sandbox.Agents
 	Config    config.Config
 	Logger    *slog.Logger
 	// ColdWait bounds how long Create waits for a cold build (and for a
@@ -45,13 +47,15 @@ type Service struct {
 	placed placement
 }
 
-// placement caches the tenant count per cluster that placement balances:
-// counting every tenant on each create would cost a scan of the catalog's
-// tenants per sign-up. Counts are reloaded every placementTTL and bumped for
-// each tenant placed in between.
+// placement caches what placement and admission need of each cluster: the
+// number of tenants it balances and the connection limits admission adds
+// up. Reading them on each create would cost a scan of the catalog's
+// tenants per sign-up, so they are reloaded every placementTTL and bumped
+// for each tenant placed in between.
 type placement struct {
 	mu     sync.Mutex
-	counts map[string]int
+	counts map[string]int                // tenants per cluster
+	conns  map[string]tenant.Connections // per cluster that answered
 	at     time.Time
 }
 
@@ -100,7 +104,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 			return Created{}, err
 		}
 	}
-	cl, err := s.place(ctx, req.Cluster)
+	cl, err := s.place(ctx, req.Cluster, req.Tier)
 	if err != nil {
 		return Created{}, err
 	}
@@ -187,35 +191,111 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 	return out, nil
 }
 
-// place returns the named cluster, or the one with the fewest tenants.
-func (s *Service) place(ctx context.Context, name string) (*cluster.Cluster, error) {
-	if name != "" {
-		return s.Clusters.Get(name)
-	}
+// ErrNoCapacity says no cluster has connections left for the tenant
+// (admission, provision.connection_overcommit).
+var ErrNoCapacity = errors.New("no cluster has connections left for this tenant")
+
+// place returns the named cluster, or the one with the fewest tenants, among
+// those that admit a tenant of the tier: the connection limits of a
+// cluster's tenants add up to at most its capacity (tenant.Connections).
+func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluster, error) {
+	overcommit := s.Config.Provision.ConnectionOvercommit
 	all := s.Clusters.All()
-	if len(all) == 1 {
+	if overcommit == 0 && (name != "" || len(all) == 1) {
+		if name != "" {
+			return s.Clusters.Get(name)
+		}
 		return all[0], nil
 	}
-	var names []string
-	for _, c := range all {
-		names = append(names, c.Name())
+	if name != "" {
+		cl, err := s.Clusters.Get(name)
+		if err != nil {
+			return nil, err
+		}
+		all = []*cluster.Cluster{cl}
 	}
 	p := &s.placed
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if time.Since(p.at) > placementTTL {
-		counts, err := s.Store.TenantCounts(ctx)
-		if err != nil {
+		if err := s.loadPlacement(ctx, p); err != nil {
 			return nil, err
 		}
-		p.counts, p.at = counts, time.Now()
+	}
+	var names []string
+	var full []string
+	for _, c := range all {
+		cc, ok := p.conns[c.Name()]
+		switch {
+		case overcommit == 0:
+		case !ok:
+			continue // did not answer: not a candidate
+		case !cc.Admits(tenant.Share(s.Config.Tiers[tier].ConnectionLimit, cc.MaxConnections), overcommit):
+			full = append(full, fmt.Sprintf("%s (limits add up to %d of %d)", c.Name(), cc.Used, cc.Capacity(overcommit)))
+			continue
+		}
+		names = append(names, c.Name())
+	}
+	if len(names) == 0 && len(full) > 0 {
+		return nil, fmt.Errorf("%w: a %s tenant needs %d connections; full: %s. Add a cluster, raise max_connections, "+
+			"lower tier %s's connection_limit, or raise provision.connection_overcommit (now %g)", ErrNoCapacity, tier,
+			s.Config.Tiers[tier].ConnectionLimit, strings.Join(full, ", "), tier, overcommit)
+	}
+	if len(names) == 0 && name != "" {
+		return nil, fmt.Errorf("%w: cluster %s did not answer; retry when it is up", cluster.ErrUnavailable, name)
 	}
 	chosen, err := tenant.Place(names, p.counts)
 	if err != nil {
 		return nil, err
 	}
 	p.counts[chosen]++
+	if cc, ok := p.conns[chosen]; ok {
+		cc.Used += tenant.Share(s.Config.Tiers[tier].ConnectionLimit, cc.MaxConnections)
+		p.conns[chosen] = cc
+	}
 	return s.Clusters.Get(chosen)
+}
+
+// loadPlacement reads the tenants of every cluster from the catalog and,
+// when admission is on, the connection settings of every cluster that answers.
+func (s *Service) loadPlacement(ctx context.Context, p *placement) error {
+	tiers, err := s.Store.TierCounts(ctx)
+	if err != nil {
+		return err
+	}
+	p.counts, p.conns = map[string]int{}, map[string]tenant.Connections{}
+	for c, byTier := range tiers {
+		for _, n := range byTier {
+			p.counts[c] += n
+		}
+	}
+	if s.Config.Provision.ConnectionOvercommit > 0 {
+		for _, cl := range s.Clusters.All() {
+			cc, err := s.connections(ctx, cl)
+			if err != nil {
+				s.Logger.Warn("placement: cluster did not answer; not placing tenants there", "cluster", cl.Name(), "err", err)
+				continue
+			}
+			for t, n := range tiers[cl.Name()] {
+				cc.Used += n * tenant.Share(s.Config.Tiers[t].ConnectionLimit, cc.MaxConnections)
+			}
+			p.conns[cl.Name()] = cc
+		}
+	}
+	p.at = time.Now()
+	return nil
+}
+
+// connections reads a cluster's connection settings.
+func (s *Service) connections(ctx context.Context, cl *cluster.Cluster) (tenant.Connections, error) {
+	cc := tenant.Connections{Rollout: s.Config.Migrate.PerCluster}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return cc, err
+	}
+	err = admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int`).
+		Scan(&cc.MaxConnections, &cc.Reserved)
+	return cc, cluster.Classify(err)
 }
 
 // version is the template version new tenants get on a cluster. The first

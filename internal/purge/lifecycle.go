@@ -25,10 +25,10 @@ type Result struct {
 // purgeNow). Dropping a dropped tenant again is not an error.
 func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, error) {
 	var res Result
-	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, admin cluster.Execer) error {
+	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
 		switch t.State {
 		case catalog.StateActive, catalog.StateSuspended:
-			if err := LockOut(ctx, admin, tenant.PhysicalName(t.ID)); err != nil {
+			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, `UPDATE tenants SET state = 'dropped', dropped_at = now(),
@@ -85,7 +85,7 @@ func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
 // LOGIN on the cluster in the same catalog transaction. Already in the target
 // state is not an error (retries are idempotent).
 func (s *Service) transition(ctx context.Context, id, from, to, event, login, extraSet string) (Result, error) {
-	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, admin cluster.Execer) error {
+	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
 		if t.State == to {
 			return nil
 		}
@@ -97,11 +97,11 @@ func (s *Service) transition(ctx context.Context, id, from, to, event, login, ex
 		}
 		role := tenant.PhysicalName(t.ID)
 		if login == "NOLOGIN" {
-			if err := LockOut(ctx, admin, role); err != nil {
+			if err := LockOut(ctx, cl, role); err != nil {
 				return err
 			}
-		} else if _, err := admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" LOGIN"); err != nil {
-			return cluster.Classify(err)
+		} else if err := allowLogin(ctx, cl, role); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now()`+extraSet+` WHERE id = $1`, t.ID, to); err != nil {
 			return err
@@ -124,7 +124,7 @@ func (s *Service) transition(ctx context.Context, id, from, to, event, login, ex
 // admin pool of its cluster. The cluster change inside f comes before the
 // catalog commit: a failure leaves the catalog as it was, and the change is
 // idempotent for the retry.
-func (s *Service) change(ctx context.Context, id string, f func(context.Context, pgx.Tx, catalog.Tenant, cluster.Execer) error) error {
+func (s *Service) change(ctx context.Context, id string, f func(context.Context, pgx.Tx, catalog.Tenant, *cluster.Cluster) error) error {
 	if !tenant.ValidID(id) {
 		return fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
 	}
@@ -140,12 +140,18 @@ func (s *Service) change(ctx context.Context, id string, f func(context.Context,
 		if err != nil {
 			return err
 		}
-		admin, err := cl.Admin(ctx)
-		if err != nil {
-			return err
-		}
-		return f(ctx, tx, t, admin)
+		return f(ctx, tx, t, cl)
 	})
+}
+
+// allowLogin lets a role log in again.
+func allowLogin(ctx context.Context, cl *cluster.Cluster, role string) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" LOGIN")
+	return cluster.Classify(err)
 }
 
 func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, reason string) (jobs.Job, error) {

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -94,23 +96,86 @@ func (p *purger) lockOut(ctx context.Context, r *jobs.Run) error {
 				return err
 			}
 		}
-		admin, err := cl.Admin(ctx)
-		if err != nil {
-			return err
-		}
-		return LockOut(ctx, admin, tenant.PhysicalName(t.ID))
+		return LockOut(ctx, cl, tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID))
 	})
 }
 
-// LockOut stops a role from logging in and ends its sessions. A role that
-// does not exist is locked out already.
-func LockOut(ctx context.Context, admin cluster.Execer, role string) error {
-	_, err := admin.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
-		IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = %[1]s) THEN
-			EXECUTE format('ALTER ROLE %%I NOLOGIN', %[1]s);
-		END IF;
-	END $$; SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %[1]s`, cluster.Literal(role)))
-	return cluster.Classify(err)
+// replayWait bounds how long LockOut waits for a standby to replay NOLOGIN
+// before it ends the role's sessions there anyway.
+const replayWait = 10 * time.Second
+
+// LockOut stops roles from logging in and ends their sessions, on the
+// primary and on every standby (a standby serves the tenant's read-only
+// sessions; NOLOGIN reaches it by replication). Sessions are ended before
+// ALTER ROLE too: a tenant's open transaction that changed its own role
+// (ALTER ROLE … PASSWORD) holds that row, and ALTER ROLE would wait on it.
+// A role that does not exist is locked out already; a standby that does
+// not answer has no sessions to end.
+func LockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	const terminate = `SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+		WHERE usename = ANY($1) AND pid <> pg_catalog.pg_backend_pid()`
+	if _, err := admin.Exec(ctx, terminate, roles); err != nil {
+		return cluster.Classify(err)
+	}
+	var sql strings.Builder
+	for _, role := range roles {
+		fmt.Fprintf(&sql, `DO $$ BEGIN
+			IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %[1]s) THEN
+				EXECUTE pg_catalog.format('ALTER ROLE %%I NOLOGIN', %[1]s);
+			END IF;
+		END $$;`, cluster.Literal(role))
+	}
+	if _, err := admin.Exec(ctx, sql.String()); err != nil {
+		return cluster.Classify(err)
+	}
+	if _, err := admin.Exec(ctx, terminate, roles); err != nil { // logged in meanwhile
+		return cluster.Classify(err)
+	}
+	var lsn string
+	if err := admin.QueryRow(ctx, `SELECT pg_catalog.pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		return cluster.Classify(err)
+	}
+	for _, node := range cl.Nodes()[1:] {
+		if err := lockOutStandby(ctx, cl, node, lsn, roles); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lockOutStandby waits (up to replayWait) until the standby has replayed
+// lsn, then ends the roles' sessions there.
+func lockOutStandby(ctx context.Context, cl *cluster.Cluster, node, lsn string, roles []string) error {
+	pool, err := cl.NodeAdmin(ctx, node)
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(replayWait); ; {
+		var replayed bool
+		err := pool.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, lsn).Scan(&replayed)
+		if errors.Is(cluster.Classify(err), cluster.ErrUnavailable) && ctx.Err() == nil {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("lock out on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
+		}
+		if replayed || time.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if _, err := pool.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity WHERE usename = ANY($1)`, roles); err != nil {
+		return fmt.Errorf("end sessions on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
+	}
+	return nil
 }
 
 func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
@@ -141,25 +206,53 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 			return err
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
-		return cluster.DropSchemaBatched(ctx, conn, name, p.s.Config.Drop.BatchRelations, func(ctx context.Context, done, total int) error {
+		return dependentsHelp(cluster.DropSchemaBatched(ctx, conn, name, p.s.Config.Drop.BatchRelations, func(ctx context.Context, done, total int) error {
 			r.Progress(ctx, int64(done), int64(total), fmt.Sprintf("dropped %d of ~%d relations of schema %s", done, total, name))
 			release, err := r.Pace(ctx, t.Cluster, jobs.Light)
 			if err == nil {
 				release()
 			}
 			return err
-		})
+		}), t)
 	})
 }
 
+// role drops the tenant's role and its agent role: in schema mode, first
+// what they own in the shared database beside the schema (large objects,
+// default privileges, grants), refusing with the dependent objects named
+// if another tenant's objects depend on them.
 func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
+		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)}
+		if t.Mode == "schema" {
+			conn, err := cl.Connect(ctx, t.Database)
+			if err != nil && !errors.Is(err, cluster.ErrNotFound) {
+				return err
+			}
+			if err == nil {
+				err = cluster.DropOwned(ctx, conn, roles...)
+				conn.Close(context.WithoutCancel(ctx))
+				if err != nil {
+					return dependentsHelp(err, t)
+				}
+			}
+		}
 		admin, err := cl.Admin(ctx)
 		if err != nil {
 			return err
 		}
-		return cluster.DropRole(ctx, admin, tenant.PhysicalName(t.ID))
+		return dependentsHelp(cluster.DropRoles(ctx, admin, roles...), t)
 	})
+}
+
+// dependentsHelp says what to do when other objects depend on a purged
+// tenant's: the purge stops rather than drop them.
+func dependentsHelp(err error, t catalog.Tenant) error {
+	if errors.Is(err, cluster.ErrDependents) || errors.Is(err, cluster.ErrOutsideDependents) {
+		return jobs.Permanent(fmt.Errorf("tenant %s: %w; these are not the tenant's (another tenant's, or made by hand) and a purge never drops them: "+
+			"drop them, or purge the tenant that owns them first, then retry this purge job (`pgtenant job retry`)", t.ID, err))
+	}
+	return err
 }
 
 func (p *purger) catalog(ctx context.Context, r *jobs.Run) error {

@@ -13,20 +13,21 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// LockRole owns a tenant's tables, schemas and (database mode) database
-// while its quota is enforced. It cannot log in and nobody is a member of it.
+// LockRole owns a tenant's tables and schemas while its quota is enforced.
+// It cannot log in and nobody is a member of it.
 const LockRole = "pgt_quota_lock"
 
 // How enforcement refuses writes, and why the tenant cannot undo it.
 //
 // Role settings (default_transaction_read_only, …) are defaults a tenant can
-// override with SET, and the owner of a table, schema or database can always
-// GRANT itself back any privilege REVOKE took from it. So enforcement moves
+// override with SET, and the owner of a table or schema can always GRANT
+// itself back any privilege REVOKE took from it. So enforcement moves
 // ownership away instead: every table and materialized view the tenant's
 // role owns (with their indexes, TOAST tables and owned sequences, which
-// follow), every schema it owns, and in database mode its database, are
-// given to LockRole, and the tenant is granted back SELECT, DELETE and
-// TRUNCATE on its tables, USAGE on its schemas and CONNECT on its database.
+// follow) and every schema it owns are given to LockRole, and the tenant is
+// granted back SELECT, DELETE and TRUNCATE on its tables and USAGE on its
+// schemas. A tenant's database belongs to the admin role, never to the
+// tenant: in database mode CREATE and TEMPORARY on it are revoked.
 // Not being the owner, it can neither re-grant itself INSERT or UPDATE, nor
 // CREATE in a schema or a database, nor ALTER, VACUUM FULL, REINDEX or
 // REFRESH; only a superuser (pgtenant) can give ownership back. Privileges
@@ -64,8 +65,8 @@ const scope = `(($1 = '' AND n.nspname NOT IN ('pg_catalog', 'information_schema
 	AND n.nspname NOT LIKE 'pg\_temp%') OR n.nspname = $1)`
 
 // largeObjectWriters are the functions that create or write large objects.
-var largeObjectWriters = []string{"lo_creat(integer)", "lo_create(oid)", "lo_from_bytea(oid, bytea)",
-	"lowrite(integer, bytea)", "lo_put(oid, bigint, bytea)"}
+var largeObjectWriters = []string{"pg_catalog.lo_creat(integer)", "pg_catalog.lo_create(oid)", "pg_catalog.lo_from_bytea(oid, bytea)",
+	"pg_catalog.lowrite(integer, bytea)", "pg_catalog.lo_put(oid, bigint, bytea)"}
 
 // schemaArg is $1 of scope: "" for a database tenant, its schema otherwise.
 func schemaArg(u metrics.Usage) string {
@@ -85,16 +86,16 @@ func (s *Service) plan(ctx context.Context, cl *cluster.Cluster, u metrics.Usage
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows, err := conn.Query(ctx, `
 		SELECT n.nspname, c.relname, '', a.privilege_type
-		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, aclexplode(c.relacl) a
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, pg_catalog.aclexplode(c.relacl) a
 		WHERE `+scope+` AND c.relkind IN ('r', 'p') AND a.grantee = 0 AND a.privilege_type IN ('INSERT', 'UPDATE')
 		UNION ALL
 		SELECT n.nspname, c.relname, att.attname, a.privilege_type
 		FROM pg_attribute att JOIN pg_class c ON c.oid = att.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace,
-		     aclexplode(att.attacl) a
+		     pg_catalog.aclexplode(att.attacl) a
 		WHERE `+scope+` AND c.relkind IN ('r', 'p') AND att.attnum > 0 AND NOT att.attisdropped
 		  AND a.grantee = 0 AND a.privilege_type IN ('INSERT', 'UPDATE')
 		UNION ALL
-		SELECT n.nspname, '', '', a.privilege_type FROM pg_namespace n, aclexplode(n.nspacl) a
+		SELECT n.nspname, '', '', a.privilege_type FROM pg_namespace n, pg_catalog.aclexplode(n.nspacl) a
 		WHERE `+scope+` AND a.grantee = 0 AND a.privilege_type = 'CREATE'`, schemaArg(u))
 	if err != nil {
 		return Enforcement{}, cluster.Classify(err)
@@ -152,10 +153,10 @@ func (s *Service) lock(ctx context.Context, cl *cluster.Cluster, u metrics.Usage
 		}
 	}
 	if u.Mode == "database" {
-		db, r := cluster.Ident(u.Database), cluster.Ident(role)
-		if _, err := admin.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %[1]s OWNER TO %[3]s;
-			REVOKE ALL ON DATABASE %[1]s FROM %[2]s; GRANT CONNECT ON DATABASE %[1]s TO %[2]s`, db, r, cluster.Ident(LockRole))); err != nil {
-			return fmt.Errorf("take database %s from its tenant: %w", u.Database, cluster.Classify(err))
+		// The database is the admin's: the tenant cannot grant these back.
+		if _, err := admin.Exec(ctx, fmt.Sprintf(`REVOKE CREATE, TEMPORARY ON DATABASE %s FROM %s`,
+			cluster.Ident(u.Database), cluster.Ident(role))); err != nil {
+			return fmt.Errorf("take CREATE and TEMPORARY on database %s from its tenant: %w", u.Database, cluster.Classify(err))
 		}
 	}
 	return verifyLocked(ctx, conn, u)
@@ -170,18 +171,18 @@ func verifyLocked(ctx context.Context, conn *pgx.Conn, u metrics.Usage) error {
 	role := tenant.PhysicalName(u.Tenant)
 	rows, err := conn.Query(ctx, `
 		SELECT w FROM (
-			SELECT format('INSERT/UPDATE on table %I.%I', n.nspname, c.relname) AS w
+			SELECT pg_catalog.format('INSERT/UPDATE on table %I.%I', n.nspname, c.relname) AS w
 			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE `+scope+` AND c.relkind IN ('r', 'p')
-			  AND (has_any_column_privilege($2, c.oid, 'INSERT') OR has_any_column_privilege($2, c.oid, 'UPDATE'))
+			  AND (pg_catalog.has_any_column_privilege($2, c.oid, 'INSERT') OR pg_catalog.has_any_column_privilege($2, c.oid, 'UPDATE'))
 			UNION ALL
-			SELECT format('CREATE on schema %I', n.nspname) FROM pg_namespace n WHERE has_schema_privilege($2, n.oid, 'CREATE')
+			SELECT pg_catalog.format('CREATE on schema %I', n.nspname) FROM pg_catalog.pg_namespace n WHERE pg_catalog.has_schema_privilege($2, n.oid, 'CREATE')
 			UNION ALL
-			SELECT 'CREATE or TEMPORARY on database ' || current_database()
-			WHERE has_database_privilege($2, current_database(), 'CREATE') OR has_database_privilege($2, current_database(), 'TEMPORARY')
+			SELECT 'CREATE or TEMPORARY on database ' || pg_catalog.current_database()
+			WHERE pg_catalog.has_database_privilege($2, pg_catalog.current_database(), 'CREATE') OR pg_catalog.has_database_privilege($2, pg_catalog.current_database(), 'TEMPORARY')
 			UNION ALL
-			SELECT 'EXECUTE on ' || f FROM unnest($3::text[]) f
-			WHERE $1 = '' AND has_function_privilege($2, f, 'EXECUTE')
+			SELECT 'EXECUTE on ' || f FROM pg_catalog.unnest($3::text[]) f
+			WHERE $1 = '' AND pg_catalog.has_function_privilege($2, f, 'EXECUTE')
 		) x LIMIT 10`, schemaArg(u), role, largeObjectWriters)
 	if err != nil {
 		return cluster.Classify(err)
@@ -204,16 +205,9 @@ func (s *Service) unlock(ctx context.Context, cl *cluster.Cluster, u metrics.Usa
 		return err
 	}
 	if u.Mode == "database" {
-		var owner string
-		if err := admin.QueryRow(ctx, `SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1`, u.Database).Scan(&owner); err != nil {
-			return fmt.Errorf("database %s: %w", u.Database, cluster.Classify(err))
-		}
-		if owner == LockRole {
-			db, r := cluster.Ident(u.Database), cluster.Ident(role)
-			if _, err := admin.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON DATABASE %[1]s FROM %[2]s;
-				ALTER DATABASE %[1]s OWNER TO %[2]s; GRANT ALL ON DATABASE %[1]s TO %[2]s`, db, r)); err != nil {
-				return fmt.Errorf("give database %s back to its tenant: %w", u.Database, cluster.Classify(err))
-			}
+		if _, err := admin.Exec(ctx, fmt.Sprintf(`GRANT CREATE, TEMPORARY ON DATABASE %s TO %s`,
+			cluster.Ident(u.Database), cluster.Ident(role))); err != nil {
+			return fmt.Errorf("give CREATE and TEMPORARY on database %s back to its tenant: %w", u.Database, cluster.Classify(err))
 		}
 	}
 	conn, err := cl.Connect(ctx, u.Database)
@@ -225,7 +219,7 @@ func (s *Service) unlock(ctx context.Context, cl *cluster.Cluster, u metrics.Usa
 		return cluster.Classify(err)
 	}
 	var exists bool
-	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, LockRole).Scan(&exists); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, LockRole).Scan(&exists); err != nil {
 		return cluster.Classify(err)
 	}
 	if exists {
@@ -236,8 +230,8 @@ func (s *Service) unlock(ctx context.Context, cl *cluster.Cluster, u metrics.Usa
 	var sql strings.Builder
 	for _, g := range rec.PublicGrants {
 		var ok bool
-		if err := conn.QueryRow(ctx, `SELECT CASE WHEN $2 = '' THEN to_regnamespace(quote_ident($1)) IS NOT NULL
-			ELSE to_regclass(format('%I.%I', $1, $2)) IS NOT NULL END`, g.Schema, g.Table).Scan(&ok); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT CASE WHEN $2 = '' THEN pg_catalog.to_regnamespace(pg_catalog.quote_ident($1)) IS NOT NULL
+			ELSE pg_catalog.to_regclass(pg_catalog.format('%I.%I', $1, $2)) IS NOT NULL END`, g.Schema, g.Table).Scan(&ok); err != nil {
 			return cluster.Classify(err)
 		}
 		if ok { // dropped meanwhile: nothing to give back
@@ -311,7 +305,7 @@ func moveOwnership(ctx context.Context, conn *pgx.Conn, schema, from, to, tenant
 				}
 				if i%50 == 49 {
 					var locks int
-					if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()`).Scan(&locks); err != nil {
+					if err := tx.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE pid = pg_catalog.pg_backend_pid()`).Scan(&locks); err != nil {
 						return cluster.Classify(err)
 					}
 					if locks >= lockBudget {

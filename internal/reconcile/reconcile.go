@@ -8,7 +8,6 @@ package reconcile
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -177,7 +176,7 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 	if err := rows.Err(); err != nil {
 		return obs, err
 	}
-	rows, err = admin.Query(ctx, `SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname LIKE 't\_%'`)
+	rows, err = admin.Query(ctx, `SELECT rolname, rolcanlogin FROM pg_catalog.pg_roles WHERE rolname LIKE 't\_%' OR rolname LIKE 'pgt\_agent\_%'`)
 	if err != nil {
 		return obs, cluster.Classify(err)
 	}
@@ -218,13 +217,22 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 	return obs, nil
 }
 
-// jobRefs says, per job target, whether pgtenant has ever had a job for it
-// and whether one is unfinished.
-type jobRefs map[string]struct{ any, active bool }
+// jobRefs says, per job target, whether pgtenant has ever had a job for it,
+// whether one is unfinished, and the newest purge job when it failed.
+type jobRefs map[string]jobRef
+
+type jobRef struct {
+	any, active bool
+	failedPurge *int64 // id of the target's newest purge job, when it failed
+	purgeError  string
+}
 
 func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
-	rows, err := r.Store.Pool().Query(ctx, `SELECT target, bool_or(state IN ('queued', 'running', 'waiting', 'paused'))
-		FROM jobs WHERE target <> '' GROUP BY target`)
+	rows, err := r.Store.Pool().Query(ctx, `SELECT target, bool_or(state IN ('queued', 'running', 'waiting', 'paused')),
+		       (array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1],
+		       (array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1],
+		       (array_agg(last_error ORDER BY id DESC) FILTER (WHERE type = $1))[1]
+		FROM jobs WHERE target <> '' GROUP BY target`, purge.Job)
 	if err != nil {
 		return nil, err
 	}
@@ -232,11 +240,17 @@ func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
 	out := jobRefs{}
 	for rows.Next() {
 		var target string
-		var active bool
-		if err := rows.Scan(&target, &active); err != nil {
+		var ref jobRef
+		var purgeID *int64
+		var purgeState, purgeErr *string
+		if err := rows.Scan(&target, &ref.active, &purgeID, &purgeState, &purgeErr); err != nil {
 			return nil, err
 		}
-		out[target] = struct{ any, active bool }{true, active}
+		ref.any = true
+		if purgeID != nil && *purgeState == "failed" {
+			ref.failedPurge, ref.purgeError = purgeID, *purgeErr
+		}
+		out[target] = ref
 	}
 	return out, rows.Err()
 }
@@ -299,7 +313,7 @@ func (s *scan) databases() []finding {
 		if strings.HasPrefix(db, "pgt_tpl_") && !s.buildReady(db) {
 			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
 				Detail: "template database without a ready build in the catalog", Action: "drop it (a template holds no tenant data)"},
-				repair: s.dropTemplate(db)})
+				repair: s.dropDatabase(db)})
 		}
 	}
 	return out
@@ -345,6 +359,9 @@ func (s *scan) roles() []finding {
 	for _, role := range sortedKeys(s.obs.roles) {
 		id, ok := tenant.IDFromPhysical(role)
 		if !ok {
+			id, ok = tenant.IDFromAgent(role)
+		}
+		if !ok {
 			continue
 		}
 		t, has := s.rows[id]
@@ -354,21 +371,18 @@ func (s *scan) roles() []finding {
 				if err != nil {
 					return err
 				}
-				return cluster.DropRole(ctx, admin, role)
+				return cluster.DropRoles(ctx, admin, role)
 			}))
 			continue
+		}
+		if role != tenant.PhysicalName(id) {
+			continue // an agent: it logs in whatever its tenant's state
 		}
 		canLogin := s.obs.roles[role]
 		if canLogin && (t.State == catalog.StateSpare || t.State == catalog.StateBuilding) && !s.jobs[id].active {
 			out = append(out, finding{Finding: Finding{Kind: Mismatch, Object: "role " + role, Tenant: id,
 				Detail: "a spare's role can log in (a claim was interrupted)", Action: "lock it out"},
-				repair: func(ctx context.Context) error {
-					admin, err := s.cl.Admin(ctx)
-					if err != nil {
-						return err
-					}
-					return purge.LockOut(ctx, admin, role)
-				}})
+				repair: func(ctx context.Context) error { return purge.LockOut(ctx, s.cl, role) }})
 		}
 	}
 	return out
@@ -408,8 +422,14 @@ func (s *scan) tenantRows() []finding {
 			continue
 		}
 		name := tenant.PhysicalName(id)
-		switch t.State {
-		case catalog.StateBuilding, catalog.StateProvisioning, catalog.StatePurging, catalog.StateFailed:
+		switch ref := s.jobs[id]; {
+		case t.State == catalog.StatePurging && ref.failedPurge != nil:
+			// Enqueued again, it would fail the same way: the operator decides.
+			out = append(out, finding{Finding: Finding{Kind: Mismatch, Object: "tenant " + id, Tenant: id,
+				Detail: fmt.Sprintf("its purge (job %d) failed: %s", *ref.failedPurge, ref.purgeError),
+				Action: fmt.Sprintf("none: fix what the error names, then `pgtenant job retry %d`", *ref.failedPurge)}})
+			continue
+		case t.State == catalog.StateBuilding, t.State == catalog.StateProvisioning, t.State == catalog.StatePurging, t.State == catalog.StateFailed:
 			out = append(out, finding{Finding: Finding{Kind: Missing, Object: "tenant " + id, Tenant: id,
 				Detail: "tenant is " + t.State + " but no job is working on it", Action: "roll back: enqueue its purge"},
 				repair: s.enqueuePurge(t)})
@@ -477,20 +497,6 @@ func (s *scan) dropDatabase(db string) func(context.Context) error {
 		admin, err := s.cl.Admin(ctx)
 		if err != nil {
 			return err
-		}
-		return cluster.DropDatabase(ctx, admin, db)
-	}
-}
-
-// dropTemplate drops a template database (IS_TEMPLATE must be cleared first).
-func (s *scan) dropTemplate(db string) func(context.Context) error {
-	return func(ctx context.Context) error {
-		admin, err := s.cl.Admin(ctx)
-		if err != nil {
-			return err
-		}
-		if _, err := admin.Exec(ctx, "ALTER DATABASE "+cluster.Ident(db)+" IS_TEMPLATE false"); err != nil && !errors.Is(cluster.Classify(err), cluster.ErrNotFound) {
-			return cluster.Classify(err)
 		}
 		return cluster.DropDatabase(ctx, admin, db)
 	}

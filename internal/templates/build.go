@@ -171,7 +171,9 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	owner := cluster.Ident(OwnerRole)
-	if _, err := conn.Exec(ctx, fmt.Sprintf(`GRANT CREATE ON DATABASE %s TO %s; GRANT CREATE ON SCHEMA public TO %s; SET ROLE %s`,
+	// The files run as the template owner with the search path a fresh
+	// database has for it ("$user" does not exist): objects go to public.
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`GRANT CREATE ON DATABASE %s TO %s; GRANT CREATE ON SCHEMA public TO %s; SET ROLE %s; SET search_path = public`,
 		cluster.Ident(scratch), owner, owner, owner)); err != nil {
 		return cluster.Classify(err)
 	}
@@ -189,7 +191,7 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 	if err != nil {
 		return jobs.Permanent(fmt.Errorf("template %s version %d: %w", b.a.Template, b.a.Version, err))
 	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf(`RESET ROLE; REVOKE CREATE ON SCHEMA public FROM %s; REVOKE CREATE ON DATABASE %s FROM %s`,
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`RESET ROLE; RESET search_path; REVOKE CREATE ON SCHEMA public FROM %s; REVOKE CREATE ON DATABASE %s FROM %s`,
 		owner, cluster.Ident(scratch), owner)); err != nil {
 		return cluster.Classify(err)
 	}

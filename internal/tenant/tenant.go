@@ -46,6 +46,26 @@ func ValidID(s string) bool { return idRE.MatchString(s) }
 // nothing about the customer: tenants can read other names from the catalogs.
 func PhysicalName(id string) string { return Prefix + id }
 
+// AgentPrefix starts the name of every tenant's agent role.
+const AgentPrefix = "pgt_agent_"
+
+// AgentRole is the login role pgtenant uses to run SQL inside a tenant
+// (rollouts): a member of the tenant's role and nothing else, whose password
+// only the control plane knows (docs/SECURITY.md, "Tenant sessions").
+func AgentRole(id string) string { return AgentPrefix + id }
+
+// IDFromAgent returns the id of an agent role's name, if it is one.
+func IDFromAgent(name string) (string, bool) {
+	id, ok := strings.CutPrefix(name, AgentPrefix)
+	return id, ok && ValidID(id)
+}
+
+// MarkerSchema holds, in a database tenant's database, the version marker
+// (its comment). It belongs to the tenant's agent role, so that a rollout
+// moves the marker in the transaction of the version's files, while the
+// tenant itself can neither alter nor drop it.
+const MarkerSchema = "pgtenant"
+
 // IDFromPhysical returns the id of a physical name, if it is one.
 func IDFromPhysical(name string) (string, bool) {
 	id, ok := strings.CutPrefix(name, Prefix)
@@ -156,6 +176,36 @@ func Place(candidates []string, counts map[string]int) (string, error) {
 		return c[i] < c[j]
 	})
 	return c[0], nil
+}
+
+// Connections is what admission knows of one cluster: its server's
+// connection settings and the connection limits its tenants hold.
+type Connections struct {
+	MaxConnections int // max_connections
+	Reserved       int // superuser_reserved_connections: pgtenant's admin sessions
+	Rollout        int // the agent sessions a rollout may hold (migrate.per_cluster)
+	Used           int // the sum of its tenants' connection limits
+}
+
+// Capacity is what the tenants' connection limits may add up to on the
+// cluster: the connections left to tenants, times overcommit.
+func (c Connections) Capacity(overcommit float64) int {
+	return int(float64(c.MaxConnections-c.Reserved-c.Rollout) * overcommit)
+}
+
+// Share is what a tenant with a tier's connection limit holds of a
+// cluster's connections: an unlimited tier (-1) may take them all.
+func Share(limit, maxConnections int) int {
+	if limit < 0 {
+		return maxConnections
+	}
+	return limit
+}
+
+// Admits reports whether a tenant holding share fits on the cluster
+// (overcommit 0: admission off).
+func (c Connections) Admits(share int, overcommit float64) bool {
+	return overcommit == 0 || c.Used+share <= c.Capacity(overcommit)
 }
 
 // CreateStrategy chooses CREATE DATABASE's strategy for a template of

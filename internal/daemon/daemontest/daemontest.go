@@ -28,6 +28,9 @@ func Config(t testing.TB, pg *pgtest.Cluster) config.Config {
 	cfg.Jobs.Lease = config.Duration(5 * time.Second)
 	cfg.Pacer.PollInterval = config.Duration(50 * time.Millisecond)
 	cfg.Reconcile.Interval = 0
+	// Tests create more tenants than a test cluster (100 connections)
+	// admits at the default tier's limit; admission has tests of its own.
+	cfg.Provision.ConnectionOvercommit = 0
 	return cfg
 }
 
