@@ -7,7 +7,9 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -152,12 +154,21 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-// decode reads a JSON body strictly.
+// decode reads a JSON body strictly: one JSON value with known fields and
+// nothing after it but whitespace. `{"a":1} garbage` is refused rather than
+// half-read, so that a client bug (or a body glued to another) is seen at once.
 func decode(r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 16<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return invalid("request body: empty; this route needs a JSON object")
+		}
 		return invalid("request body: %v", err)
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return invalid("request body: unexpected data after the JSON object; send exactly one JSON value")
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -141,5 +142,33 @@ func TestConsole_AsksForTheToken(t *testing.T) {
 	}
 	if page := get(); !strings.Contains(page, "Clusters") || !strings.Contains(page, "local") {
 		t.Errorf("console with the token does not show the fleet:\n%s", page)
+	}
+}
+
+// TestAPI_TrailingDataRefused: a JSON body followed by anything but
+// whitespace is a 400 "invalid", and nothing is registered.
+func TestAPI_TrailingDataRefused(t *testing.T) {
+	d, c := daemontest.Start(t, pg, daemontest.Config(t, pg))
+	body := `{"name":"ext","dsn":"` + pg.PrimaryDSN("postgres") + `"} garbage`
+	req, err := http.NewRequest(http.MethodPost, "http://"+d.Addr()+"/v1/clusters", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+d.Token())
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var eb api.ErrorBody
+	if err := json.NewDecoder(resp.Body).Decode(&eb); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusBadRequest || eb.Error.Code != "invalid" || !strings.Contains(eb.Error.Message, "after the JSON object") {
+		t.Errorf("trailing garbage: %d %+v, want 400 invalid naming the trailing data", resp.StatusCode, eb.Error)
+	}
+	if _, err := c.Cluster(context.Background(), "ext"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("cluster ext after a refused body: err = %v, want not found", err)
 	}
 }
