@@ -112,7 +112,29 @@ func (s *Server) Handle(pattern string, h func(http.ResponseWriter, *http.Reques
 	s.handle(pattern, h)
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP sets the headers every answer carries, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	setSecurityHeaders(w.Header())
+	s.mux.ServeHTTP(w, r)
+}
+
+// ContentSecurityPolicy allows a page the daemon's own files only: no inline
+// script or style (the console's CSS is a file), no framing by another site
+// (clickjacking), forms that post only to the daemon, no <base> or plugins.
+const ContentSecurityPolicy = "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"
+
+// setSecurityHeaders sets the headers of every answer: API, console,
+// /healthz and /metrics. Answers carry tenant passwords (create) and the
+// fleet's state, so no browser or proxy may store them. The console
+// overrides Cache-Control for its stylesheet and Referrer-Policy for its
+// pages (see console.render).
+func setSecurityHeaders(h http.Header) {
+	h.Set("Content-Security-Policy", ContentSecurityPolicy)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+}
 
 // handle wraps a /v1 handler with token auth and error mapping.
 func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -39,5 +40,27 @@ func TestPages_Render(t *testing.T) {
 	}
 	if strings.Contains(out, "<script>alert") {
 		t.Error("a tenant's display name reached the page unescaped")
+	}
+}
+
+// inlineRE finds what the Content-Security-Policy blocks in a page: inline
+// styles and scripts, javascript: URLs and event handler attributes.
+var inlineRE = regexp.MustCompile(`(?i)<style|\sstyle=|<script|javascript:|\son[a-z]+=`)
+
+// TestPages_NoInlineStyleOrScript: the CSP allows no inline style or
+// script, so a page with one would render broken.
+func TestPages_NoInlineStyleOrScript(t *testing.T) {
+	entries, err := files.ReadDir("templates")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := files.ReadFile("templates/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := inlineRE.Find(b); m != nil {
+			t.Errorf("%s has %q, which the CSP blocks; put styles in static/console.css", e.Name(), m)
+		}
 	}
 }

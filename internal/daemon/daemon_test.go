@@ -172,3 +172,49 @@ func TestAPI_TrailingDataRefused(t *testing.T) {
 		t.Errorf("cluster ext after a refused body: err = %v, want not found", err)
 	}
 }
+
+// TestHTTP_SecurityHeaders: console pages, the stylesheet, the API and
+// /healthz all carry the CSP (with frame-ancestors 'none'), no framing, no
+// sniffing and no caching of pages with data.
+func TestHTTP_SecurityHeaders(t *testing.T) {
+	d, _ := daemontest.Start(t, pg, daemontest.Config(t, pg))
+	base := "http://" + d.Addr()
+	for _, tc := range []struct {
+		path, cache, referrer string
+	}{
+		{"/", "no-store", "same-origin"},
+		{"/static/console.css", "max-age=3600", "no-referrer"},
+		{"/v1/clusters", "no-store", "no-referrer"},
+		{"/healthz", "no-store", "no-referrer"},
+		{"/metrics", "no-store", "no-referrer"},
+	} {
+		req, err := http.NewRequest(http.MethodGet, base+tc.path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+d.Token())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s: status %d, want 200", tc.path, resp.StatusCode)
+		}
+		h := resp.Header
+		for name, want := range map[string]string{
+			"Content-Security-Policy": api.ContentSecurityPolicy,
+			"X-Frame-Options":         "DENY",
+			"X-Content-Type-Options":  "nosniff",
+			"Referrer-Policy":         tc.referrer,
+			"Cache-Control":           tc.cache,
+		} {
+			if got := h.Get(name); got != want {
+				t.Errorf("GET %s: %s = %q, want %q", tc.path, name, got, want)
+			}
+		}
+		if csp := h.Get("Content-Security-Policy"); !strings.Contains(csp, "frame-ancestors 'none'") || strings.Contains(csp, "unsafe-inline") {
+			t.Errorf("GET %s: CSP %q, want frame-ancestors 'none' and no unsafe-inline", tc.path, csp)
+		}
+	}
+}
