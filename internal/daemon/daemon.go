@@ -126,7 +126,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm,
-		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, Logger: log}, Migrate: mig,
+		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)

@@ -131,8 +131,14 @@ func TestConsole_AsksForTheToken(t *testing.T) {
 	if page := get(); !strings.Contains(page, `name="token"`) {
 		t.Fatalf("console without a token does not ask for one:\n%s", page)
 	}
-	if _, err := hc.PostForm(base+"/login", url.Values{"token": {"wrong"}}); err != nil {
+	resp, err := hc.PostForm(base+"/login", url.Values{"token": {"wrong"}})
+	if err != nil {
 		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "not right") {
+		t.Errorf("a wrong token was not said to be wrong:\n%s", b)
 	}
 	if page := get(); strings.Contains(page, "Clusters") {
 		t.Error("a wrong token opened the console")
@@ -140,8 +146,170 @@ func TestConsole_AsksForTheToken(t *testing.T) {
 	if _, err := hc.PostForm(base+"/login", url.Values{"token": {d.Token()}}); err != nil {
 		t.Fatal(err)
 	}
-	if page := get(); !strings.Contains(page, "Clusters") || !strings.Contains(page, "local") {
-		t.Errorf("console with the token does not show the fleet:\n%s", page)
+	if page := get(); !strings.Contains(page, "Clusters") || !strings.Contains(page, "local") || !strings.Contains(page, `action="/logout"`) {
+		t.Errorf("console with the token does not show the fleet and a logout button:\n%s", page)
+	}
+}
+
+// console is a browser without a cookie jar (the tests set cookies
+// themselves) that does not follow redirects, posting from base's own pages.
+type console struct {
+	t    *testing.T
+	base string
+	hc   *http.Client
+}
+
+func newConsole(t *testing.T, base string, rt http.RoundTripper) *console {
+	return &console{t: t, base: base, hc: &http.Client{Transport: rt,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
+}
+
+// post sends a form to path with the given Origin ("" for none) and cookies.
+func (c *console) post(path, origin string, form url.Values, cookies ...*http.Cookie) *http.Response {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, c.base+path, strings.NewReader(form.Encode()))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
+	for _, ck := range cookies {
+		req.AddCookie(ck)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+// page gets / with cookies and reports whether it shows the fleet (else it
+// asks for the token).
+func (c *console) page(cookies ...*http.Cookie) bool {
+	c.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, c.base+"/", nil)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, ck := range cookies {
+		req.AddCookie(ck)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	page := string(b)
+	switch {
+	case strings.Contains(page, "<h2>Clusters</h2>"):
+		return true
+	case strings.Contains(page, `name="token"`):
+		return false
+	}
+	c.t.Fatalf("GET /: status %d, neither the fleet nor the login form:\n%s", resp.StatusCode, page)
+	return false
+}
+
+// login posts the token from the console's own origin and returns the
+// session cookie.
+func (c *console) login(token string) *http.Cookie {
+	c.t.Helper()
+	resp := c.post("/login", c.base, url.Values{"token": {token}})
+	for _, ck := range resp.Cookies() {
+		if ck.Name == "pgtenant_session" {
+			return ck
+		}
+	}
+	c.t.Fatalf("login: status %d, no session cookie in %v", resp.StatusCode, resp.Cookies())
+	return nil
+}
+
+// TestConsole_Sessions: the cookie holds a session id, not the token; the
+// id opens the console until logout; the token itself as a cookie does not.
+func TestConsole_Sessions(t *testing.T) {
+	d, _ := daemontest.Start(t, pg, daemontest.Config(t, pg))
+	c := newConsole(t, "http://"+d.Addr(), nil)
+	ck := c.login(d.Token())
+	if strings.Contains(ck.Value, d.Token()) || strings.Contains(d.Token(), ck.Value) {
+		t.Fatalf("session cookie %q holds the token", ck.Value)
+	}
+	if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/" || ck.Secure {
+		t.Errorf("session cookie %+v: want HttpOnly, SameSite=Strict, Path=/, not Secure over plain HTTP", ck)
+	}
+	if got, want := ck.MaxAge, 12*3600; got != want {
+		t.Errorf("session cookie Max-Age = %d, want %d (console_session_ttl)", got, want)
+	}
+	if !c.page(ck) {
+		t.Fatal("the session cookie does not open the console")
+	}
+	// A second login is a second session: logging one out keeps the other.
+	other := c.login(d.Token())
+	if other.Value == ck.Value {
+		t.Fatal("two logins got the same session id")
+	}
+
+	// The raw token as a cookie value opens nothing, under either name.
+	for _, name := range []string{"pgtenant_session", "pgtenant_token"} {
+		if c.page(&http.Cookie{Name: name, Value: d.Token()}) {
+			t.Errorf("the raw token in cookie %s opened the console", name)
+		}
+	}
+
+	resp := c.post("/logout", c.base, nil, ck)
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/" {
+		t.Errorf("logout: %d to %q, want 303 to /", resp.StatusCode, resp.Header.Get("Location"))
+	}
+	cleared := false
+	for _, k := range resp.Cookies() {
+		cleared = cleared || (k.Name == "pgtenant_session" && k.MaxAge < 0 && k.Value == "")
+	}
+	if !cleared {
+		t.Errorf("logout did not clear the cookie: %v", resp.Cookies())
+	}
+	if c.page(ck) {
+		t.Error("the session still opens the console after logout")
+	}
+	if !c.page(other) {
+		t.Error("logging one session out ended another")
+	}
+}
+
+// TestConsole_CrossOriginPostRefused: a form posted from another site (by
+// Origin, or Referer when there is no Origin) is refused before the token
+// is looked at, and starts no session; logout likewise.
+func TestConsole_CrossOriginPostRefused(t *testing.T) {
+	d, _ := daemontest.Start(t, pg, daemontest.Config(t, pg))
+	c := newConsole(t, "http://"+d.Addr(), nil)
+	for _, origin := range []string{"http://evil.example", "null", "http://" + d.Addr() + ".evil.example"} {
+		resp := c.post("/login", origin, url.Values{"token": {d.Token()}})
+		if resp.StatusCode != http.StatusForbidden || len(resp.Cookies()) != 0 {
+			t.Errorf("login from Origin %q: status %d, cookies %v; want 403 and none", origin, resp.StatusCode, resp.Cookies())
+		}
+	}
+	req, err := http.NewRequest(http.MethodPost, c.base+"/login", strings.NewReader(url.Values{"token": {d.Token()}}.Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Referer", "http://evil.example/page")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("login with a foreign Referer: status %d, want 403", resp.StatusCode)
+	}
+	ck := c.login(d.Token())
+	if resp := c.post("/logout", "http://evil.example", nil, ck); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("logout from another origin: status %d, want 403", resp.StatusCode)
+	}
+	if !c.page(ck) {
+		t.Error("a cross-origin logout ended the session")
 	}
 }
 
