@@ -56,6 +56,11 @@ type Deps struct {
 	Doctor  *doctor.Doctor
 	// Console, if set, is served at /.
 	Console http.Handler
+	// MetricsAuth: /metrics needs the bearer token, wherever it is served.
+	MetricsAuth bool
+	// MetricsElsewhere: /metrics is not served by this server but on a
+	// listener of its own, with MetricsHandler (config metrics_listen).
+	MetricsElsewhere bool
 }
 
 // Server routes requests to handlers.
@@ -69,7 +74,9 @@ type Server struct {
 func NewServer(d Deps) *Server {
 	s := &Server{Deps: d, mux: http.NewServeMux(), log: d.Logger.With("component", "api")}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
+	if !d.MetricsElsewhere {
+		s.mux.Handle("GET /metrics", s.metrics())
+	}
 	s.handle("GET /v1/clusters", s.listClusters)
 	s.handle("POST /v1/clusters", s.addCluster)
 	s.handle("GET /v1/clusters/{name}", s.showCluster)
@@ -136,12 +143,44 @@ func setSecurityHeaders(h http.Header) {
 	h.Set("Cache-Control", "no-store")
 }
 
+// MetricsHandler serves GET /metrics only (404 elsewhere), with the same
+// headers and, with MetricsAuth, the same token as the API: the daemon
+// runs it on metrics_listen.
+func (s *Server) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.metrics())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		setSecurityHeaders(w.Header())
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// metrics is the Prometheus registry, behind the token with MetricsAuth.
+func (s *Server) metrics() http.Handler {
+	prom := promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{})
+	if !s.MetricsAuth {
+		return prom
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			refuse(w)
+			return
+		}
+		prom.ServeHTTP(w, r)
+	})
+}
+
+// refuse answers a request without the right token.
+func refuse(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
+	writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
+}
+
 // handle wraps a /v1 handler with token auth and error mapping.
 func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
-			writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
+			refuse(w)
 			return
 		}
 		if err := h(w, r); err != nil {

@@ -350,9 +350,9 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.MetricsListen != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
+		if _, port, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			bad("metrics_listen", "%q is not host:port, e.g. 127.0.0.1:9187", c.MetricsListen)
-		} else if c.MetricsListen == c.Listen {
+		} else if c.MetricsListen == c.Listen && port != "0" {
 			bad("metrics_listen", "must differ from listen (leave it empty to serve /metrics on listen)")
 		}
 	}

@@ -50,13 +50,17 @@ type Daemon struct {
 	clusters *cluster.Registry
 	listener net.Listener
 	http     *http.Server
-	token    string
-	monitor  *cluster.Monitor
-	runner   *jobs.Runner
-	pool     *provision.Pool
-	recLoop  *reconcile.Loop
-	retain   *purge.Retention
-	watcher  *prewarm.Watcher
+	// metricsListener and metricsHTTP serve /metrics alone when
+	// metrics_listen is set; nil otherwise.
+	metricsListener net.Listener
+	metricsHTTP     *http.Server
+	token           string
+	monitor         *cluster.Monitor
+	runner          *jobs.Runner
+	pool            *provision.Pool
+	recLoop         *reconcile.Loop
+	retain          *purge.Retention
+	watcher         *prewarm.Watcher
 	// collector measures tenants (and checks quotas); capper enforces statement caps.
 	collector *metrics.Collector
 	capper    *quota.Capper
@@ -127,7 +131,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm,
 		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}, Migrate: mig,
-		Metrics: d.collector, Quota: quo, Doctor: doc})
+		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -135,6 +139,14 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		return nil, fmt.Errorf("listen on %s: %w (is another pgtenant running? choose another address with --listen)", cfg.Listen, err)
 	}
 	d.http = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	if cfg.MetricsListen != "" {
+		if d.metricsListener, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			d.listener.Close()
+			d.Close()
+			return nil, fmt.Errorf("metrics_listen: listen on %s: %w", cfg.MetricsListen, err)
+		}
+		d.metricsHTTP = &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second}
+	}
 	return d, nil
 }
 
@@ -184,6 +196,14 @@ func (d *Daemon) registerClusters(ctx context.Context, managed []catalog.Cluster
 // Addr is the address the API listens on.
 func (d *Daemon) Addr() string { return d.listener.Addr().String() }
 
+// MetricsAddr is the address of the /metrics listener, "" without one.
+func (d *Daemon) MetricsAddr() string {
+	if d.metricsListener == nil {
+		return ""
+	}
+	return d.metricsListener.Addr().String()
+}
+
 // Token is the API bearer token.
 func (d *Daemon) Token() string { return d.token }
 
@@ -192,9 +212,10 @@ func (d *Daemon) Store() *catalog.Store { return d.store }
 
 // Run serves until ctx is cancelled (or a component fails), then shuts down
 // in order: first the HTTP server stops taking requests and lets in-flight
-// ones finish (a cold create may still need a worker), then the background
-// workers stop (a job in progress goes back to the queue with its completed
-// steps recorded), and last the pools close.
+// ones finish (a cold create may still need a worker), then the /metrics
+// listener (it needs no worker, and a scrape during shutdown still sees the
+// figures), then the background workers stop (a job in progress goes back
+// to the queue with its completed steps recorded), and last the pools close.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.Close()
 	g, gctx := errgroup.WithContext(ctx)
@@ -206,6 +227,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		return nil
 	})
+	if d.metricsHTTP != nil {
+		g.Go(func() error {
+			if err := d.metricsHTTP.Serve(d.metricsListener); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics http: %w", err)
+			}
+			return nil
+		})
+	}
 	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
@@ -214,10 +243,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err := d.http.Shutdown(sctx)
+		if d.metricsHTTP != nil {
+			err = errors.Join(err, d.metricsHTTP.Shutdown(sctx))
+		}
 		stopWork()
 		return err
 	})
-	d.log.Info("pgtenant daemon running", "listen", d.Addr())
+	d.log.Info("pgtenant daemon running", "listen", d.Addr(), "metrics_listen", d.MetricsAddr())
 	return g.Wait()
 }
 

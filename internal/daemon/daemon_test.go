@@ -386,3 +386,74 @@ func TestHTTP_SecurityHeaders(t *testing.T) {
 		}
 	}
 }
+
+// getMetrics GETs url with token ("" for none) and returns the status and body.
+func getMetrics(t *testing.T, url, token string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestMetrics_BehindTheToken: with metrics_auth, /metrics answers 401
+// without the bearer token (or with a wrong one) and 200 with it.
+func TestMetrics_BehindTheToken(t *testing.T) {
+	cfg := daemontest.Config(t, pg)
+	cfg.MetricsAuth = true
+	d, _ := daemontest.Start(t, pg, cfg)
+	u := "http://" + d.Addr() + "/metrics"
+	for _, token := range []string{"", "wrong"} {
+		if status, body := getMetrics(t, u, token); status != http.StatusUnauthorized || !strings.Contains(body, `"unauthorized"`) || strings.Contains(body, "pgtenant_") {
+			t.Errorf("/metrics with token %q: %d %s, want 401 unauthorized and no series", token, status, body)
+		}
+	}
+	if status, body := getMetrics(t, u, d.Token()); status != http.StatusOK || !strings.Contains(body, "pgtenant_cluster_up") {
+		t.Errorf("/metrics with the token: status %d, want 200 with pgtenant_cluster_up", status)
+	}
+}
+
+// TestMetrics_OwnListener: with metrics_listen, /metrics is served there
+// (without a token unless metrics_auth) and only there; that listener serves
+// nothing else.
+func TestMetrics_OwnListener(t *testing.T) {
+	cfg := daemontest.Config(t, pg)
+	cfg.MetricsListen = "127.0.0.1:0"
+	d, _ := daemontest.Start(t, pg, cfg)
+	if d.MetricsAddr() == "" || d.MetricsAddr() == d.Addr() {
+		t.Fatalf("metrics address %q (API %q), want one of its own", d.MetricsAddr(), d.Addr())
+	}
+	metricsURL := "http://" + d.MetricsAddr()
+	if status, body := getMetrics(t, metricsURL+"/metrics", ""); status != http.StatusOK || !strings.Contains(body, "pgtenant_cluster_up") {
+		t.Errorf("GET metrics_listen/metrics: status %d, want 200 with pgtenant_cluster_up", status)
+	}
+	if status, _ := getMetrics(t, "http://"+d.Addr()+"/metrics", d.Token()); status != http.StatusNotFound {
+		t.Errorf("GET listen/metrics: status %d, want 404 (served on metrics_listen only)", status)
+	}
+	for _, path := range []string{"/", "/v1/clusters", "/healthz"} {
+		if status, _ := getMetrics(t, metricsURL+path, d.Token()); status != http.StatusNotFound {
+			t.Errorf("GET metrics_listen%s: status %d, want 404", path, status)
+		}
+	}
+
+	// metrics_auth holds on metrics_listen too.
+	cfg = daemontest.Config(t, pg)
+	cfg.MetricsListen, cfg.MetricsAuth = "127.0.0.1:0", true
+	d, _ = daemontest.Start(t, pg, cfg)
+	if status, _ := getMetrics(t, "http://"+d.MetricsAddr()+"/metrics", ""); status != http.StatusUnauthorized {
+		t.Errorf("metrics_listen with metrics_auth, no token: status %d, want 401", status)
+	}
+	if status, _ := getMetrics(t, "http://"+d.MetricsAddr()+"/metrics", d.Token()); status != http.StatusOK {
+		t.Errorf("metrics_listen with metrics_auth, the token: status %d, want 200", status)
+	}
+}
