@@ -111,6 +111,9 @@ func TestParse_READMEExample(t *testing.T) {
 	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || !p.WaitForCheckpoint {
 		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)
 	}
+	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
+		t.Errorf("README example: tls %q %q, metrics_listen %q, console_session_ttl %v", cfg.TLSCertFile, cfg.TLSKeyFile, cfg.MetricsListen, cfg.ConsoleSessionTTL)
+	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
 	}
