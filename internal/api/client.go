@@ -3,7 +3,10 @@ package api
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -24,7 +27,7 @@ import (
 
 // Client calls the API. The CLI and the tests use it.
 type Client struct {
-	BaseURL string // e.g. http://127.0.0.1:8080
+	BaseURL string // e.g. http://127.0.0.1:8080, or https://… when the daemon has tls_cert_file
 	Token   string
 	HTTP    *http.Client
 }
@@ -35,6 +38,20 @@ func NewClient(baseURL, token string) *Client {
 		baseURL = "http://" + baseURL
 	}
 	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), Token: token, HTTP: &http.Client{Timeout: 5 * time.Minute}}
+}
+
+// TrustCA makes the client trust the PEM certificates in pem instead of the
+// system roots: for a daemon whose certificate is self-signed or from a
+// private CA (PGTENANT_CA_FILE).
+func (c *Client) TrustCA(pem []byte) error {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return errors.New("no PEM certificate in it")
+	}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	c.HTTP.Transport = t
+	return nil
 }
 
 // Do sends a request with an optional JSON body and decodes a JSON answer into out.

@@ -7,7 +7,9 @@ import (
 	"context"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -54,6 +56,11 @@ type Deps struct {
 	Doctor  *doctor.Doctor
 	// Console, if set, is served at /.
 	Console http.Handler
+	// MetricsAuth: /metrics needs the bearer token, wherever it is served.
+	MetricsAuth bool
+	// MetricsElsewhere: /metrics is not served by this server but on a
+	// listener of its own, with MetricsHandler (config metrics_listen).
+	MetricsElsewhere bool
 }
 
 // Server routes requests to handlers.
@@ -67,7 +74,9 @@ type Server struct {
 func NewServer(d Deps) *Server {
 	s := &Server{Deps: d, mux: http.NewServeMux(), log: d.Logger.With("component", "api")}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{}))
+	if !d.MetricsElsewhere {
+		s.mux.Handle("GET /metrics", s.metrics())
+	}
 	s.handle("GET /v1/clusters", s.listClusters)
 	s.handle("POST /v1/clusters", s.addCluster)
 	s.handle("GET /v1/clusters/{name}", s.showCluster)
@@ -110,14 +119,68 @@ func (s *Server) Handle(pattern string, h func(http.ResponseWriter, *http.Reques
 	s.handle(pattern, h)
 }
 
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP sets the headers every answer carries, then routes.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	setSecurityHeaders(w.Header())
+	s.mux.ServeHTTP(w, r)
+}
+
+// ContentSecurityPolicy allows a page the daemon's own files only: no inline
+// script or style (the console's CSS is a file), no framing by another site
+// (clickjacking), forms that post only to the daemon, no <base> or plugins.
+const ContentSecurityPolicy = "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"
+
+// setSecurityHeaders sets the headers of every answer: API, console,
+// /healthz and /metrics. Answers carry tenant passwords (create) and the
+// fleet's state, so no browser or proxy may store them. The console
+// overrides Cache-Control for its stylesheet and Referrer-Policy for its
+// pages (see console.render).
+func setSecurityHeaders(h http.Header) {
+	h.Set("Content-Security-Policy", ContentSecurityPolicy)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", "no-store")
+}
+
+// MetricsHandler serves GET /metrics only (404 elsewhere), with the same
+// headers and, with MetricsAuth, the same token as the API: the daemon
+// runs it on metrics_listen.
+func (s *Server) MetricsHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.metrics())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		setSecurityHeaders(w.Header())
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// metrics is the Prometheus registry, behind the token with MetricsAuth.
+func (s *Server) metrics() http.Handler {
+	prom := promhttp.HandlerFor(s.Registry, promhttp.HandlerOpts{})
+	if !s.MetricsAuth {
+		return prom
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.authorized(r) {
+			refuse(w)
+			return
+		}
+		prom.ServeHTTP(w, r)
+	})
+}
+
+// refuse answers a request without the right token.
+func refuse(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
+	writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
+}
 
 // handle wraps a /v1 handler with token auth and error mapping.
 func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
-			writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
+			refuse(w)
 			return
 		}
 		if err := h(w, r); err != nil {
@@ -152,12 +215,21 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = enc.Encode(v)
 }
 
-// decode reads a JSON body strictly.
+// decode reads a JSON body strictly: one JSON value with known fields and
+// nothing after it but whitespace. `{"a":1} garbage` is refused rather than
+// half-read, so that a client bug (or a body glued to another) is seen at once.
 func decode(r *http.Request, v any) error {
 	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 16<<20))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return invalid("request body: empty; this route needs a JSON object")
+		}
 		return invalid("request body: %v", err)
+	}
+	var extra json.RawMessage
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return invalid("request body: unexpected data after the JSON object; send exactly one JSON value")
 	}
 	return nil
 }

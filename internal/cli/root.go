@@ -20,6 +20,7 @@ import (
 type globals struct {
 	output  string // table or json
 	server  string
+	caFile  string // PEM CA certificates to trust for an https:// server
 	dataDir string
 	stdout  io.Writer
 	stderr  io.Writer
@@ -56,6 +57,7 @@ Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
 	pf := root.PersistentFlags()
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", "http://127.0.0.1:8080"), "pgtenant API address (env PGTENANT_SERVER)")
+	pf.StringVar(&g.caFile, "ca-file", os.Getenv("PGTENANT_CA_FILE"), "PEM file of the CA (or self-signed certificate) to trust for an https:// --server, instead of the system's (env PGTENANT_CA_FILE)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", ".pgtenant"), "data directory of `pgtenant up`; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset")
 
 	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newMigrateCmd(g), newRolloutCmd(g), newPrewarmCmd(g), newBenchCmd(g))
@@ -80,5 +82,15 @@ func (g *globals) client() (*api.Client, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	return api.NewClient(g.server, token), nil
+	c := api.NewClient(g.server, token)
+	if g.caFile != "" {
+		pem, err := os.ReadFile(g.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+		if err := c.TrustCA(pem); err != nil {
+			return nil, fmt.Errorf("--ca-file %s: %w", g.caFile, err)
+		}
+	}
+	return c, nil
 }

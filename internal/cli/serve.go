@@ -35,7 +35,7 @@ may share one catalog.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(g.stdout, "pgtenant serving on http://%s (token in %s)\n", d.Addr(), cfg.TokenFile)
+			fmt.Fprintf(g.stdout, "pgtenant serving on %s (token in %s)\n", d.URL(), cfg.TokenFile)
 			return d.Run(cmd.Context())
 		},
 	}

@@ -116,7 +116,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys int) err
 	if err != nil {
 		return err
 	}
-	info := upInfo{URL: "http://" + d.Addr(), Token: d.Token(), TokenFile: cfg.TokenFile,
+	info := upInfo{URL: d.URL(), Token: d.Token(), TokenFile: cfg.TokenFile,
 		PasswordFile: filepath.Join(dir, "local", "superuser.password")}
 	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
 		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"regexp"
 	"strings"
@@ -20,6 +21,24 @@ import (
 type Config struct {
 	// Listen is the HTTP address of the API, /metrics and the console.
 	Listen string `yaml:"listen"`
+	// TLSCertFile and TLSKeyFile (PEM), both or neither: when set, every
+	// listener (Listen and MetricsListen) serves HTTPS only. Read at start;
+	// a renewed certificate needs a restart.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
+	// MetricsListen, if set, is a separate address serving /metrics only
+	// (e.g. 127.0.0.1:9187, for a local Prometheus); /metrics is then not
+	// served on Listen.
+	MetricsListen string `yaml:"metrics_listen"`
+	// MetricsAuth makes /metrics (wherever it is served) need the API bearer
+	// token. Off by default: a Prometheus scrape needs no secret, and the
+	// series hold tenant ids and sizes but no passwords or DSNs.
+	MetricsAuth bool `yaml:"metrics_auth"`
+	// ConsoleSessionTTL is how long a console login lasts, counted from the
+	// login (absolute, not renewed by use). Sessions live in the daemon's
+	// memory: a restart, or another daemon behind the same address, asks
+	// for the token again.
+	ConsoleSessionTTL Duration `yaml:"console_session_ttl"`
 	// TokenFile holds the API bearer token; generated (0600) if missing.
 	TokenFile string `yaml:"token_file"`
 	// Catalog is where pgtenant keeps its own state.
@@ -221,7 +240,8 @@ type MigrateConfig struct {
 // Default returns the configuration used when a file sets nothing.
 func Default() Config {
 	return Config{
-		Listen: "127.0.0.1:8080",
+		Listen:            "127.0.0.1:8080",
+		ConsoleSessionTTL: Duration(12 * time.Hour),
 		Pacer: PacerConfig{
 			MaxReplayLag:      64 << 20,
 			HeavyDDLSlots:     1,
@@ -336,6 +356,23 @@ func (c Config) Validate() error {
 	}
 	if c.Listen == "" {
 		bad("listen", "required (host:port)")
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		if c.TLSCertFile == "" {
+			bad("tls_cert_file", "required with tls_key_file (set both to serve HTTPS, or neither)")
+		} else {
+			bad("tls_key_file", "required with tls_cert_file (set both to serve HTTPS, or neither)")
+		}
+	}
+	if c.MetricsListen != "" {
+		if _, port, err := net.SplitHostPort(c.MetricsListen); err != nil {
+			bad("metrics_listen", "%q is not host:port, e.g. 127.0.0.1:9187", c.MetricsListen)
+		} else if c.MetricsListen == c.Listen && port != "0" {
+			bad("metrics_listen", "must differ from listen (leave it empty to serve /metrics on listen)")
+		}
+	}
+	if c.ConsoleSessionTTL.D() < time.Minute {
+		bad("console_session_ttl", "must be at least 1m")
 	}
 	seen := map[string]bool{}
 	for i, cl := range c.Clusters {

@@ -20,6 +20,13 @@ func TestParse_Defaults(t *testing.T) {
 	if got, want := cfg.Drop.Retention.D(), 7*24*time.Hour; got != want {
 		t.Errorf("drop.retention = %v, want %v", got, want)
 	}
+	if got, want := cfg.ConsoleSessionTTL.D(), 12*time.Hour; got != want {
+		t.Errorf("console_session_ttl = %v, want %v", got, want)
+	}
+	if cfg.TLSCertFile != "" || cfg.MetricsListen != "" || cfg.MetricsAuth {
+		t.Errorf("defaults: tls_cert_file %q, metrics_listen %q, metrics_auth %v; want plain HTTP with open /metrics on listen",
+			cfg.TLSCertFile, cfg.MetricsListen, cfg.MetricsAuth)
+	}
 }
 
 func TestParse_EnvAndUnits(t *testing.T) {
@@ -68,6 +75,11 @@ func TestParse_Errors(t *testing.T) {
 		{"bad standby_down", "pacer:\n  standby_down: maybe\n", "pacer.standby_down"},
 		{"bad pool mode", "pools:\n  - {template: saas, mode: table, size: 1}\n", "pools[0].mode"},
 		{"zero workers", "jobs:\n  workers: 0\n", "jobs.workers"},
+		{"cert without key", "tls_cert_file: /etc/pgtenant/cert.pem\n", "tls_key_file: required with tls_cert_file"},
+		{"key without cert", "tls_key_file: /etc/pgtenant/key.pem\n", "tls_cert_file: required with tls_key_file"},
+		{"metrics_listen not host:port", "metrics_listen: 9187\n", "metrics_listen"},
+		{"metrics_listen is listen", "listen: 127.0.0.1:8080\nmetrics_listen: 127.0.0.1:8080\n", "metrics_listen: must differ from listen"},
+		{"short session", "console_session_ttl: 10s\n", "console_session_ttl"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml))
@@ -98,6 +110,9 @@ func TestParse_READMEExample(t *testing.T) {
 	}
 	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || !p.WaitForCheckpoint {
 		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)
+	}
+	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
+		t.Errorf("README example: tls %q %q, metrics_listen %q, console_session_ttl %v", cfg.TLSCertFile, cfg.TLSKeyFile, cfg.MetricsListen, cfg.ConsoleSessionTTL)
 	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)

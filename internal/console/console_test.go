@@ -1,6 +1,12 @@
 package console
 
 import (
+	"crypto/tls"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +25,9 @@ func TestPages_Render(t *testing.T) {
 	if !strings.Contains(b.String(), "not right") {
 		t.Errorf("login page does not say the token was wrong")
 	}
+	if strings.Contains(b.String(), `action="/logout"`) {
+		t.Errorf("login page offers to log out")
+	}
 	b.Reset()
 	data := map[string]any{
 		"Now": time.Now(),
@@ -27,12 +36,13 @@ func TestPages_Render(t *testing.T) {
 		"Templates": []catalog.Template{{Name: "saas", CurrentVersion: 2, CreatedAt: time.Now()}},
 		"Tenants":   []catalog.Tenant{{ID: "abcdefghijkl", Name: "<script>alert(1)</script>", Mode: "schema", Template: "saas", Version: 2}},
 		"Jobs":      nil,
+		"LoggedIn":  true,
 	}
 	if err := pages.ExecuteTemplate(&b, "overview.html", data); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"local/standby1", "3.0 MB", "2.0 kB/s", "saas v2", "&lt;script&gt;"} {
+	for _, want := range []string{"local/standby1", "3.0 MB", "2.0 kB/s", "saas v2", "&lt;script&gt;", `<form method="post" action="/logout">`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("overview lacks %q", want)
 		}
@@ -40,4 +50,141 @@ func TestPages_Render(t *testing.T) {
 	if strings.Contains(out, "<script>alert") {
 		t.Error("a tenant's display name reached the page unescaped")
 	}
+}
+
+// inlineRE finds what the Content-Security-Policy blocks in a page: inline
+// styles and scripts, javascript: URLs and event handler attributes.
+var inlineRE = regexp.MustCompile(`(?i)<style|\sstyle=|<script|javascript:|\son[a-z]+=`)
+
+// TestPages_NoInlineStyleOrScript: the CSP allows no inline style or
+// script, so a page with one would render broken.
+func TestPages_NoInlineStyleOrScript(t *testing.T) {
+	entries, err := files.ReadDir("templates")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		b, err := files.ReadFile("templates/" + e.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m := inlineRE.Find(b); m != nil {
+			t.Errorf("%s has %q, which the CSP blocks; put styles in static/console.css", e.Name(), m)
+		}
+	}
+}
+
+// TestSessions_Expire: a login lasts SessionTTL from the login, however
+// much it is used; then the console asks for the token again and the
+// session is gone from memory.
+func TestSessions_Expire(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	c := &Console{Token: "pgt_secret", SessionTTL: time.Hour, Logger: slog.New(slog.DiscardHandler), now: func() time.Time { return now }}
+	ck := login(t, c, "pgt_secret")
+	if ck.Value == "pgt_secret" || strings.Contains(ck.Value, "pgt_secret") || len(ck.Value) < 43 {
+		t.Fatalf("session cookie %q: want a random id of 256 bits, not the token", ck.Value)
+	}
+	if got, want := ck.MaxAge, 3600; got != want {
+		t.Errorf("cookie Max-Age = %d, want %d", got, want)
+	}
+	req := httptest.NewRequest(http.MethodGet, "/", nil)
+	req.AddCookie(&http.Cookie{Name: ck.Name, Value: ck.Value})
+	now = now.Add(59 * time.Minute)
+	if !c.authorized(req) {
+		t.Fatal("session refused before its expiry")
+	}
+	now = now.Add(time.Minute) // used a minute ago: still expires an hour after the login
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, req)
+	if body := w.Body.String(); !strings.Contains(body, `name="token"`) {
+		t.Errorf("expired session: the console did not ask for the token:\n%s", body)
+	}
+	if n := c.sessions.len(); n != 0 {
+		t.Errorf("%d sessions kept after expiry, want 0", n)
+	}
+	// Expired sessions nobody presents again are pruned at the next login.
+	login(t, c, "pgt_secret")
+	now = now.Add(2 * time.Hour)
+	login(t, c, "pgt_secret")
+	if n := c.sessions.len(); n != 1 {
+		t.Errorf("%d sessions after an expired one and a new login, want 1", n)
+	}
+}
+
+// TestLogin_CookieOverTLS: the session cookie is Secure when the login came
+// over TLS, and HttpOnly, SameSite=Strict, Path=/ always.
+func TestLogin_CookieOverTLS(t *testing.T) {
+	c := &Console{Token: "pgt_secret", Logger: slog.New(slog.DiscardHandler)}
+	for _, overTLS := range []bool{false, true} {
+		req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(url.Values{"token": {"pgt_secret"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		if overTLS {
+			req.TLS = &tls.ConnectionState{}
+		}
+		w := httptest.NewRecorder()
+		c.ServeHTTP(w, req)
+		cks := w.Result().Cookies()
+		if len(cks) != 1 {
+			t.Fatalf("TLS %v: cookies %v, want one", overTLS, cks)
+		}
+		ck := cks[0]
+		if ck.Name != cookieName || ck.Secure != overTLS || !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Path != "/" {
+			t.Errorf("TLS %v: cookie %+v, want %s HttpOnly SameSite=Strict Path=/ Secure=%v", overTLS, ck, cookieName, overTLS)
+		}
+		if got, want := c.ttl(), 12*time.Hour; ck.MaxAge != int(want/time.Second) || got != want {
+			t.Errorf("default session: Max-Age %d, ttl %v; want %v", ck.MaxAge, got, want)
+		}
+	}
+}
+
+// TestSameOrigin: POSTs from another site (by Origin, else Referer) are
+// refused; requests with neither header are not a browser's cross-site form.
+func TestSameOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		origin, referer string
+		tls             bool
+		want            bool
+	}{
+		{"http://console.example:8080", "", false, true},
+		{"HTTP://Console.Example:8080", "", false, true},
+		{"https://console.example:8080", "", false, true}, // TLS ended by a proxy in front
+		{"http://evil.example", "", false, false},
+		{"http://console.example:8081", "", false, false},
+		{"null", "", false, false},
+		{"", "http://console.example:8080/?failed", false, true},
+		{"", "http://evil.example/console.example:8080", false, false},
+		{"", "", false, true},
+		{"http://console.example:8080", "", true, false}, // a plain-HTTP page posting to the HTTPS console
+		{"https://console.example:8080", "", true, true},
+	} {
+		req := httptest.NewRequest(http.MethodPost, "http://console.example:8080/login", nil)
+		if tc.origin != "" {
+			req.Header.Set("Origin", tc.origin)
+		}
+		if tc.referer != "" {
+			req.Header.Set("Referer", tc.referer)
+		}
+		if tc.tls {
+			req.TLS = &tls.ConnectionState{}
+		}
+		if got := sameOrigin(req); got != tc.want {
+			t.Errorf("Origin %q Referer %q TLS %v: sameOrigin = %v, want %v", tc.origin, tc.referer, tc.tls, got, tc.want)
+		}
+	}
+}
+
+// login posts the token and returns the session cookie it sets.
+func login(t *testing.T, c *Console, token string) *http.Cookie {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(url.Values{"token": {token}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, req)
+	for _, ck := range w.Result().Cookies() {
+		if ck.Name == cookieName {
+			return ck
+		}
+	}
+	t.Fatalf("login: status %d, no %s cookie", w.Code, cookieName)
+	return nil
 }

@@ -6,6 +6,7 @@ package daemon
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,13 +52,19 @@ type Daemon struct {
 	clusters *cluster.Registry
 	listener net.Listener
 	http     *http.Server
-	token    string
-	monitor  *cluster.Monitor
-	runner   *jobs.Runner
-	pool     *provision.Pool
-	recLoop  *reconcile.Loop
-	retain   *purge.Retention
-	watcher  *prewarm.Watcher
+	// metricsListener and metricsHTTP serve /metrics alone when
+	// metrics_listen is set; nil otherwise.
+	metricsListener net.Listener
+	metricsHTTP     *http.Server
+	// tls is the certificate both listeners serve (tls_cert_file); nil: plain HTTP.
+	tls     *tls.Config
+	token   string
+	monitor *cluster.Monitor
+	runner  *jobs.Runner
+	pool    *provision.Pool
+	recLoop *reconcile.Loop
+	retain  *purge.Retention
+	watcher *prewarm.Watcher
 	// collector measures tenants (and checks quotas); capper enforces statement caps.
 	collector *metrics.Collector
 	capper    *quota.Capper
@@ -80,11 +87,15 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	tlsConfig, err := loadTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
 	store, err := catalog.Open(ctx, cfg.Catalog.DSN, log)
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{cfg: cfg, log: log, store: store, clusters: cluster.NewRegistry(), token: token}
+	d := &Daemon{cfg: cfg, log: log, store: store, clusters: cluster.NewRegistry(), token: token, tls: tlsConfig}
 	if err := d.registerClusters(ctx, opts.Managed); err != nil {
 		d.Close()
 		return nil, err
@@ -128,16 +139,42 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm,
-		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, Logger: log}, Migrate: mig,
-		Metrics: d.collector, Quota: quo, Doctor: doc})
+		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}, Migrate: mig,
+		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		d.Close()
 		return nil, fmt.Errorf("listen on %s: %w (is another pgtenant running? choose another address with --listen)", cfg.Listen, err)
 	}
-	d.http = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	// net/http's own messages (TLS handshake errors, …) go to slog too.
+	errLog := slog.NewLogLogger(log.With("component", "http").Handler(), slog.LevelWarn)
+	d.http = &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig, ErrorLog: errLog}
+	if cfg.MetricsListen != "" {
+		if d.metricsListener, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			d.listener.Close()
+			d.Close()
+			return nil, fmt.Errorf("metrics_listen: listen on %s: %w", cfg.MetricsListen, err)
+		}
+		d.metricsHTTP = &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig.Clone(), ErrorLog: errLog}
+	}
 	return d, nil
+}
+
+// loadTLS reads tls_cert_file and tls_key_file, nil when neither is set.
+// TLS 1.2 is the floor; Go's defaults choose the cipher suites.
+func loadTLS(cfg config.Config) (*tls.Config, error) {
+	if cfg.TLSCertFile == "" && cfg.TLSKeyFile == "" {
+		return nil, nil
+	}
+	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" {
+		return nil, errors.New("tls_cert_file, tls_key_file: set both to serve HTTPS, or neither")
+	}
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls_cert_file %s, tls_key_file %s: %w", cfg.TLSCertFile, cfg.TLSKeyFile, err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
 }
 
 // registerClusters upserts configured and managed clusters in the catalog,
@@ -186,6 +223,22 @@ func (d *Daemon) registerClusters(ctx context.Context, managed []catalog.Cluster
 // Addr is the address the API listens on.
 func (d *Daemon) Addr() string { return d.listener.Addr().String() }
 
+// URL is the base URL of the API and the console: https:// with TLS.
+func (d *Daemon) URL() string {
+	if d.tls != nil {
+		return "https://" + d.Addr()
+	}
+	return "http://" + d.Addr()
+}
+
+// MetricsAddr is the address of the /metrics listener, "" without one.
+func (d *Daemon) MetricsAddr() string {
+	if d.metricsListener == nil {
+		return ""
+	}
+	return d.metricsListener.Addr().String()
+}
+
 // Token is the API bearer token.
 func (d *Daemon) Token() string { return d.token }
 
@@ -194,20 +247,19 @@ func (d *Daemon) Store() *catalog.Store { return d.store }
 
 // Run serves until ctx is cancelled (or a component fails), then shuts down
 // in order: first the HTTP server stops taking requests and lets in-flight
-// ones finish (a cold create may still need a worker), then the background
-// workers stop (a job in progress goes back to the queue with its completed
-// steps recorded), and last the pools close.
+// ones finish (a cold create may still need a worker), then the /metrics
+// listener (it needs no worker, and a scrape during shutdown still sees the
+// figures), then the background workers stop (a job in progress goes back
+// to the queue with its completed steps recorded), and last the pools close.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.Close()
 	g, gctx := errgroup.WithContext(ctx)
 	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
-	g.Go(func() error {
-		if err := d.http.Serve(d.listener); !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("http: %w", err)
-		}
-		return nil
-	})
+	g.Go(func() error { return d.serve("http", d.http, d.listener) })
+	if d.metricsHTTP != nil {
+		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
+	}
 	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
@@ -216,11 +268,29 @@ func (d *Daemon) Run(ctx context.Context) error {
 		sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		err := d.http.Shutdown(sctx)
+		if d.metricsHTTP != nil {
+			err = errors.Join(err, d.metricsHTTP.Shutdown(sctx))
+		}
 		stopWork()
 		return err
 	})
-	d.log.Info("pgtenant daemon running", "listen", d.Addr())
+	d.log.Info("pgtenant daemon running", "url", d.URL(), "metrics_listen", d.MetricsAddr())
 	return g.Wait()
+}
+
+// serve runs srv on ln, over TLS when the daemon has a certificate, until
+// Shutdown.
+func (d *Daemon) serve(name string, srv *http.Server, ln net.Listener) error {
+	var err error
+	if d.tls != nil {
+		err = srv.ServeTLS(ln, "", "") // the certificate is in srv.TLSConfig
+	} else {
+		err = srv.Serve(ln)
+	}
+	if !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
 }
 
 // Close releases the catalog and cluster pools.

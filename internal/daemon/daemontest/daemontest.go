@@ -4,6 +4,7 @@ package daemontest
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -34,7 +35,8 @@ func Config(t testing.TB, pg *pgtest.Cluster) config.Config {
 	return cfg
 }
 
-// Start runs a daemon with cfg until the test ends and returns it with a client.
+// Start runs a daemon with cfg until the test ends and returns it with a
+// client (over HTTPS, trusting the certificate, when cfg has one).
 func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon, *api.Client) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -51,7 +53,7 @@ func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon,
 			t.Errorf("daemon: %v", err)
 		}
 	})
-	return d, api.NewClient(d.Addr(), d.Token())
+	return d, client(t, d, cfg)
 }
 
 // StartCancellable is Start, plus a function that stops the daemon before
@@ -76,7 +78,24 @@ func StartCancellable(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*api
 		})
 	}
 	t.Cleanup(stop)
-	return api.NewClient(d.Addr(), d.Token()), stop
+	return client(t, d, cfg), stop
+}
+
+// client is an API client of d; with TLS it trusts d's certificate (tests
+// use self-signed ones).
+func client(t testing.TB, d *daemon.Daemon, cfg config.Config) *api.Client {
+	t.Helper()
+	c := api.NewClient(d.URL(), d.Token())
+	if cfg.TLSCertFile != "" {
+		pem, err := os.ReadFile(cfg.TLSCertFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.TrustCA(pem); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
 }
 
 func managed(pg *pgtest.Cluster) catalog.Cluster {

@@ -1,0 +1,87 @@
+package console
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"sync"
+	"time"
+)
+
+// maxSessions bounds the logins kept at once; past it the one nearest its
+// expiry goes. Only a holder of the token can add one, so this guards
+// against a script that logs in in a loop, not against strangers.
+const maxSessions = 1000
+
+// sessions are the console's logins: a random id (the cookie's only
+// content) mapped to its expiry. They live in this daemon's memory only:
+// a restart logs everyone out, and daemons sharing a catalog do not share
+// them (a load balancer in front of several needs sticky sessions). The
+// zero value is ready to use.
+type sessions struct {
+	mu   sync.Mutex
+	byID map[string]time.Time
+}
+
+// newSessionID returns 256 random bits, URL-safe.
+func newSessionID() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails (it crashes the program instead)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// create starts a session lasting ttl from now, first dropping expired ones.
+func (s *sessions) create(now time.Time, ttl time.Duration) string {
+	id := newSessionID()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pruneLocked(now)
+	if s.byID == nil {
+		s.byID = map[string]time.Time{}
+	}
+	if len(s.byID) >= maxSessions {
+		var oldest string
+		for k, exp := range s.byID {
+			if oldest == "" || exp.Before(s.byID[oldest]) {
+				oldest = k
+			}
+		}
+		delete(s.byID, oldest)
+	}
+	s.byID[id] = now.Add(ttl)
+	return id
+}
+
+// valid reports whether id is a live session; an expired one is deleted.
+// Expiry is absolute: using a session does not extend it.
+func (s *sessions) valid(id string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	exp, ok := s.byID[id]
+	if ok && !now.Before(exp) {
+		delete(s.byID, id)
+		return false
+	}
+	return ok
+}
+
+// delete ends a session (logout); an unknown id is no error.
+func (s *sessions) delete(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.byID, id)
+}
+
+// len counts the sessions kept, expired ones not yet pruned included.
+func (s *sessions) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.byID)
+}
+
+func (s *sessions) pruneLocked(now time.Time) {
+	for id, exp := range s.byID {
+		if !now.Before(exp) {
+			delete(s.byID, id)
+		}
+	}
+}
