@@ -168,11 +168,17 @@ type ProvisionConfig struct {
 	ColdWait Duration `yaml:"cold_wait"`
 	// PoolInterval is how often pools are checked (they are also refilled after each claim).
 	PoolInterval Duration `yaml:"pool_interval"`
+	// ReservedConnections are a cluster's connections kept out of tenants'
+	// share for pgtenant's own sessions (admin pools, the catalog when it
+	// lives on the cluster, prewarm, metrics), on top of the server's
+	// superuser_reserved_connections; rollouts' agent sessions
+	// (migrate.per_cluster) are reserved as well.
+	ReservedConnections int `yaml:"reserved_connections"`
 	// ConnectionOvercommit is how far the connection limits of a cluster's
 	// tenants may add up beyond its connections: a tenant is placed on a
 	// cluster only while the sum of its tenants' tier connection_limit
 	// stays within (max_connections − superuser_reserved_connections −
-	// migrate.per_cluster) × this. 1 (the default) promises every tenant
+	// reserved_connections − migrate.per_cluster) × this. 1 (the default) promises every tenant
 	// its whole limit whatever its neighbours do; 4 admits four times as
 	// many, mostly idle, tenants at the risk that busy neighbours fill the
 	// server; 0 turns admission off (README, "Connections").
@@ -261,7 +267,8 @@ func Default() Config {
 				IdleInTransactionSessionTimeout: Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 1 << 30, Priority: 1},
 		},
 		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
-			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second), ConnectionOvercommit: 1},
+			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second),
+			ReservedConnections: 20, ConnectionOvercommit: 1},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
 		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second),
@@ -440,6 +447,9 @@ func (c Config) Validate() error {
 	}
 	if c.Provision.PoolInterval.D() <= 0 {
 		bad("provision.pool_interval", "must be positive")
+	}
+	if c.Provision.ReservedConnections < 0 {
+		bad("provision.reserved_connections", "must be 0 or more")
 	}
 	if c.Provision.ConnectionOvercommit < 0 {
 		bad("provision.connection_overcommit", "must be 0 (admission off) or positive, e.g. 1 (no overcommit)")

@@ -70,8 +70,8 @@ func DefaultSettings() map[string]string {
 		"listen_addresses":        "'127.0.0.1'",
 		"unix_socket_directories": "''", // TCP only: no clash over /var/run/postgresql, no path-length limit
 		// Admission (provision.connection_overcommit) gives each tenant its
-		// tier's whole connection limit: room for 48 tenants of the default
-		// tier. The superuser reserve keeps pgtenant's admin sessions in
+		// tier's whole connection limit: room for about 46 tenants of the
+		// default tier (README, "Connections"). The superuser reserve keeps pgtenant's admin sessions in
 		// when tenants use every other slot.
 		"max_connections":                "500",
 		"superuser_reserved_connections": "10",

@@ -295,6 +295,7 @@ func (s *Service) connections(ctx context.Context, cl *cluster.Cluster) (tenant.
 	}
 	err = admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int`).
 		Scan(&cc.MaxConnections, &cc.Reserved)
+	cc.Reserved += s.Config.Provision.ReservedConnections
 	return cc, cluster.Classify(err)
 }
 

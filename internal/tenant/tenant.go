@@ -182,7 +182,7 @@ func Place(candidates []string, counts map[string]int) (string, error) {
 // connection settings and the connection limits its tenants hold.
 type Connections struct {
 	MaxConnections int // max_connections
-	Reserved       int // superuser_reserved_connections: pgtenant's admin sessions
+	Reserved       int // superuser_reserved_connections + provision.reserved_connections: pgtenant's own sessions
 	Rollout        int // the agent sessions a rollout may hold (migrate.per_cluster)
 	Used           int // the sum of its tenants' connection limits
 }

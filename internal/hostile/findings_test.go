@@ -1,0 +1,386 @@
+package hostile_test
+
+// One test per finding of the red-team run (issue "Hostile tenants"): each
+// reproduces what a tenant did and checks that it no longer works.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/metrics"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/quota"
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+// shadowUnnest plants, in the tenant's schema, unnest for concrete array
+// types: an exact argument type beats pg_catalog.unnest(anyarray) whatever
+// the schema order, so an admin session that searches the tenant's schema
+// would call it.
+func shadowUnnest(t *testing.T, conn *pgx.Conn, l login) {
+	t.Helper()
+	for _, typ := range []string{"oid", "text", "int8", "int4", "name"} {
+		mustExec(t, conn, fmt.Sprintf(`CREATE FUNCTION %[1]s.unnest(%[2]s[]) RETURNS SETOF %[2]s LANGUAGE plpgsql AS $f$
+			BEGIN PERFORM %[1]s.pwn('unnest(%[2]s[])'); RETURN QUERY SELECT pg_catalog.unnest($1); END $f$`, cluster.Ident(l.Schema), typ))
+	}
+}
+
+func isShadow(what string) bool { return strings.Contains(what, "(") }
+
+// TestFinding1_PrewarmRunsNoTenantCode: a database tenant owns public in its
+// database and plants public.unnest(oid[]); hot-set capture and prewarm,
+// which run admin SQL in its database, never call it.
+func TestFinding1_PrewarmRunsNoTenantCode(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	l := e.tenant(t, "database", "default")
+	conn := connect(t, l.DSN)
+	plantPayload(t, conn, l)
+	shadowUnnest(t, conn, l)
+	mustExec(t, conn, `INSERT INTO organizations (name, slug) SELECT 'o' || g, 's' || g FROM generate_series(1, 2000) g`)
+	mustExec(t, conn, `SELECT count(*) FROM organizations`)
+
+	if _, err := e.c.Capture(ctx, api.CaptureRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	js, err := e.c.Prewarm(ctx, api.PrewarmRequest{Tenant: l.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(js) == 0 {
+		t.Fatal("prewarm started no job")
+	}
+	for _, j := range js {
+		waitJob(t, e.c, j.ID, jobs.Succeeded)
+	}
+	noneGainedPrivilege(t)
+	noPrivilegedTrips(t, l, isShadow)
+}
+
+// enforceQuota grows the tenant past a quota just above its size and runs
+// one metrics and quota pass; it returns the tenant's quota state.
+func enforceQuota(t *testing.T, e *env, l login, grow func()) (string, error) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	reg := cluster.NewRegistry()
+	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	cfg := e.cfg
+	cfg.Metrics.Interval = config.Duration(15 * time.Second)
+	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
+	probe := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
+	if err := probe.Pass(ctx, "local"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := probe.Tenant(l.ID)
+	if err != nil || f.SizeBytes == nil {
+		t.Fatalf("no size for %s: %v", l.ID, err)
+	}
+	tier := cfg.Tiers["default"]
+	tier.StorageQuota = config.ByteSize(*f.SizeBytes + 1<<20) // no grace: enforced at once
+	cfg.Tiers = map[string]config.Tier{"default": tier}
+	grow()
+	svc := &quota.Service{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
+	col := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Quota: svc,
+		Now: func() time.Time { return time.Now().Add(time.Minute) }}
+	err = col.Pass(ctx, "local")
+	q, qerr := e.store.GetQuota(ctx, l.ID)
+	if qerr != nil {
+		t.Fatal(qerr)
+	}
+	return q.State, err
+}
+
+const grow2MB = `INSERT INTO organizations (name, slug) SELECT repeat(md5(g::text), 32), 'g' || g FROM generate_series(1, 2000) g`
+
+// TestFinding2_QuotaCheckRunsNoTenantCode: the check after enforcing a quota
+// (unnest($3::text[])) never calls a tenant's public.unnest(text[]); the
+// tenant, filling itself past its quota, triggers it itself.
+func TestFinding2_QuotaCheckRunsNoTenantCode(t *testing.T) {
+	e := start(t, nil)
+	l := e.tenant(t, "database", "default")
+	conn := connect(t, l.DSN)
+	plantPayload(t, conn, l)
+	shadowUnnest(t, conn, l)
+	state, err := enforceQuota(t, e, l, func() { mustExec(t, conn, grow2MB) })
+	if err != nil || state != catalog.QuotaEnforced {
+		t.Errorf("quota = %s, %v; want enforced", state, err)
+	}
+	noneGainedPrivilege(t)
+	noPrivilegedTrips(t, l, isShadow)
+}
+
+// TestFinding3_RolloutTriggersRunAsTheTenant: a rollout's files set off the
+// tenant's BEFORE and deferred constraint triggers (at COMMIT); they run
+// in the tenant's agent session and every way back to privilege they try
+// (RESET ROLE, SET SESSION AUTHORIZATION, ALTER ROLE … SUPERUSER) fails.
+// Both modes.
+func TestFinding3_RolloutTriggersRunAsTheTenant(t *testing.T) {
+	e := start(t, nil)
+	var ls []login
+	for _, mode := range []string{"database", "schema"} {
+		l := e.tenant(t, mode, "default")
+		conn := connect(t, l.DSN)
+		plantPayload(t, conn, l)
+		plantTriggers(t, conn, l)
+		ls = append(ls, l)
+	}
+	v := e.pushVersion(t, templates.Upload{Name: "0002_seed.sql", Body: `CREATE TABLE seeded (id int);
+INSERT INTO organizations (name, slug) VALUES ('seeded by version 2', 'v2-seed');`})
+	st := e.rollout(t, v)
+	for _, l := range ls {
+		if o := tenantOutcome(st, l.ID); o.State != catalog.RolloutTenantDone {
+			t.Errorf("%s tenant %s: rollout state %q (%s), want done", l.Mode, l.ID, o.State, o.Error)
+		}
+		got := trips(t, l)
+		if len(got) < 2 {
+			t.Errorf("%s tenant %s: triggers ran %d times, want the BEFORE and the deferred one: %v", l.Mode, l.ID, len(got), got)
+		}
+		for _, tr := range got {
+			if tr.SessionRole != "pgt_agent_"+l.ID || tr.Privileged {
+				t.Errorf("%s tenant %s: trigger ran in a session of %s: %s", l.Mode, l.ID, tr.SessionRole, tr)
+			}
+		}
+	}
+	noneGainedPrivilege(t)
+}
+
+// plantTriggers puts a BEFORE INSERT trigger and a deferred constraint
+// trigger running pwn on the tenant's organizations table.
+func plantTriggers(t *testing.T, conn *pgx.Conn, l login) {
+	t.Helper()
+	mustExec(t, conn, fmt.Sprintf(`
+		CREATE FUNCTION %[1]s.on_insert() RETURNS trigger LANGUAGE plpgsql AS $f$
+			BEGIN PERFORM %[1]s.pwn(TG_NAME); RETURN NEW; END $f$;
+		CREATE TRIGGER before_insert BEFORE INSERT ON %[1]s.organizations FOR EACH ROW EXECUTE FUNCTION %[1]s.on_insert();
+		CREATE CONSTRAINT TRIGGER at_commit AFTER INSERT ON %[1]s.organizations DEFERRABLE INITIALLY DEFERRED
+			FOR EACH ROW EXECUTE FUNCTION %[1]s.on_insert()`, cluster.Ident(l.Schema)))
+}
+
+// TestFinding4_DatabaseSettingsCannotEvadeQuota: a database tenant cannot
+// set defaults on its database (it does not own it), and the read-only
+// default it sets on its own role does not reach the control plane, which
+// enforces its quota.
+func TestFinding4_DatabaseSettingsCannotEvadeQuota(t *testing.T) {
+	e := start(t, nil)
+	l := e.tenant(t, "database", "default")
+	conn := connect(t, l.DSN)
+	db := cluster.Ident(l.Database)
+	for _, s := range []string{"default_transaction_read_only = on", "search_path = public", "statement_timeout = 1", "lock_timeout = 1"} {
+		refused(t, conn, "42501", "ALTER DATABASE "+db+" SET "+s)
+	}
+	mustExec(t, conn, "ALTER ROLE "+cluster.Ident(l.Role)+" SET default_transaction_read_only = on")
+	state, err := enforceQuota(t, e, l, func() { mustExec(t, conn, grow2MB) })
+	if err != nil || state != catalog.QuotaEnforced {
+		t.Fatalf("quota = %s, %v; want enforced", state, err)
+	}
+	fresh := connect(t, l.DSN)
+	mustExec(t, fresh, "SET default_transaction_read_only = off")
+	refused(t, fresh, "42501", grow2MB)
+}
+
+// TestFinding5_TenantCannotBlockItsPurge: a database tenant cannot make its
+// database a template (nor close it to connections); a schema tenant's
+// large objects and default privileges do not survive, nor stop, its purge.
+func TestFinding5_TenantCannotBlockItsPurge(t *testing.T) {
+	e := start(t, nil)
+	db := e.tenant(t, "database", "default")
+	conn := connect(t, db.DSN)
+	for _, s := range []string{"IS_TEMPLATE true", "ALLOW_CONNECTIONS false", "CONNECTION LIMIT 0"} {
+		refused(t, conn, "42501", "ALTER DATABASE "+cluster.Ident(db.Database)+" WITH "+s)
+	}
+	sc := e.tenant(t, "schema", "default")
+	conn = connect(t, sc.DSN)
+	mustExec(t, conn, `SELECT lo_from_bytea(0, $1::bytea)`, []byte("secret of "+sc.ID))
+	mustExec(t, conn, `ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC`)
+	mustExec(t, conn, `ALTER DEFAULT PRIVILEGES IN SCHEMA `+cluster.Ident(sc.Schema)+` GRANT EXECUTE ON FUNCTIONS TO PUBLIC`)
+	for _, l := range []login{db, sc} {
+		e.purge(t, l.ID, jobs.Succeeded)
+		if left := leftBehind(t, l); len(left) > 0 {
+			t.Errorf("%s tenant %s: left behind by its purge: %v", l.Mode, l.ID, left)
+		}
+	}
+}
+
+// TestFinding6_NeighbourLocksCannotStallRollout: a schema tenant holding the
+// advisory lock a rollout used to take in the shared database (both keys
+// of its victim) neither fails nor blocks its neighbour's migration, with
+// transactional and NO TRANSACTION files.
+func TestFinding6_NeighbourLocksCannotStallRollout(t *testing.T) {
+	e := start(t, nil)
+	attacker := e.tenant(t, "schema", "default")
+	victim := e.tenant(t, "schema", "default")
+	conn := connect(t, attacker.DSN)
+	// The key the rollout's per-tenant lock had in the shared database: "pgt\x03", hashtext(id).
+	mustExec(t, conn, `SELECT pg_advisory_lock($1, hashtext($2))`, 0x70677403, victim.ID)
+	mustExec(t, conn, `SELECT pg_advisory_lock($1, hashtext($2))`, 0x70677403, attacker.ID)
+	e.pushVersion(t, templates.Upload{Name: "0002_col.sql", Body: `ALTER TABLE organizations ADD COLUMN note text;`})
+	v := e.pushVersion(t, templates.Upload{Name: "0003_index.sql", Body: "-- +goose NO TRANSACTION\n-- +goose Up\n" +
+		"CREATE INDEX CONCURRENTLY IF NOT EXISTS organizations_note ON organizations (note);"})
+	st := e.rollout(t, v)
+	for _, l := range []login{victim, attacker} {
+		if o := tenantOutcome(st, l.ID); o.State != catalog.RolloutTenantDone || o.Version != v {
+			t.Errorf("tenant %s: rollout state %q at version %d (%s), want done at %d", l.ID, o.State, o.Version, o.Error, v)
+		}
+	}
+}
+
+// TestFinding7_ConnectionAdmission: tenants are admitted on a cluster only
+// while their connection limits fit its connections (no overcommit): the
+// one that would not fit is refused with a clear error, and every admitted
+// tenant can open its whole limit while its neighbours hold theirs.
+func TestFinding7_ConnectionAdmission(t *testing.T) {
+	// 100 connections − 3 superuser-reserved − 20 reserved − 4 for rollouts:
+	// 73, two tenants of 30.
+	e := start(t, func(c *config.Config) {
+		c.Provision.ConnectionOvercommit = 1
+		c.Provision.ReservedConnections = 20
+		c.Tiers["thirty"] = config.Tier{ConnectionLimit: 30}
+	})
+	ctx := pgtest.Context(t)
+	a := e.tenant(t, "schema", "thirty")
+	b := e.tenant(t, "database", "thirty")
+	_, err := e.c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema", Tier: "thirty"})
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != 503 || apiErr.Code != "no_capacity" || !strings.Contains(apiErr.Message, "connection_overcommit") {
+		t.Fatalf("third tenant of 30 connections: err = %v, want 503 no_capacity naming provision.connection_overcommit", err)
+	}
+	for _, l := range []login{a, b} {
+		for i := range 30 {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			conn, err := pgx.Connect(cctx, l.DSN)
+			cancel()
+			if err != nil {
+				t.Fatalf("tenant %s, connection %d of its 30: %v", l.ID, i+1, err)
+			}
+			t.Cleanup(func() { conn.Close(context.Background()) })
+		}
+	}
+	// The control plane still gets in.
+	if _, err := e.c.Tenant(ctx, a.ID); err != nil {
+		t.Errorf("API with every tenant connection open: %v", err)
+	}
+}
+
+// TestFinding8_SessionsEndOnStandbys: suspend and drop end a tenant's
+// sessions on the standby too, and its new logins there are refused.
+func TestFinding8_SessionsEndOnStandbys(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	for _, action := range []string{"suspend", "drop"} {
+		l := e.tenant(t, "database", "default")
+		standby := onStandby(t, l.DSN)
+		var conn *pgx.Conn
+		for deadline := time.Now().Add(30 * time.Second); ; { // the role reaches the standby by replication
+			c, err := pgx.Connect(ctx, standby)
+			if err == nil {
+				conn = c
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: tenant cannot log in on the standby: %v", action, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		t.Cleanup(func() { conn.Close(context.Background()) })
+		mustExec(t, conn, `SELECT count(*) FROM organizations`)
+		var err error
+		if action == "suspend" {
+			_, err = e.c.TenantAction(ctx, l.ID, "suspend")
+		} else {
+			_, err = e.c.DropTenant(ctx, l.ID, false)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := conn.Exec(ctx, `SELECT 1`); err == nil {
+			t.Errorf("%s: the tenant's session on the standby still runs queries", action)
+		}
+		if c, err := pgx.Connect(ctx, standby); err == nil {
+			c.Close(ctx)
+			t.Errorf("%s: the tenant can still log in on the standby", action)
+		}
+	}
+}
+
+// TestFinding9_LockedTenantStalesOnlyItsOwnMetrics: a schema tenant holding
+// ACCESS EXCLUSIVE on its table makes its own size stale; the metrics pass
+// succeeds and its neighbour's size is measured.
+func TestFinding9_LockedTenantStalesOnlyItsOwnMetrics(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	locker := e.tenant(t, "schema", "default")
+	neighbour := e.tenant(t, "schema", "default")
+	conn := connect(t, locker.DSN)
+	mustExec(t, conn, `BEGIN`)
+	mustExec(t, conn, `LOCK TABLE organizations IN ACCESS EXCLUSIVE MODE`)
+
+	reg := cluster.NewRegistry()
+	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	cfg := e.cfg
+	cfg.Metrics.Interval = config.Duration(15 * time.Second)
+	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
+	col := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := col.Pass(pctx, "local"); err != nil {
+		t.Fatalf("metrics pass with a tenant holding ACCESS EXCLUSIVE: %v", err)
+	}
+	if f, err := col.Tenant(neighbour.ID); err != nil || f.SizeBytes == nil || *f.SizeBytes == 0 {
+		t.Errorf("neighbour's size not measured: %+v, %v", f, err)
+	}
+	mustExec(t, conn, `ROLLBACK`)
+}
+
+// TestFinding10_PurgeStopsAtAnotherTenantsObjects: B uses A's enum type in a
+// column (A granted it USAGE); purging A stops with B's column named and
+// B's data intact; once B's column is gone, the purge, retried, finishes.
+func TestFinding10_PurgeStopsAtAnotherTenantsObjects(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	a := e.tenant(t, "schema", "default")
+	b := e.tenant(t, "schema", "default")
+	ca, cb := connect(t, a.DSN), connect(t, b.DSN)
+	mustExec(t, ca, `GRANT USAGE ON SCHEMA `+cluster.Ident(a.Schema)+` TO `+cluster.Ident(b.Role))
+	mustExec(t, cb, `CREATE TABLE borrowed (id int, tier `+cluster.Ident(a.Schema)+`.plan_tier)`)
+	mustExec(t, cb, `INSERT INTO borrowed VALUES (1, 'pro')`)
+
+	j := e.purge(t, a.ID, jobs.Failed)
+	if !strings.Contains(j.LastError, "column tier of table "+b.Schema+".borrowed") {
+		t.Errorf("purge error does not name the dependent column: %s", j.LastError)
+	}
+	var tier string
+	if err := cb.QueryRow(ctx, `SELECT tier::text FROM borrowed WHERE id = 1`).Scan(&tier); err != nil || tier != "pro" {
+		t.Fatalf("B's column after A's refused purge: %q, %v", tier, err)
+	}
+	mustExec(t, cb, `ALTER TABLE borrowed DROP COLUMN tier`)
+	if _, err := e.c.RetryJob(ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, e.c, j.ID, jobs.Succeeded)
+	if left := leftBehind(t, a); len(left) > 0 {
+		t.Errorf("left behind by the purge: %v", left)
+	}
+	neighbourWorks(t, b)
+}
