@@ -69,11 +69,18 @@ func TestFinding1_PrewarmRunsNoTenantCode(t *testing.T) {
 	noPrivilegedTrips(t, l, isShadow)
 }
 
-// enforceQuota grows the tenant past a quota just above its size and runs
-// one metrics and quota pass; it returns the tenant's quota state.
-func enforceQuota(t *testing.T, e *env, l login, grow func()) (string, error) {
+// quotaRig runs metrics and quota passes in the test, as the daemon's
+// collector does, over a tier of the tenant's own whose quota is 1 MB
+// above the tenant's size when the rig is made (no grace).
+type quotaRig struct {
+	store *catalog.Store
+	col   *metrics.Collector
+	id    string
+	now   time.Time
+}
+
+func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
 	t.Helper()
-	ctx := pgtest.Context(t)
 	reg := cluster.NewRegistry()
 	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
 	if err != nil {
@@ -85,29 +92,54 @@ func enforceQuota(t *testing.T, e *env, l login, grow func()) (string, error) {
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
 	probe := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
-	if err := probe.Pass(ctx, "local"); err != nil {
+	if err := probe.Pass(pgtest.Context(t), "local"); err != nil {
 		t.Fatal(err)
 	}
 	f, err := probe.Tenant(l.ID)
 	if err != nil || f.SizeBytes == nil {
 		t.Fatalf("no size for %s: %v", l.ID, err)
 	}
-	tier := cfg.Tiers["default"]
-	tier.StorageQuota = config.ByteSize(*f.SizeBytes + 1<<20) // no grace: enforced at once
-	cfg.Tiers = map[string]config.Tier{"default": tier}
-	grow()
+	tier := cfg.Tiers[l.Tier]
+	tier.StorageQuota = config.ByteSize(*f.SizeBytes + 1<<20)
+	cfg.Tiers = map[string]config.Tier{"default": cfg.Tiers["default"], l.Tier: tier}
+	q := &quotaRig{store: e.store, id: l.ID, now: time.Now()}
 	svc := &quota.Service{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
-	col := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Quota: svc,
-		Now: func() time.Time { return time.Now().Add(time.Minute) }}
-	err = col.Pass(ctx, "local")
-	q, qerr := e.store.GetQuota(ctx, l.ID)
-	if qerr != nil {
-		t.Fatal(qerr)
-	}
-	return q.State, err
+	q.col = &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Quota: svc,
+		Now: func() time.Time { return q.now }}
+	return q
 }
 
-const grow2MB = `INSERT INTO organizations (name, slug) SELECT repeat(md5(g::text), 32), 'g' || g FROM generate_series(1, 2000) g`
+// until runs passes (a minute apart on the rig's clock) until the tenant's
+// quota state is want, at most three: a pass that times out on the
+// tenant's locks ends its sessions at the next. It returns the state and
+// the last pass's error.
+func (q *quotaRig) until(t *testing.T, want string) (string, error) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	var state string
+	var err error
+	for range 3 {
+		q.now = q.now.Add(time.Minute)
+		err = q.col.Pass(ctx, "local")
+		st, qerr := q.store.GetQuota(ctx, q.id)
+		if qerr != nil {
+			t.Fatal(qerr)
+		}
+		if state = st.State; state == want {
+			return state, err
+		}
+	}
+	return state, err
+}
+
+// grow2MB writes about 2 MB that do not compress (random hex) into the
+// tenant's organizations. Every name is qualified: a hostile tenant's
+// shadows would take its own unqualified calls too.
+func grow2MB(l login) string {
+	return fmt.Sprintf(`INSERT INTO %s.organizations (name, slug)
+		SELECT (SELECT pg_catalog.string_agg(pg_catalog.md5(pg_catalog.random()::text), '') FROM pg_catalog.generate_series(1, 64) i),
+		       pg_catalog.concat('g', g) FROM pg_catalog.generate_series(1, 2000) g`, cluster.Ident(l.Schema))
+}
 
 // TestFinding2_QuotaCheckRunsNoTenantCode: the check after enforcing a quota
 // (unnest($3::text[])) never calls a tenant's public.unnest(text[]); the
@@ -118,8 +150,9 @@ func TestFinding2_QuotaCheckRunsNoTenantCode(t *testing.T) {
 	conn := connect(t, l.DSN)
 	plantPayload(t, conn, l)
 	shadowUnnest(t, conn, l)
-	state, err := enforceQuota(t, e, l, func() { mustExec(t, conn, grow2MB) })
-	if err != nil || state != catalog.QuotaEnforced {
+	rig := newQuotaRig(t, e, l)
+	mustExec(t, conn, grow2MB(l))
+	if state, err := rig.until(t, catalog.QuotaEnforced); err != nil || state != catalog.QuotaEnforced {
 		t.Errorf("quota = %s, %v; want enforced", state, err)
 	}
 	noneGainedPrivilege(t)
@@ -186,13 +219,15 @@ func TestFinding4_DatabaseSettingsCannotEvadeQuota(t *testing.T) {
 		refused(t, conn, "42501", "ALTER DATABASE "+db+" SET "+s)
 	}
 	mustExec(t, conn, "ALTER ROLE "+cluster.Ident(l.Role)+" SET default_transaction_read_only = on")
-	state, err := enforceQuota(t, e, l, func() { mustExec(t, conn, grow2MB) })
-	if err != nil || state != catalog.QuotaEnforced {
+	rig := newQuotaRig(t, e, l)
+	mustExec(t, conn, `SET default_transaction_read_only = off`)
+	mustExec(t, conn, grow2MB(l))
+	if state, err := rig.until(t, catalog.QuotaEnforced); err != nil || state != catalog.QuotaEnforced {
 		t.Fatalf("quota = %s, %v; want enforced", state, err)
 	}
 	fresh := connect(t, l.DSN)
 	mustExec(t, fresh, "SET default_transaction_read_only = off")
-	refused(t, fresh, "42501", grow2MB)
+	refused(t, fresh, "42501", grow2MB(l))
 }
 
 // TestFinding5_TenantCannotBlockItsPurge: a database tenant cannot make its

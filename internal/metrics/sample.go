@@ -52,9 +52,31 @@ const (
 		GROUP BY usename, state`
 	// Sizes stat every file of a database: only the tenants whose turn it is.
 	databaseSizesSQL = `SELECT datname, pg_database_size(oid) FROM pg_database WHERE datname = ANY($1)`
-	schemaSizesSQL   = `
-		SELECT n.nspname, coalesce(pg_catalog.sum(pg_catalog.pg_total_relation_size(c.oid)), 0)::bigint
-		FROM pg_catalog.pg_namespace n LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relkind IN ('r', 'm', 'S')
+	// A schema's size from its relations' files (main fork and segments,
+	// free space and visibility maps, TOAST and indexes included: what
+	// pg_total_relation_size adds up), stat'ed without opening the
+	// relations: pg_total_relation_size takes ACCESS SHARE on each, and a
+	// tenant holding ACCESS EXCLUSIVE on its own table would keep its size,
+	// and so its quota, from ever being measured.
+	schemaSizesSQL = `
+		WITH RECURSIVE rels AS (
+			SELECT n.nspname, c.oid FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
+			WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'm', 'S', 'i', 't')
+			UNION ALL
+			SELECT n.nspname, x.oid FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
+			JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid OR x.oid IN (SELECT i.indexrelid FROM pg_catalog.pg_index i WHERE i.indrelid = c.reltoastrelid AND c.reltoastrelid <> 0)
+			WHERE n.nspname = ANY($1) AND c.reltoastrelid <> 0
+		),
+		files (nspname, path, seg, size) AS (
+			SELECT r.nspname, p.path || f.suffix, 0, (pg_catalog.pg_stat_file(p.path || f.suffix, true)).size
+			FROM rels r, LATERAL (SELECT pg_catalog.pg_relation_filepath(r.oid) AS path) p, (VALUES (''), ('_fsm'), ('_vm'), ('_init')) f (suffix)
+			WHERE p.path IS NOT NULL
+			UNION ALL
+			SELECT nspname, path, seg + 1, (pg_catalog.pg_stat_file(path || '.' || (seg + 1), true)).size
+			FROM files WHERE size >= 1073741824
+		)
+		SELECT n.nspname, coalesce(pg_catalog.sum(f.size), 0)::bigint
+		FROM pg_catalog.pg_namespace n LEFT JOIN files f ON f.nspname = n.nspname
 		WHERE n.nspname = ANY($1) GROUP BY n.nspname`
 	// Relation files under base/ (superuser or pg_read_server_files).
 	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
@@ -234,16 +256,15 @@ func sizes(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, 
 	return ctx.Err()
 }
 
-// sizeLockTimeout bounds the wait for a relation's lock while measuring a
-// schema tenant's size (pg_total_relation_size takes ACCESS SHARE on each
-// relation): a tenant holding ACCESS EXCLUSIVE on its own table makes only
-// its own size stale, retried alone by sizes, never the pass fail.
-const sizeLockTimeout = 200 * time.Millisecond
+// sizeTimeout bounds one size query: a batch that takes longer is retried
+// tenant by tenant (sizes), so that whatever one tenant does makes only its
+// own size stale, never the pass fail.
+const sizeTimeout = 10 * time.Second
 
 func sizeBatch(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, byPhysical map[string]catalog.MetricTenant, out map[string]int64) error {
 	got := map[string]int64{}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", sizeLockTimeout.Milliseconds())); err != nil {
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d", sizeTimeout.Milliseconds())); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, sql, names)

@@ -309,12 +309,14 @@ func (m *tenantMove) applyInTx(ctx context.Context, sess *sandbox.Session, seg s
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
+	// The marker is read before the search path moves to the tenant's
+	// schema, where its own operators are.
 	results, err := pc.Exec(ctx, fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; %s; %s",
-		m.s.Config.Migrate.LockTimeout.D().Milliseconds(), m.roleSQL(true), m.markerQuery())).ReadAll()
+		m.s.Config.Migrate.LockTimeout.D().Milliseconds(), m.markerQuery(), m.roleSQL(true))).ReadAll()
 	if err != nil {
 		return cluster.Classify(err)
 	}
-	last := results[len(results)-1]
+	last := results[2]
 	var comment *string
 	if len(last.Rows) > 0 && last.Rows[0][0] != nil {
 		c := string(last.Rows[0][0])

@@ -204,6 +204,12 @@ func (s *Service) unlock(ctx context.Context, cl *cluster.Cluster, u metrics.Usa
 	if err != nil {
 		return err
 	}
+	if rec.LockTimedOut {
+		// As in lock: the last attempt timed out on the tenant's own locks.
+		if err := cluster.TerminateSessions(ctx, admin, role); err != nil {
+			return err
+		}
+	}
 	if u.Mode == "database" {
 		if _, err := admin.Exec(ctx, fmt.Sprintf(`GRANT CREATE, TEMPORARY ON DATABASE %s TO %s`,
 			cluster.Ident(u.Database), cluster.Ident(role))); err != nil {
