@@ -2,13 +2,17 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -33,8 +37,10 @@ import (
 //     idle_in_transaction_session_timeout, as PostgreSQL itself does in a
 //     session that kept the default.
 //
-// Each action is an event in the tenant's history and counted in
-// pgtenant_statements_capped_total.
+// Every settingsEvery intervals it also puts back, on each primary, the
+// tier's role defaults that tenants changed (RestoreSettings), so that new
+// sessions start with them again. Each action is an event in the tenant's
+// history and counted in pgtenant_statements_capped_total.
 //
 // work_mem SET in a session cannot be seen from outside: it is a soft limit,
 // and a tenant can give its own sorts and hashes more memory. What bounds
@@ -74,21 +80,38 @@ const terminateAfter = 5 * time.Second
 // capper's events are the overrides only.
 const timeoutMargin = 500 * time.Millisecond
 
-// nodeTimeout bounds one node check.
-const nodeTimeout = 10 * time.Second
+// settingsEvery is how many cap intervals pass between two settings passes
+// (30 s at the default cap_interval of 1 s). Role defaults only apply to
+// sessions that start later, and every session is held by the node checks
+// from its first statement whatever it SETs, so the pass need not be fast;
+// it reads one row per tenant role and writes only what a tenant changed.
+const settingsEvery = 30
+
+// nodeTimeout bounds one node check, settingsTimeout one settings pass.
+const (
+	nodeTimeout     = 10 * time.Second
+	settingsTimeout = time.Minute
+)
+
+// restoreLockTimeout bounds the settings pass's wait on a tenant's role
+// settings row: a tenant transaction that changed its own role holds the
+// row until it ends; the pass tries again next time.
+const restoreLockTimeout = 2 * time.Second
 
 // Events the capper adds to a tenant's history.
 const (
 	EventStatementCancelled = "statement_cancelled"            // a statement over its tier's cap
 	EventSessionTerminated  = "session_terminated"             // ... still running terminateAfter later
 	EventIdleTerminated     = "idle_in_transaction_terminated" // idle in a transaction past the tier's limit
+	EventSettingRestored    = "tier_setting_restored"          // a role default the tenant changed, put back
 )
 
 // Register adds the capper's counter (pgtenant_statements_capped_total) to reg.
 func (c *Capper) Register(reg prometheus.Registerer) {
 	c.actions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgtenant_statements_capped_total",
 		Help: "Tenant limits enforced from outside, by action: cancel and terminate (a statement over its tier's statement_cap, " +
-			"else statement_timeout), idle_terminate (idle in a transaction past the tier's limit)."},
+			"else statement_timeout), idle_terminate (idle in a transaction past the tier's limit), setting_restore " +
+			"(role defaults a tenant changed, put back)."},
 		[]string{"cluster", "action"})
 	reg.MustRegister(c.actions)
 }
@@ -143,13 +166,21 @@ func (c *Capper) thresholds() (stmt, idle time.Duration) {
 }
 
 // enforces reports whether any tier gives the capper something to hold
-// tenants to: a statement cap or timeout, or an idle limit.
+// tenants to: a statement cap or timeout, an idle limit, or role defaults.
 func (c *Capper) enforces() bool {
-	stmt, idle := c.thresholds()
-	return stmt > 0 || idle > 0
+	if stmt, idle := c.thresholds(); stmt > 0 || idle > 0 {
+		return true
+	}
+	for _, t := range c.Config.Tiers {
+		if len(tenant.RoleSettings(t)) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
-// Run checks every node of every cluster each cap interval until ctx is done.
+// Run checks every node of every cluster each cap interval, and every
+// cluster's role settings every settingsEvery intervals, until ctx is done.
 // With no tier limit to enforce it only waits.
 func (c *Capper) Run(ctx context.Context) error {
 	if !c.enforces() {
@@ -160,11 +191,17 @@ func (c *Capper) Run(ctx context.Context) error {
 	defer w.wg.Wait() // after the ticker stops: the checks in flight end with ctx
 	t := time.NewTicker(c.Config.Metrics.CapInterval.D())
 	defer t.Stop()
-	for {
+	for tick := 0; ; tick++ {
 		for _, cl := range c.Clusters.All() {
 			for _, node := range cl.Nodes() {
 				c.spawn(ctx, &w, cl.Name(), node, nodeTimeout, func(ctx context.Context) error {
 					_, err := c.CheckNode(ctx, cl, node)
+					return err
+				})
+			}
+			if tick%settingsEvery == 0 {
+				c.spawn(ctx, &w, cl.Name(), "settings", settingsTimeout, func(ctx context.Context) error {
+					_, err := c.RestoreSettings(ctx, cl)
 					return err
 				})
 			}
@@ -177,8 +214,8 @@ func (c *Capper) Run(ctx context.Context) error {
 	}
 }
 
-// inFlight tracks the checks running: each node of a cluster is checked by
-// one goroutine at a time, so a node
+// inFlight tracks the checks running: each node of a cluster, and each
+// cluster's settings pass, is checked by one goroutine at a time, so a node
 // that does not answer (a standby that is down) holds up only its own
 // checks, which are skipped until the one in flight gives up. A check that
 // fails is logged once, when it starts failing.
@@ -381,4 +418,198 @@ func (c *Capper) forget(now time.Time) {
 			delete(c.canceled, k)
 		}
 	}
+}
+
+// SettingChange is one role default the settings pass put back, as its
+// event records it.
+type SettingChange struct {
+	Setting  string `json:"setting"`
+	Database string `json:"database,omitempty"` // set with ALTER ROLE … IN DATABASE (always reset)
+	Found    string `json:"found"`              // the tenant's value
+	Tier     string `json:"tier,omitempty"`     // the tier's value put back ("": reset, the tier sets none)
+}
+
+// roleSettings are one tenant role's defaults for the tier parameters:
+// its own (ALTER ROLE … SET) and per database (ALTER ROLE … IN DATABASE … SET).
+type roleSettings struct {
+	own  map[string]string
+	inDB map[string]map[string]string
+}
+
+// The settings pass's read: every tenant role with its settings, one row
+// per role and per database it has settings in.
+const roleSettingsSQL = `
+	SELECT r.rolname, coalesce(d.datname, ''), coalesce(s.setdatabase, 0) <> 0, coalesce(s.setconfig, '{}')
+	FROM pg_catalog.pg_roles r
+	LEFT JOIN pg_catalog.pg_db_role_setting s ON s.setrole = r.oid
+	LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
+	WHERE r.rolname LIKE 't\_%'`
+
+// RestoreSettings puts back, on one cluster's primary (pg_db_role_setting
+// replicates to the standbys), the tier's role defaults that tenants
+// changed: a tier parameter (tenant.TierParameters) whose value on the
+// tenant's role differs from what its tier sets (tenant.RoleSettings; a
+// parameter the tier does not set must be absent) is set back or reset, and
+// a tier parameter set for the role IN DATABASE (which would override the
+// role's own default) is reset. Other settings (a schema tenant's
+// search_path) are left alone. Each tenant restored gets a
+// tier_setting_restored event; it returns how many were.
+//
+// Only tenants that can have changed their role are looked at (active,
+// suspended, dropped), and of a tier the configuration knows: one whose
+// tier was removed from it keeps its settings rather than lose every limit.
+func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int, error) {
+	// The catalog first: a claim changes the spare's role on the cluster
+	// before its catalog transaction commits, so a tenant read here as
+	// active already has its tier's settings there.
+	ts, err := c.Store.MetricTenants(ctx, cl.Name())
+	if err != nil {
+		return 0, err
+	}
+	tiers := map[string]string{}
+	for _, t := range ts {
+		switch t.State {
+		case catalog.StateActive, catalog.StateSuspended, catalog.StateDropped:
+			if _, ok := c.Config.Tiers[t.Tier]; ok {
+				tiers[t.ID] = t.Tier
+			}
+		}
+	}
+	if len(tiers) == 0 {
+		return 0, nil
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	roles, err := readRoleSettings(ctx, admin)
+	if err != nil {
+		return 0, fmt.Errorf("read role settings of %s: %w", cl.Name(), err)
+	}
+	ids := make([]string, 0, len(roles))
+	for id := range roles {
+		if _, ok := tiers[id]; ok {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	restored, failed := 0, 0
+	var first error
+	for _, id := range ids {
+		tierName := tiers[id]
+		sql, changes := restoreSQL(tenant.PhysicalName(id), roles[id], tenant.RoleSettings(c.Config.Tiers[tierName]))
+		if len(changes) == 0 {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+			lt := fmt.Sprintf("SET LOCAL lock_timeout = %s", cluster.Literal(fmt.Sprintf("%dms", restoreLockTimeout.Milliseconds())))
+			if _, err := tx.Exec(ctx, lt); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+		if err = cluster.Classify(err); errors.Is(err, cluster.ErrNotFound) {
+			continue // the role was purged meanwhile
+		} else if err != nil {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("restore role settings of tenant %s: %w", id, err)
+			}
+			continue
+		}
+		restored++
+		c.count(cl.Name(), "setting_restore")
+		if err := c.Store.AddEvent(ctx, c.Store.Pool(), id, EventSettingRestored,
+			map[string]any{"tier": tierName, "settings": changes}); err != nil {
+			c.log().Warn("record capper event", "tenant", id, "event", EventSettingRestored, "err", err)
+		}
+		c.log().Info("tier settings put back", "tenant", id, "cluster", cl.Name(), "settings", len(changes))
+	}
+	if failed > 0 {
+		return restored, fmt.Errorf("%d of the tenants to restore failed (tried again next pass); first: %w", failed, first)
+	}
+	return restored, nil
+}
+
+// readRoleSettings reads the tier parameters every tenant role has set, by
+// tenant id (every tenant role is there, settings or not).
+func readRoleSettings(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (map[string]roleSettings, error) {
+	rows, err := q.Query(ctx, roleSettingsSQL)
+	if err != nil {
+		return nil, cluster.Classify(err)
+	}
+	defer rows.Close()
+	out := map[string]roleSettings{}
+	for rows.Next() {
+		var role, db string
+		var inDB bool
+		var setconfig []string
+		if err := rows.Scan(&role, &db, &inDB, &setconfig); err != nil {
+			return nil, err
+		}
+		id, ok := tenant.IDFromPhysical(role) // not the agents (pgt_agent_<id>)
+		if !ok {
+			continue
+		}
+		rs, ok := out[id]
+		if !ok {
+			rs = roleSettings{own: map[string]string{}, inDB: map[string]map[string]string{}}
+			out[id] = rs
+		}
+		set := rs.own
+		if inDB {
+			if db == "" {
+				continue // its database is being dropped
+			}
+			set = map[string]string{}
+			rs.inDB[db] = set
+		}
+		for _, kv := range setconfig {
+			k, v, _ := strings.Cut(kv, "=")
+			k = strings.ToLower(k)
+			for _, p := range tenant.TierParameters {
+				if k == p {
+					set[k] = v
+				}
+			}
+		}
+	}
+	return out, cluster.Classify(rows.Err())
+}
+
+// restoreSQL returns the statements that give role the tier's settings
+// back, and what they change (nothing when it has them).
+func restoreSQL(role string, have roleSettings, want map[string]string) (string, []SettingChange) {
+	var b strings.Builder
+	var changes []SettingChange
+	r := cluster.Ident(role)
+	for _, p := range tenant.TierParameters {
+		got, has := have.own[p]
+		w, wants := want[p]
+		switch {
+		case wants && (!has || !tenant.SameSetting(p, got, w)):
+			fmt.Fprintf(&b, "ALTER ROLE %s SET %s = %s;\n", r, cluster.Ident(p), cluster.Literal(w))
+			changes = append(changes, SettingChange{Setting: p, Found: got, Tier: w})
+		case !wants && has:
+			fmt.Fprintf(&b, "ALTER ROLE %s RESET %s;\n", r, cluster.Ident(p))
+			changes = append(changes, SettingChange{Setting: p, Found: got})
+		}
+	}
+	dbs := make([]string, 0, len(have.inDB))
+	for db := range have.inDB {
+		dbs = append(dbs, db)
+	}
+	sort.Strings(dbs)
+	for _, db := range dbs {
+		for _, p := range tenant.TierParameters {
+			if got, has := have.inDB[db][p]; has {
+				fmt.Fprintf(&b, "ALTER ROLE %s IN DATABASE %s RESET %s;\n", r, cluster.Ident(db), cluster.Ident(p))
+				changes = append(changes, SettingChange{Setting: p, Database: db, Found: got, Tier: want[p]})
+			}
+		}
+	}
+	return b.String(), changes
 }

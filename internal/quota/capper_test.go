@@ -24,6 +24,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/quota"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // standbyDSN is a tenant's DSN pointed at the package cluster's standby.
@@ -182,6 +183,111 @@ func TestCapper_TerminatesIdleTransactions(t *testing.T) {
 	if d["node"] != "primary" || d["idle_in_transaction_session_timeout"] != "1s" || d["pid"] != float64(pid) {
 		t.Errorf("event detail = %v, want pid %d on the primary, limit 1s", d, pid)
 	}
+}
+
+// TestCapper_PutsBackRoleSettings: the tier parameters a tenant changes on
+// its own role (ALTER ROLE … SET, and IN DATABASE) are put back by the
+// settings pass, so that new sessions start with the tier's limits again;
+// its other settings and its agent role are left alone.
+func TestCapper_PutsBackRoleSettings(t *testing.T) {
+	c, store, _ := start(t, func(cfg *config.Config) {
+		cfg.Tiers["timeout"] = config.Tier{ConnectionLimit: 5, StatementTimeout: config.Duration(time.Second), WorkMem: 4 << 20}
+		cfg.Metrics.CapInterval = config.Duration(100 * time.Millisecond) // a settings pass every 3 s
+	})
+	ctx := pgtest.Context(t)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Tier: "timeout"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, role := r.Tenant.ID, tenant.PhysicalName(r.Tenant.ID)
+	conn := connect(t, r.DSN)
+	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET statement_timeout = 0`)
+	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET work_mem = '1GB'`)
+	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET idle_in_transaction_session_timeout = '1h'`) // the tier sets none
+	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET application_name = 'mine'`)                  // not a tier parameter
+	mustExec(t, conn, `ALTER ROLE CURRENT_USER IN DATABASE `+cluster.Ident(r.Tenant.Database)+` SET statement_timeout = '1h'`)
+	admin := pg.Conn(t, "postgres")
+	agent := cluster.Ident(tenant.AgentRole(id))
+	if _, err := admin.Exec(ctx, `ALTER ROLE `+agent+` SET statement_timeout = 0`); err != nil {
+		t.Fatal(err)
+	}
+
+	settings := func() (own, inDB []string) {
+		t.Helper()
+		err := admin.QueryRow(ctx, `SELECT
+			coalesce((SELECT setconfig FROM pg_db_role_setting WHERE setrole = $1::regrole AND setdatabase = 0), '{}'),
+			coalesce((SELECT setconfig FROM pg_db_role_setting WHERE setrole = $1::regrole AND setdatabase <> 0), '{}')`, role).
+			Scan(&own, &inDB)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return own, inDB
+	}
+	want := []string{"statement_timeout=1000ms", "work_mem=4096kB", "application_name=mine"}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		own, inDB := settings()
+		if sameSet(own, want) && len(inDB) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("role settings after 30 s: %v, in its database %v; want %v and none", own, inDB, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// A new session starts with the tier's limits.
+	fresh := connect(t, r.DSN)
+	var timeout, workMem, idle string
+	if err := fresh.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('work_mem'),
+		current_setting('idle_in_transaction_session_timeout')`).Scan(&timeout, &workMem, &idle); err != nil {
+		t.Fatal(err)
+	}
+	if timeout != "1s" || workMem != "4MB" || idle != "0" {
+		t.Errorf("new session: statement_timeout=%s work_mem=%s idle_in_transaction_session_timeout=%s, want 1s, 4MB, 0", timeout, workMem, idle)
+	}
+
+	d := waitEvent(t, store, id, quota.EventSettingRestored, nil)
+	b, _ := json.Marshal(d["settings"])
+	var changes []quota.SettingChange
+	if err := json.Unmarshal(b, &changes); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []quota.SettingChange{
+		{Setting: "statement_timeout", Found: "0", Tier: "1000ms"},
+		{Setting: "work_mem", Found: "1GB", Tier: "4096kB"},
+		{Setting: "idle_in_transaction_session_timeout", Found: "1h"},
+		{Setting: "statement_timeout", Database: r.Tenant.Database, Found: "1h", Tier: "1000ms"},
+	} {
+		found := false
+		for _, ch := range changes {
+			found = found || ch == want
+		}
+		if !found {
+			t.Errorf("event %s: missing %+v", b, want)
+		}
+	}
+	var agentSettings []string
+	if err := admin.QueryRow(ctx, `SELECT setconfig FROM pg_db_role_setting WHERE setrole = $1::regrole AND setdatabase = 0`,
+		tenant.AgentRole(id)).Scan(&agentSettings); err != nil || !sameSet(agentSettings, []string{"statement_timeout=0"}) {
+		t.Errorf("agent role settings = %v, %v; want its own left alone", agentSettings, err)
+	}
+}
+
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	m := map[string]bool{}
+	for _, s := range a {
+		m[s] = true
+	}
+	for _, s := range b {
+		if !m[s] {
+			return false
+		}
+	}
+	return true
 }
 
 // syncBuffer is a log destination safe for concurrent writes.
