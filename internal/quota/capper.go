@@ -32,7 +32,10 @@ import (
 //   - cancels a statement that has run longer than its tier's cap
 //     (tenant.StatementCap: statement_cap, else statement_timeout), and
 //     terminates its session if it still runs terminateAfter later (a cancel
-//     can be ignored while a backend waits in some system calls);
+//     can be ignored while a backend waits in some system calls). A
+//     statement's time counts from pg_stat_activity.query_start, so a
+//     string of several statements sent as one query is capped as a whole
+//     (PostgreSQL's statement_timeout times each of them);
 //   - terminates a session idle in a transaction for longer than its tier's
 //     idle_in_transaction_session_timeout, as PostgreSQL itself does in a
 //     session that kept the default.
