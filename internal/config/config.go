@@ -125,7 +125,10 @@ type JobsConfig struct {
 	MaxBackoff  Duration `yaml:"max_backoff"`
 }
 
-// Tier is a set of limits applied to a tenant's role.
+// Tier is a set of limits applied to a tenant's role. The timeouts and
+// work_mem are role defaults a tenant can SET away; the capper
+// (internal/quota) holds it to the timeouts from outside and puts back the
+// role defaults it changes (README, "Tiers").
 type Tier struct {
 	ConnectionLimit                 int      `yaml:"connection_limit"`
 	StatementTimeout                Duration `yaml:"statement_timeout"`
@@ -140,7 +143,8 @@ type Tier struct {
 	StorageQuota ByteSize `yaml:"storage_quota"`
 	StorageGrace Duration `yaml:"storage_grace"`
 	// StatementCap: statements running longer are cancelled from outside,
-	// whatever statement_timeout the tenant SETs (0 = none).
+	// whatever statement_timeout the tenant SETs (0 = none: then the
+	// StatementTimeout is enforced from outside instead).
 	StatementCap Duration `yaml:"statement_cap"`
 }
 
@@ -207,7 +211,9 @@ type MetricsConfig struct {
 	// TopTenants bounds the per-tenant series on /metrics: the N most active
 	// tenants plus the opted-in ones.
 	TopTenants int `yaml:"top_tenants"`
-	// CapInterval between statement cap checks (only when a tier has a cap).
+	// CapInterval between two capper checks of every node (statements over
+	// their tier's cap or statement_timeout, transactions idle too long);
+	// the tenants' role settings are checked every 30 of them.
 	CapInterval Duration `yaml:"cap_interval"`
 }
 

@@ -67,6 +67,11 @@ type Facts struct {
 	PurgesDay   int                   // tenant purges finished on this cluster in the last 24 hours
 	Spares      map[string]int        // spares by mode
 
+	TenantsByTier      map[string]int // claimed tenants on this cluster (provisioning, active, suspended, dropped) by tier
+	ConnectionLimits   map[string]int // each configured tier's connection_limit (-1: unlimited)
+	Overcommit         float64        // provision.connection_overcommit (0: admission off)
+	RolloutConnections int            // migrate.per_cluster
+
 	BatchLocks     int   // provision.batch_locks
 	PurgeBatch     int   // drop.batch_relations
 	WALLogMaxSize  int64 // provision.wal_log_max_size
@@ -108,6 +113,7 @@ func maxBackends(s func(string) int64) int64 {
 func Checks(f Facts) []Check {
 	out := []Check{locks(f)}
 	out = append(out, standbySettings(f)...)
+	out = append(out, connections(f))
 	out = append(out, replication(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
 	return out
 }
@@ -188,6 +194,81 @@ func standbySettings(f Facts) []Check {
 		out = append(out, c)
 	}
 	return out
+}
+
+// minReserved is the superuser_reserved_connections the connections check
+// wants: pgtenant's admin sessions (on the primary: its pool, the capper's
+// checks, suspend and lock-out) must get in when tenants fill the server.
+const minReserved = 5
+
+// connections: the connection limits of the cluster's tenants against what
+// admission promises them, and the superuser reserve.
+func connections(f Facts) Check {
+	c := Check{Name: "connections", Why: "Each tenant may open up to its tier's connection_limit sessions. Admission " +
+		"(provision.connection_overcommit) places a tenant on a cluster only while its tenants' limits add up to at most " +
+		"(max_connections − superuser_reserved_connections − migrate.per_cluster) × overcommit, so that busy tenants " +
+		"cannot take the connections promised to others or to rollouts. Limits that add up to more (overcommit lowered, " +
+		"or a tier's connection_limit raised, after tenants were admitted: tenants already placed keep their role's " +
+		"limit) let tenants fill the server, and then everyone gets \"too many connections\" before reaching their own " +
+		"limit. superuser_reserved_connections are the slots left to superusers when the rest are taken: pgtenant's " +
+		"admin sessions (a superuser's: the statement capper, suspend, lock-out, its checks) need them exactly when " +
+		"tenants fill the server."}
+	maxConns, reserved := f.int("max_connections"), f.int("superuser_reserved_connections")
+	if maxConns < 0 || reserved < 0 {
+		c.Status, c.Got = Unknown, "max_connections or superuser_reserved_connections not readable"
+		return c
+	}
+	cc := tenant.Connections{MaxConnections: int(maxConns), Reserved: int(reserved), Rollout: f.RolloutConnections}
+	tenants := 0
+	for tier, n := range f.TenantsByTier {
+		cc.Used += n * tenant.Share(f.ConnectionLimits[tier], cc.MaxConnections)
+		tenants += n
+	}
+	overcommit := f.Overcommit
+	times := fmt.Sprintf("provision.connection_overcommit=%g", overcommit)
+	if overcommit == 0 {
+		overcommit, times = 1, "1 (admission off: provision.connection_overcommit=0)"
+	}
+	capacity := cc.Capacity(overcommit)
+	pct := math.Inf(1)
+	if capacity > 0 {
+		pct = float64(cc.Used) / float64(capacity) * 100
+	} else if cc.Used == 0 {
+		pct = 0
+	}
+	c.Got = fmt.Sprintf("%d tenants whose connection limits add up to %d of %d (%.0f%%) = (max_connections=%d − "+
+		"superuser_reserved_connections=%d − migrate.per_cluster=%d) × %s",
+		tenants, cc.Used, capacity, pct, maxConns, reserved, f.RolloutConnections, times)
+	c.Want = fmt.Sprintf("connection limits within 90%% of that, superuser_reserved_connections >= %d", minReserved)
+	// The max_connections at which the tenants' limits would be within 90% of capacity.
+	wantMax := int(math.Ceil(float64(cc.Used)/overcommit/0.9)) + int(reserved) + f.RolloutConnections
+	var fixes []string
+	c.Status = OK
+	switch {
+	case f.Overcommit == 0 && pct > 100:
+		c.Status = Warn
+		fixes = append(fixes, fmt.Sprintf("admission is off and the limits exceed the server's connections: set "+
+			"provision.connection_overcommit (1: no overcommit), or raise max_connections to %d on the primary and every "+
+			"standby (ALTER SYSTEM; restart, standbys first)", wantMax))
+	case f.Overcommit == 0:
+	case pct > 100:
+		c.Status = Fail
+		fixes = append(fixes, fmt.Sprintf("ALTER SYSTEM SET max_connections = %d on the primary and every standby, then "+
+			"restart them (standbys first), or move tenants to another cluster; new tenants are refused here meanwhile", wantMax))
+	case pct > 90:
+		c.Status = Warn
+		fixes = append(fixes, fmt.Sprintf("new tenants will soon be refused here: add a cluster, or ALTER SYSTEM SET "+
+			"max_connections = %d on the primary and every standby and restart them (standbys first)", wantMax))
+	}
+	if reserved < minReserved {
+		if c.Status == OK {
+			c.Status = Warn
+		}
+		fixes = append(fixes, fmt.Sprintf("ALTER SYSTEM SET superuser_reserved_connections = %d and restart (the reserve "+
+			"counts within max_connections: raise that by %d too to keep the tenants' share)", minReserved, minReserved-reserved))
+	}
+	c.Fix = strings.Join(fixes, "; ")
+	return c
 }
 
 // replication: wal_level and standbys.

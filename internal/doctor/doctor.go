@@ -1,6 +1,7 @@
 // Package doctor checks each cluster against what a tenant fleet needs and
 // says why and what to set: the lock table against the largest template and
-// pgtenant's batches (and standbys against their primary), files and the
+// pgtenant's batches (and standbys against their primary), the tenants'
+// connection limits against the server's connections, files and the
 // open-file limit, replication, the prewarm extensions, autovacuum with many
 // databases, forced checkpoints, disk space against growth, and, before
 // PostgreSQL 15, the statistics temp directory. It only reads: the cluster's
@@ -56,7 +57,7 @@ type ClusterReport struct {
 }
 
 // settings the checks read (base units, as pg_settings.setting).
-var settings = []string{"max_connections", "max_locks_per_transaction", "max_prepared_transactions",
+var settings = []string{"max_connections", "superuser_reserved_connections", "max_locks_per_transaction", "max_prepared_transactions",
 	"autovacuum_max_workers", "max_worker_processes", "max_wal_senders", "max_files_per_process", "wal_level",
 	"autovacuum", "autovacuum_naptime", "checkpoint_timeout", "max_wal_size", "data_directory", "stats_temp_directory",
 	"shared_preload_libraries"}
@@ -108,7 +109,11 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		Files: info.RelationFiles, Extensions: info.Extensions, Settings: map[string]string{}, OpenFilesLimit: -1,
 		CheckpointsTimed: info.CheckpointsTimed, CheckpointsRequested: info.CheckpointsRequested,
 		BatchLocks: d.Config.Provision.BatchLocks, PurgeBatch: d.Config.Drop.BatchRelations,
-		WALLogMaxSize: int64(d.Config.Provision.WALLogMaxSize)}
+		WALLogMaxSize: int64(d.Config.Provision.WALLogMaxSize), ConnectionLimits: map[string]int{},
+		Overcommit: d.Config.Provision.ConnectionOvercommit, RolloutConnections: d.Config.Migrate.PerCluster}
+	for name, t := range d.Config.Tiers {
+		f.ConnectionLimits[name] = t.ConnectionLimit
+	}
 	for _, s := range info.Standbys {
 		if s.State != "down" {
 			f.Streaming++
@@ -147,6 +152,11 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 	if f.Spares, err = d.Store.SpareCounts(ctx, cl.Name()); err != nil {
 		return f, err
 	}
+	byCluster, err := d.Store.TierCounts(ctx)
+	if err != nil {
+		return f, err
+	}
+	f.TenantsByTier = byCluster[cl.Name()]
 	if f.TenantBytesNow, f.TenantBytesDay, f.GrowthTenants, err = d.Store.SizeGrowth(ctx, cl.Name(), 24*time.Hour); err != nil {
 		return f, err
 	}

@@ -4,22 +4,27 @@ import (
 	"strings"
 	"testing"
 
+	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 var pg *pgtest.Cluster
 
 // The package's cluster is deliberately mis-set for a big template: the
-// default lock budget (64 per transaction).
+// default lock budget (64 per transaction). Its superuser reserve is what
+// the connections check wants.
 func TestMain(m *testing.M) {
-	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
+	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64",
+		"superuser_reserved_connections": "5"}}, &pg)
 }
 
 func check(t *testing.T, cr doctor.ClusterReport, name string) doctor.Check {
@@ -98,7 +103,7 @@ func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
 
 	// A cluster set up for the fleet: lock and file budgets for the template.
 	good, err := pgtest.Start(ctx, pgtest.Options{Standbys: 1, Settings: map[string]string{
-		"max_locks_per_transaction": "1024", "max_files_per_process": "10000"}})
+		"max_locks_per_transaction": "1024", "max_files_per_process": "10000", "superuser_reserved_connections": "5"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,15 +132,77 @@ func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
 	}
 }
 
+// TestDoctor_ConnectionsCountsClaimedTenants: the connections check adds up
+// the limits of the tenants admitted to the cluster, and flags them once
+// provision.connection_overcommit is lowered below what was admitted.
+func TestDoctor_ConnectionsCountsClaimedTenants(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Provision.ConnectionOvercommit = 1 // admission on: (100 − 5 − 4) × 1 = 91 connections
+	cfg.Tiers["big"] = config.Tier{ConnectionLimit: 40}
+	d, c := daemontest.Start(t, pg, cfg)
+	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
+		}
+	}
+	for range 2 {
+		if _, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Tier: "big"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := c.Doctor(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := check(t, rep.Clusters[0], "connections")
+	t.Logf("connections: %+v", got)
+	if got.Status != doctor.OK || !strings.Contains(got.Got, "2 tenants whose connection limits add up to 80 of 91") {
+		t.Errorf("two tenants of 40 connections of 91: %+v", got)
+	}
+
+	reg := cluster.NewRegistry()
+	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	for _, tc := range []struct {
+		overcommit float64
+		want       string
+	}{{0.9, doctor.Warn}, {0.85, doctor.Fail}} {
+		lowered := cfg
+		lowered.Provision.ConnectionOvercommit = tc.overcommit
+		r, err := (&doctor.Doctor{Store: d.Store(), Clusters: reg, Config: lowered}).Run(ctx, "local")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := check(t, r.Clusters[0], "connections")
+		t.Logf("overcommit %g: %+v", tc.overcommit, got)
+		if got.Status != tc.want || got.Fix == "" {
+			t.Errorf("80 connections admitted, overcommit lowered to %g: %+v, want %s with a fix", tc.overcommit, got, tc.want)
+		}
+	}
+}
+
 func base() doctor.Facts {
 	return doctor.Facts{Cluster: "c", Version: "15.18", VersionNum: 150018, Databases: 10, Files: 3000, Streaming: 1,
-		Settings: map[string]string{"max_connections": "100", "max_locks_per_transaction": "64", "max_prepared_transactions": "0",
+		Settings: map[string]string{"max_connections": "100", "superuser_reserved_connections": "5", "max_locks_per_transaction": "64", "max_prepared_transactions": "0",
 			"autovacuum_max_workers": "3", "max_worker_processes": "8", "max_wal_senders": "10", "max_files_per_process": "1000",
 			"wal_level": "replica", "autovacuum": "on", "autovacuum_naptime": "60", "checkpoint_timeout": "300", "max_wal_size": "1024"},
 		Standbys:   []doctor.StandbyFacts{{DSN: "s1", Settings: map[string]string{"max_locks_per_transaction": "64", "max_connections": "100", "max_prepared_transactions": "0", "max_worker_processes": "8", "max_wal_senders": "10"}}},
 		Extensions: map[string]cluster.ExtensionState{"pg_prewarm": {Available: true}, "pg_buffercache": {Available: true}},
 		BatchLocks: 1000, PurgeBatch: 200, WALLogMaxSize: 32 << 20, Local: true, DiskFree: 50 << 30, DiskTotal: 100 << 30,
-		OpenFilesLimit: 1 << 20}
+		OpenFilesLimit: 1 << 20,
+		// 5 tenants of 10 connections, of (100 − 5 − 4) × 1 = 91.
+		TenantsByTier: map[string]int{"default": 5}, ConnectionLimits: map[string]int{"default": 10, "big": -1},
+		Overcommit: 1, RolloutConnections: 4}
 }
 
 func find(cs []doctor.Check, name string) doctor.Check {
@@ -154,6 +221,18 @@ func TestChecks(t *testing.T) {
 		mutate            func(*doctor.Facts)
 	}{
 		{"baseline", "locks", doctor.OK, func(f *doctor.Facts) {}},
+		{"connection limits within capacity", "connections", doctor.OK, func(f *doctor.Facts) {}},
+		{"connection limits over 90%", "connections", doctor.Warn, func(f *doctor.Facts) { f.TenantsByTier["default"] = 9 }},
+		{"connection limits over capacity", "connections", doctor.Fail, func(f *doctor.Facts) { f.TenantsByTier["default"] = 10 }},
+		{"overcommit lowered after admission", "connections", doctor.Fail, func(f *doctor.Facts) { f.Overcommit = 0.5 }},
+		{"overcommit allows it", "connections", doctor.OK, func(f *doctor.Facts) { f.TenantsByTier["default"], f.Overcommit = 20, 4 }},
+		{"an unlimited tier takes every connection", "connections", doctor.Fail, func(f *doctor.Facts) { f.TenantsByTier["big"] = 1 }},
+		{"admission off, limits beyond the server", "connections", doctor.Warn, func(f *doctor.Facts) {
+			f.TenantsByTier["default"], f.Overcommit = 20, 0
+		}},
+		{"admission off, within the server", "connections", doctor.OK, func(f *doctor.Facts) { f.Overcommit = 0 }},
+		{"small superuser reserve", "connections", doctor.Warn, func(f *doctor.Facts) { f.Settings["superuser_reserved_connections"] = "3" }},
+		{"connection settings unreadable", "connections", doctor.Unknown, func(f *doctor.Facts) { delete(f.Settings, "max_connections") }},
 		{"template beyond the lock table", "locks", doctor.Fail, func(f *doctor.Facts) {
 			f.Largest = &catalog.LargestBuild{Template: "huge", Version: 1, Relations: 22000}
 		}},

@@ -2,13 +2,17 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -17,13 +21,36 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Capper enforces each tier's statement_cap. statement_timeout on the role
-// is only a default: a tenant can SET statement_timeout = 0. The capper
-// looks at pg_stat_activity from outside, every metrics.cap_interval, and
-// cancels a tenant's statement that has run longer than its tier's cap; one
-// still running terminateAfter later (a cancel can be ignored while a
-// backend waits in some system calls) has its session terminated. Each is
-// an event in the tenant's history.
+// Capper holds tenants to their tier's limits from outside. The tier's
+// statement_timeout, idle_in_transaction_session_timeout and work_mem are
+// role defaults, which a tenant can SET away in its session or change with
+// ALTER ROLE on its own role (a role may change its own defaults, also IN
+// DATABASE). So, every metrics.cap_interval, the capper reads
+// pg_stat_activity on every node of every cluster (the primary and each
+// standby: a tenant's sessions on a standby are read-only but can run long
+// queries and hold old snapshots) and
+//   - cancels a statement that has run longer than its tier's cap
+//     (tenant.StatementCap: statement_cap, else statement_timeout), and
+//     terminates its session if it still runs terminateAfter later (a cancel
+//     can be ignored while a backend waits in some system calls). A
+//     statement's time counts from pg_stat_activity.query_start, so a
+//     string of several statements sent as one query is capped as a whole
+//     (PostgreSQL's statement_timeout times each of them);
+//   - terminates a session idle in a transaction for longer than its tier's
+//     idle_in_transaction_session_timeout, as PostgreSQL itself does in a
+//     session that kept the default.
+//
+// Every settingsEvery intervals it also puts back, on each primary, the
+// tier's role defaults that tenants changed (RestoreSettings), so that new
+// sessions start with them again. Each action is an event in the tenant's
+// history and counted in pgtenant_statements_capped_total.
+//
+// work_mem SET in a session cannot be seen from outside: it is a soft limit,
+// and a tenant can give its own sorts and hashes more memory. What bounds
+// such a tenant anyway is hard: its connection limit (changing it needs
+// CREATEROLE) bounds how many sessions it runs, the statement cap how long
+// each query holds its memory, and temp_file_limit (superuser-only, so
+// neither SET nor ALTER ROLE by the tenant can change it) what spills to disk.
 type Capper struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
@@ -32,25 +59,70 @@ type Capper struct {
 
 	actions  *prometheus.CounterVec
 	mu       sync.Mutex
-	canceled map[capKey]time.Time // statements cancelled, by when
+	canceled map[capKey]time.Time // statements cancelled and sessions terminated, by when
 }
 
+// capKey is one statement of a backend on a node (start: its query_start),
+// or one idle spell in a transaction (idle, start: its state_change).
 type capKey struct {
-	cluster string
-	pid     int32
-	start   time.Time
+	cluster, node string
+	pid           int32
+	start         time.Time
+	idle          bool
 }
 
 // terminateAfter is how long a cancelled statement may still run before its
-// session is terminated.
+// session is terminated (and how long a terminated session may take to go
+// before it is terminated again).
 const terminateAfter = 5 * time.Second
+
+// timeoutMargin: where the capper enforces a tier's statement_timeout or
+// idle_in_transaction_session_timeout (no statement_cap), it acts this long
+// after the limit, so that in a session that kept the role default
+// PostgreSQL's own timer ends the statement or session first, and the
+// capper's events are the overrides only.
+const timeoutMargin = 500 * time.Millisecond
+
+// settingsEvery is how many cap intervals pass between two settings passes
+// (30 s at the default cap_interval of 1 s). Role defaults only apply to
+// sessions that start later, and every session is held by the node checks
+// from its first statement whatever it SETs, so the pass need not be fast;
+// it reads one row per tenant role and writes only what a tenant changed.
+const settingsEvery = 30
+
+// nodeTimeout bounds one node check, settingsTimeout one settings pass.
+const (
+	nodeTimeout     = 10 * time.Second
+	settingsTimeout = time.Minute
+)
+
+// restoreLockTimeout bounds the settings pass's wait on a tenant's role
+// settings row: a tenant transaction that changed its own role holds the
+// row until it ends; the pass tries again next time.
+const restoreLockTimeout = 2 * time.Second
+
+// Events the capper adds to a tenant's history.
+const (
+	EventStatementCancelled = "statement_cancelled"            // a statement over its tier's cap
+	EventSessionTerminated  = "session_terminated"             // ... still running terminateAfter later
+	EventIdleTerminated     = "idle_in_transaction_terminated" // idle in a transaction past the tier's limit
+	EventSettingRestored    = "tier_setting_restored"          // a role default the tenant changed, put back
+)
 
 // Register adds the capper's counter (pgtenant_statements_capped_total) to reg.
 func (c *Capper) Register(reg prometheus.Registerer) {
 	c.actions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgtenant_statements_capped_total",
-		Help: "Tenant statements stopped for running longer than their tier's statement_cap, by action (cancel, terminate)."},
+		Help: "Tenant limits enforced from outside, by action: cancel and terminate (a statement over its tier's statement_cap, " +
+			"else statement_timeout), idle_terminate (idle in a transaction past the tier's limit), setting_restore " +
+			"(role defaults a tenant changed, put back)."},
 		[]string{"cluster", "action"})
 	reg.MustRegister(c.actions)
+}
+
+func (c *Capper) count(cl, action string) {
+	if c.actions != nil {
+		c.actions.WithLabelValues(cl, action).Inc()
+	}
 }
 
 func (c *Capper) log() *slog.Logger {
@@ -60,37 +132,81 @@ func (c *Capper) log() *slog.Logger {
 	return c.Logger.With("component", "capper")
 }
 
-// minCap is the smallest statement_cap of any tier (0: no tier has one).
-func (c *Capper) minCap() time.Duration {
-	var m time.Duration
-	for _, t := range c.Config.Tiers {
-		if d := t.StatementCap.D(); d > 0 && (m == 0 || d < m) {
-			m = d
-		}
-	}
-	return m
+// limits are what the capper holds one tier to.
+type limits struct {
+	stmt     time.Duration // a statement's cap (0: none)
+	stmtFrom string        // the tier setting it comes from: statement_cap or statement_timeout
+	stmtAt   time.Duration // acted on from: stmt, plus timeoutMargin for a statement_timeout
+	idle     time.Duration // idle_in_transaction_session_timeout (0: none)
+	idleAt   time.Duration // acted on from: idle plus timeoutMargin
 }
 
-// Run checks every cluster each cap interval until ctx is done. With no
-// tier capping statements it only waits.
+func tierLimits(t config.Tier) limits {
+	l := limits{stmt: tenant.StatementCap(t), stmtFrom: "statement_cap"}
+	l.stmtAt = l.stmt
+	if t.StatementCap <= 0 && l.stmt > 0 {
+		l.stmtFrom, l.stmtAt = "statement_timeout", l.stmt+timeoutMargin
+	}
+	if d := t.IdleInTransactionSessionTimeout.D(); d > 0 {
+		l.idle, l.idleAt = d, d+timeoutMargin
+	}
+	return l
+}
+
+// thresholds are the smallest stmtAt and idleAt of any tier (0: no tier
+// has that limit): the node query's filters.
+func (c *Capper) thresholds() (stmt, idle time.Duration) {
+	for _, t := range c.Config.Tiers {
+		l := tierLimits(t)
+		if l.stmt > 0 && (stmt == 0 || l.stmtAt < stmt) {
+			stmt = l.stmtAt
+		}
+		if l.idle > 0 && (idle == 0 || l.idleAt < idle) {
+			idle = l.idleAt
+		}
+	}
+	return stmt, idle
+}
+
+// enforces reports whether any tier gives the capper something to hold
+// tenants to: a statement cap or timeout, an idle limit, or role defaults.
+func (c *Capper) enforces() bool {
+	if stmt, idle := c.thresholds(); stmt > 0 || idle > 0 {
+		return true
+	}
+	for _, t := range c.Config.Tiers {
+		if len(tenant.RoleSettings(t)) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Run checks every node of every cluster each cap interval, and every
+// cluster's role settings every settingsEvery intervals, until ctx is done.
+// With no tier limit to enforce it only waits.
 func (c *Capper) Run(ctx context.Context) error {
-	if c.minCap() == 0 {
+	if !c.enforces() {
 		<-ctx.Done()
 		return nil
 	}
+	var w inFlight
+	defer w.wg.Wait() // after the ticker stops: the checks in flight end with ctx
 	t := time.NewTicker(c.Config.Metrics.CapInterval.D())
 	defer t.Stop()
-	failing := map[string]string{}
-	for {
+	for tick := 0; ; tick++ {
 		for _, cl := range c.Clusters.All() {
-			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			_, err := c.Check(cctx, cl)
-			cancel()
-			if err != nil && ctx.Err() == nil && failing[cl.Name()] != err.Error() {
-				c.log().Warn("statement cap check failed", "cluster", cl.Name(), "err", err)
-				failing[cl.Name()] = err.Error()
-			} else if err == nil {
-				delete(failing, cl.Name())
+			for _, node := range cl.Nodes() {
+				c.spawn(ctx, &w, cl.Name(), node, nodeTimeout, func(ctx context.Context) error {
+					_, err := c.CheckNode(ctx, cl, node)
+					return err
+				})
+			}
+			if tick%settingsEvery == 0 {
+				c.spawn(ctx, &w, cl.Name(), "settings", settingsTimeout, func(ctx context.Context) error {
+					_, err := c.RestoreSettings(ctx, cl)
+					return err
+				})
 			}
 		}
 		select {
@@ -101,41 +217,112 @@ func (c *Capper) Run(ctx context.Context) error {
 	}
 }
 
-// Check cancels the statements of one cluster's tenants that run longer
-// than their tier's cap and returns how many it stopped. One query finds the
-// statements older than the smallest cap (usually none); tiers are looked up
-// only for those.
-func (c *Capper) Check(ctx context.Context, cl *cluster.Cluster) (int, error) {
-	minCap := c.minCap()
-	if minCap == 0 {
+// inFlight tracks the checks running: each node of a cluster, and each
+// cluster's settings pass, is checked by one goroutine at a time, so a node
+// that does not answer (a standby that is down) holds up only its own
+// checks, which are skipped until the one in flight gives up. A check that
+// fails is logged once, when it starts failing.
+type inFlight struct {
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	busy    map[[2]string]bool
+	failing map[[2]string]bool
+}
+
+func (c *Capper) spawn(ctx context.Context, w *inFlight, cl, what string, timeout time.Duration, check func(context.Context) error) {
+	key := [2]string{cl, what}
+	w.mu.Lock()
+	if w.busy == nil {
+		w.busy, w.failing = map[[2]string]bool{}, map[[2]string]bool{}
+	}
+	if w.busy[key] {
+		w.mu.Unlock()
+		return
+	}
+	w.busy[key] = true
+	w.mu.Unlock()
+	w.wg.Go(func() {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err := check(cctx)
+		cancel()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		delete(w.busy, key)
+		switch {
+		case err != nil && ctx.Err() == nil && !w.failing[key]:
+			w.failing[key] = true
+			c.log().Warn("capper check failed; retried quietly until it works", "cluster", cl, "node", what, "err", err)
+		case err == nil && w.failing[key]:
+			delete(w.failing, key)
+			c.log().Info("capper check works again", "cluster", cl, "node", what)
+		}
+	})
+}
+
+// secs is a threshold as the node query's parameter: NULL for none, which
+// matches no session.
+func secs(d time.Duration) *float64 {
+	if d <= 0 {
+		return nil
+	}
+	s := d.Seconds()
+	return &s
+}
+
+// The node query: tenant sessions running a statement for longer than $1
+// seconds, or idle in a transaction for longer than $2 (usually none),
+// bounded by max_connections.
+const overSQL = `
+	SELECT pid, usename, idle, since, extract(epoch FROM pg_catalog.clock_timestamp() - since)::float8
+	FROM (SELECT pid, usename, state NOT IN ('active', 'fastpath function call') AS idle,
+	             CASE WHEN state IN ('active', 'fastpath function call') THEN query_start ELSE state_change END AS since
+	      FROM pg_catalog.pg_stat_activity
+	      WHERE backend_type = 'client backend' AND usename LIKE 't\_%'
+	        AND state IN ('active', 'fastpath function call', 'idle in transaction', 'idle in transaction (aborted)')) a
+	WHERE since < pg_catalog.clock_timestamp() - pg_catalog.make_interval(secs => CASE WHEN idle THEN $2::float8 ELSE $1::float8 END)`
+
+// Statements that stop a backend only if it is still in the statement or
+// the idle spell that was found ($2: its query_start or state_change).
+const (
+	cancelSQL = `SELECT coalesce((SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_catalog.pg_stat_activity
+		WHERE pid = $1 AND query_start = $2 AND state IN ('active', 'fastpath function call')), false)`
+	terminateSQL = `SELECT coalesce((SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+		WHERE pid = $1 AND query_start = $2 AND state IN ('active', 'fastpath function call')), false)`
+	terminateIdleSQL = `SELECT coalesce((SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+		WHERE pid = $1 AND state_change = $2 AND state IN ('idle in transaction', 'idle in transaction (aborted)')), false)`
+)
+
+// CheckNode stops, on one node of a cluster ("primary", "standby1", …: see
+// cluster.Nodes), the tenant statements over their tier's cap and the
+// sessions idle in a transaction past their tier's limit, and returns how
+// many it stopped. One query finds the sessions past the smallest limits;
+// tiers are looked up only for those.
+func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string) (int, error) {
+	stmtMin, idleMin := c.thresholds()
+	if stmtMin == 0 && idleMin == 0 {
 		return 0, nil
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	admin, err := cl.Admin(ctx)
+	pool, err := cl.NodeAdmin(ctx, node)
 	if err != nil {
 		return 0, err
 	}
-	rows, err := admin.Query(ctx, `
-		SELECT pid, usename, query_start, extract(epoch FROM clock_timestamp() - query_start)::float8
-		FROM pg_stat_activity
-		WHERE backend_type = 'client backend' AND state IN ('active', 'fastpath function call')
-		  AND usename LIKE 't\_%' AND query_start < clock_timestamp() - make_interval(secs => $1)`, minCap.Seconds())
+	rows, err := pool.Query(ctx, overSQL, secs(stmtMin), secs(idleMin))
 	if err != nil {
-		return 0, fmt.Errorf("read pg_stat_activity of %s: %w", cl.Name(), cluster.Classify(err))
+		return 0, fmt.Errorf("read pg_stat_activity of %s/%s: %w", cl.Name(), node, cluster.Classify(err))
 	}
-	type long struct {
+	type over struct {
 		pid   int32
 		id    string
-		start time.Time
-		ran   float64
+		idle  bool
+		since time.Time // query_start, or state_change when idle
+		age   float64   // seconds
 	}
-	var longs []long
+	var found []over
 	var ids []string
 	for rows.Next() {
-		var l long
+		var o over
 		var role string
-		if err := rows.Scan(&l.pid, &role, &l.start, &l.ran); err != nil {
+		if err := rows.Scan(&o.pid, &role, &o.idle, &o.since, &o.age); err != nil {
 			rows.Close()
 			return 0, err
 		}
@@ -143,15 +330,15 @@ func (c *Capper) Check(ctx context.Context, cl *cluster.Cluster) (int, error) {
 		if !ok {
 			continue
 		}
-		l.id = id
-		longs = append(longs, l)
+		o.id = id
+		found = append(found, o)
 		ids = append(ids, id)
 	}
 	if err := rows.Err(); err != nil {
-		return 0, cluster.Classify(err)
+		return 0, fmt.Errorf("read pg_stat_activity of %s/%s: %w", cl.Name(), node, cluster.Classify(err))
 	}
 	c.forget(time.Now())
-	if len(longs) == 0 {
+	if len(found) == 0 {
 		return 0, nil
 	}
 	tiers, err := c.Store.TenantTiers(ctx, ids)
@@ -159,57 +346,273 @@ func (c *Capper) Check(ctx context.Context, cl *cluster.Cluster) (int, error) {
 		return 0, err
 	}
 	stopped := 0
-	for _, l := range longs {
-		limit := c.Config.Tiers[tiers[l.id]].StatementCap.D()
-		if limit <= 0 || l.ran < limit.Seconds() {
-			continue
-		}
-		key := capKey{cl.Name(), l.pid, l.start}
-		action, fn := "cancel", "pg_cancel_backend"
-		if at, ok := c.canceled[key]; ok {
-			if time.Since(at) < terminateAfter {
-				continue // cancelled a moment ago: give it time to stop
+	for _, o := range found {
+		lim := tierLimits(c.Config.Tiers[tiers[o.id]])
+		key := capKey{cl.Name(), node, o.pid, o.since, o.idle}
+		at, seen := c.actedAt(key)
+		var action, sql, kind string
+		detail := map[string]any{"pid": o.pid, "node": node, "tier": tiers[o.id]}
+		switch {
+		case o.idle:
+			if lim.idle <= 0 || o.age < lim.idleAt.Seconds() || (seen && time.Since(at) < terminateAfter) {
+				continue
 			}
-			action, fn = "terminate", "pg_terminate_backend"
+			action, sql, kind = "idle_terminate", terminateIdleSQL, EventIdleTerminated
+			detail["idle_seconds"] = math.Round(o.age*10) / 10
+			detail["idle_in_transaction_session_timeout"] = lim.idle.String()
+			detail["state_change"] = o.since.UTC().Format(time.RFC3339Nano)
+		default:
+			if lim.stmt <= 0 || o.age < lim.stmtAt.Seconds() {
+				continue
+			}
+			action, sql, kind = "cancel", cancelSQL, EventStatementCancelled
+			if seen {
+				if time.Since(at) < terminateAfter {
+					continue // cancelled a moment ago: give it time to stop
+				}
+				action, sql, kind = "terminate", terminateSQL, EventSessionTerminated
+			}
+			detail["ran_seconds"] = math.Round(o.age*10) / 10
+			detail["statement_cap"] = lim.stmt.String()
+			detail["limit"] = lim.stmtFrom
+			detail["query_start"] = o.since.UTC().Format(time.RFC3339Nano)
 		}
-		// Only if the backend still runs the same statement.
 		var done bool
-		err := admin.QueryRow(ctx, `SELECT coalesce((SELECT `+fn+`(pid) FROM pg_stat_activity
-			WHERE pid = $1 AND query_start = $2 AND state IN ('active', 'fastpath function call')), false)`, l.pid, l.start).Scan(&done)
-		if err != nil {
-			return stopped, cluster.Classify(err)
+		if err := pool.QueryRow(ctx, sql, o.pid, o.since).Scan(&done); err != nil {
+			return stopped, fmt.Errorf("%s backend %d on %s/%s: %w", action, o.pid, cl.Name(), node, cluster.Classify(err))
 		}
 		if !done {
-			continue
+			continue // it finished meanwhile
 		}
 		stopped++
-		if c.canceled == nil {
-			c.canceled = map[capKey]time.Time{}
+		c.acted(key)
+		c.count(cl.Name(), action)
+		if err := c.Store.AddEvent(ctx, c.Store.Pool(), o.id, kind, detail); err != nil {
+			c.log().Warn("record capper event", "tenant", o.id, "event", kind, "err", err)
 		}
-		c.canceled[key] = time.Now()
-		if c.actions != nil {
-			c.actions.WithLabelValues(cl.Name(), action).Inc()
-		}
-		kind := "statement_cancelled"
-		if action == "terminate" {
-			kind = "session_terminated"
-		}
-		detail := map[string]any{"pid": l.pid, "ran_seconds": math.Round(l.ran*10) / 10, "statement_cap": limit.String(),
-			"tier": tiers[l.id], "query_start": l.start.UTC().Format(time.RFC3339Nano)}
-		if err := c.Store.AddEvent(ctx, c.Store.Pool(), l.id, kind, detail); err != nil {
-			c.log().Warn("record statement cap event", "tenant", l.id, "err", err)
-		}
-		c.log().Info("statement over its tier's cap stopped", "tenant", l.id, "action", action,
-			"pid", strconv.Itoa(int(l.pid)), "ran", l.ran, "cap", limit)
+		c.log().Info("tenant held to its tier", "tenant", o.id, "cluster", cl.Name(), "node", node, "action", action,
+			"pid", strconv.Itoa(int(o.pid)), "seconds", math.Round(o.age*10)/10)
 	}
 	return stopped, nil
 }
 
+func (c *Capper) actedAt(k capKey) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	at, ok := c.canceled[k]
+	return at, ok
+}
+
+func (c *Capper) acted(k capKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.canceled == nil {
+		c.canceled = map[capKey]time.Time{}
+	}
+	c.canceled[k] = time.Now()
+}
+
 // forget drops statements cancelled long ago (they ended, or were terminated).
 func (c *Capper) forget(now time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for k, at := range c.canceled {
 		if now.Sub(at) > time.Minute {
 			delete(c.canceled, k)
 		}
 	}
+}
+
+// SettingChange is one role default the settings pass put back, as its
+// event records it.
+type SettingChange struct {
+	Setting  string `json:"setting"`
+	Database string `json:"database,omitempty"` // set with ALTER ROLE … IN DATABASE (always reset)
+	Found    string `json:"found"`              // the tenant's value
+	Tier     string `json:"tier,omitempty"`     // the tier's value put back ("": reset, the tier sets none)
+}
+
+// roleSettings are one tenant role's defaults for the tier parameters:
+// its own (ALTER ROLE … SET) and per database (ALTER ROLE … IN DATABASE … SET).
+type roleSettings struct {
+	own  map[string]string
+	inDB map[string]map[string]string
+}
+
+// The settings pass's read: every tenant role with its settings, one row
+// per role and per database it has settings in.
+const roleSettingsSQL = `
+	SELECT r.rolname, coalesce(d.datname, ''), coalesce(s.setdatabase, 0) <> 0, coalesce(s.setconfig, '{}')
+	FROM pg_catalog.pg_roles r
+	LEFT JOIN pg_catalog.pg_db_role_setting s ON s.setrole = r.oid
+	LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
+	WHERE r.rolname LIKE 't\_%'`
+
+// RestoreSettings puts back, on one cluster's primary (pg_db_role_setting
+// replicates to the standbys), the tier's role defaults that tenants
+// changed: a tier parameter (tenant.TierParameters) whose value on the
+// tenant's role differs from what its tier sets (tenant.RoleSettings; a
+// parameter the tier does not set must be absent) is set back or reset, and
+// a tier parameter set for the role IN DATABASE (which would override the
+// role's own default) is reset. Other settings (a schema tenant's
+// search_path) are left alone. Each tenant restored gets a
+// tier_setting_restored event; it returns how many were.
+//
+// Only tenants that can have changed their role are looked at (active,
+// suspended, dropped), and of a tier the configuration knows: one whose
+// tier was removed from it keeps its settings rather than lose every limit.
+func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int, error) {
+	// The catalog first: a claim changes the spare's role on the cluster
+	// before its catalog transaction commits, so a tenant read here as
+	// active already has its tier's settings there.
+	ts, err := c.Store.MetricTenants(ctx, cl.Name())
+	if err != nil {
+		return 0, err
+	}
+	tiers := map[string]string{}
+	for _, t := range ts {
+		switch t.State {
+		case catalog.StateActive, catalog.StateSuspended, catalog.StateDropped:
+			if _, ok := c.Config.Tiers[t.Tier]; ok {
+				tiers[t.ID] = t.Tier
+			}
+		}
+	}
+	if len(tiers) == 0 {
+		return 0, nil
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	roles, err := readRoleSettings(ctx, admin)
+	if err != nil {
+		return 0, fmt.Errorf("read role settings of %s: %w", cl.Name(), err)
+	}
+	ids := make([]string, 0, len(roles))
+	for id := range roles {
+		if _, ok := tiers[id]; ok {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	restored, failed := 0, 0
+	var first error
+	for _, id := range ids {
+		tierName := tiers[id]
+		sql, changes := restoreSQL(tenant.PhysicalName(id), roles[id], tenant.RoleSettings(c.Config.Tiers[tierName]))
+		if len(changes) == 0 {
+			continue
+		}
+		err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
+			lt := fmt.Sprintf("SET LOCAL lock_timeout = %s", cluster.Literal(fmt.Sprintf("%dms", restoreLockTimeout.Milliseconds())))
+			if _, err := tx.Exec(ctx, lt); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql)
+			return err
+		})
+		if err = cluster.Classify(err); errors.Is(err, cluster.ErrNotFound) {
+			continue // the role was purged meanwhile
+		} else if err != nil {
+			failed++
+			if first == nil {
+				first = fmt.Errorf("restore role settings of tenant %s: %w", id, err)
+			}
+			continue
+		}
+		restored++
+		c.count(cl.Name(), "setting_restore")
+		if err := c.Store.AddEvent(ctx, c.Store.Pool(), id, EventSettingRestored,
+			map[string]any{"tier": tierName, "settings": changes}); err != nil {
+			c.log().Warn("record capper event", "tenant", id, "event", EventSettingRestored, "err", err)
+		}
+		c.log().Info("tier settings put back", "tenant", id, "cluster", cl.Name(), "settings", len(changes))
+	}
+	if failed > 0 {
+		return restored, fmt.Errorf("%d of the tenants to restore failed (tried again next pass); first: %w", failed, first)
+	}
+	return restored, nil
+}
+
+// readRoleSettings reads the tier parameters every tenant role has set, by
+// tenant id (every tenant role is there, settings or not).
+func readRoleSettings(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) (map[string]roleSettings, error) {
+	rows, err := q.Query(ctx, roleSettingsSQL)
+	if err != nil {
+		return nil, cluster.Classify(err)
+	}
+	defer rows.Close()
+	out := map[string]roleSettings{}
+	for rows.Next() {
+		var role, db string
+		var inDB bool
+		var setconfig []string
+		if err := rows.Scan(&role, &db, &inDB, &setconfig); err != nil {
+			return nil, err
+		}
+		id, ok := tenant.IDFromPhysical(role) // not the agents (pgt_agent_<id>)
+		if !ok {
+			continue
+		}
+		rs, ok := out[id]
+		if !ok {
+			rs = roleSettings{own: map[string]string{}, inDB: map[string]map[string]string{}}
+			out[id] = rs
+		}
+		set := rs.own
+		if inDB {
+			if db == "" {
+				continue // its database is being dropped
+			}
+			set = map[string]string{}
+			rs.inDB[db] = set
+		}
+		for _, kv := range setconfig {
+			k, v, _ := strings.Cut(kv, "=")
+			k = strings.ToLower(k)
+			for _, p := range tenant.TierParameters {
+				if k == p {
+					set[k] = v
+				}
+			}
+		}
+	}
+	return out, cluster.Classify(rows.Err())
+}
+
+// restoreSQL returns the statements that give role the tier's settings
+// back, and what they change (nothing when it has them).
+func restoreSQL(role string, have roleSettings, want map[string]string) (string, []SettingChange) {
+	var b strings.Builder
+	var changes []SettingChange
+	r := cluster.Ident(role)
+	for _, p := range tenant.TierParameters {
+		got, has := have.own[p]
+		w, wants := want[p]
+		switch {
+		case wants && (!has || !tenant.SameSetting(p, got, w)):
+			fmt.Fprintf(&b, "ALTER ROLE %s SET %s = %s;\n", r, cluster.Ident(p), cluster.Literal(w))
+			changes = append(changes, SettingChange{Setting: p, Found: got, Tier: w})
+		case !wants && has:
+			fmt.Fprintf(&b, "ALTER ROLE %s RESET %s;\n", r, cluster.Ident(p))
+			changes = append(changes, SettingChange{Setting: p, Found: got})
+		}
+	}
+	dbs := make([]string, 0, len(have.inDB))
+	for db := range have.inDB {
+		dbs = append(dbs, db)
+	}
+	sort.Strings(dbs)
+	for _, db := range dbs {
+		for _, p := range tenant.TierParameters {
+			if got, has := have.inDB[db][p]; has {
+				fmt.Fprintf(&b, "ALTER ROLE %s IN DATABASE %s RESET %s;\n", r, cluster.Ident(db), cluster.Ident(p))
+				changes = append(changes, SettingChange{Setting: p, Database: db, Found: got, Tier: want[p]})
+			}
+		}
+	}
+	return b.String(), changes
 }

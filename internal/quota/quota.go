@@ -1,11 +1,13 @@
-// Package quota enforces each tier's limits that PostgreSQL itself cannot:
-// storage quotas, following Heroku's state machine (ok → warning → grace →
-// enforced → back to ok), and the statement time cap (capper.go). It is told
-// tenant sizes by the metrics collector and records every transition as a
-// tenant event. While a quota is enforced the tenant keeps SELECT, DELETE
-// and TRUNCATE and loses INSERT, UPDATE and CREATE (enforce.go says how, and
-// why the tenant cannot undo it). It touches nothing but the tenant's own
-// objects and grants.
+// Package quota enforces each tier's limits that PostgreSQL itself cannot,
+// or that a tenant could undo: storage quotas, following Heroku's state
+// machine (ok → warning → grace → enforced → back to ok), and, from outside,
+// the tier's session limits (capper.go: statement cap and timeout, idle
+// transactions, the role defaults a tenant changed, on every node). It is
+// told tenant sizes by the metrics collector and records every transition
+// and every action as a tenant event. While a quota is enforced the tenant
+// keeps SELECT, DELETE and TRUNCATE and loses INSERT, UPDATE and CREATE
+// (enforce.go says how, and why the tenant cannot undo it). It touches
+// nothing but the tenant's own objects, grants, role settings and sessions.
 package quota
 
 import (
@@ -22,6 +24,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/metrics"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // Events a tenant's history gets, one per transition.
@@ -310,7 +313,7 @@ type View struct {
 	WarnBytes    int64        `json:"warn_bytes,omitempty"`
 	QuotaBytes   int64        `json:"quota_bytes,omitempty"`
 	Grace        string       `json:"grace,omitempty"`
-	StatementCap string       `json:"statement_cap,omitempty"`
+	StatementCap string       `json:"statement_cap,omitempty"` // tenant.StatementCap: statement_cap, else statement_timeout
 	Enforcement  *Enforcement `json:"enforcement,omitempty"`
 }
 
@@ -328,8 +331,8 @@ func (s *Service) View(ctx context.Context, tenantID, tierName string) (View, er
 	if tier.StorageQuota > 0 {
 		v.Grace = tier.StorageGrace.String()
 	}
-	if tier.StatementCap > 0 {
-		v.StatementCap = tier.StatementCap.String()
+	if d := tenant.StatementCap(tier); d > 0 {
+		v.StatementCap = d.String()
 	}
 	if q.State == catalog.QuotaGrace && q.OverSince != nil {
 		at := q.OverSince.Add(tier.StorageGrace.D())

@@ -26,8 +26,10 @@ import (
 
 var pg *pgtest.Cluster
 
+// A standby: the capper checks every node, and tenants run long queries on
+// standbys too.
 func TestMain(m *testing.M) {
-	pgtest.Main(m, pgtest.Options{}, &pg)
+	pgtest.Main(m, pgtest.Options{Standbys: 1}, &pg)
 }
 
 // TestNext walks the state machine without a database.
@@ -328,7 +330,7 @@ func TestCapper_CancelsStatementsOverTheCap(t *testing.T) {
 				}
 				found := false
 				for _, e := range events {
-					found = found || e.Kind == "statement_cancelled"
+					found = found || e.Kind == quota.EventStatementCancelled
 				}
 				if found {
 					break

@@ -12,8 +12,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -160,6 +162,69 @@ func RoleSettings(t config.Tier) map[string]string {
 		out["temp_file_limit"] = kb(t.TempFileLimit)
 	}
 	return out
+}
+
+// TierParameters are the parameters a tier sets as role defaults
+// (RoleSettings), and so the ones the capper puts back when a tenant
+// changes them on its own role.
+var TierParameters = []string{"statement_timeout", "idle_in_transaction_session_timeout", "work_mem", "temp_file_limit"}
+
+// StatementCap is how long a tier's statements may run before the capper
+// cancels them from outside: statement_cap if set, else statement_timeout
+// (a role default the tenant can SET away). 0: no limit.
+func StatementCap(t config.Tier) time.Duration {
+	if t.StatementCap > 0 {
+		return t.StatementCap.D()
+	}
+	return max(t.StatementTimeout.D(), 0)
+}
+
+// settingUnits are the units PostgreSQL accepts for the tier parameters,
+// in each one's base unit (ms for the timeouts, kB for the sizes). Units
+// are case-sensitive, as in PostgreSQL.
+var settingUnits = map[string]map[string]float64{
+	"ms": {"us": 0.001, "ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000},
+	"kB": {"B": 1.0 / 1024, "kB": 1, "MB": 1024, "GB": 1 << 20, "TB": 1 << 30},
+}
+
+var settingRE = regexp.MustCompile(`^\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]*)\s*$`)
+
+// settingBase returns a value of one of TierParameters in its base unit, as
+// PostgreSQL reads it (a number without a unit is in the base unit; the
+// result is rounded to it).
+func settingBase(name, v string) (float64, bool) {
+	base := "ms"
+	if name == "work_mem" || name == "temp_file_limit" {
+		base = "kB"
+	}
+	m := settingRE.FindStringSubmatch(v)
+	if m == nil {
+		return 0, false
+	}
+	n, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		return 0, false
+	}
+	if m[2] != "" {
+		f, ok := settingUnits[base][m[2]]
+		if !ok {
+			return 0, false
+		}
+		n *= f
+	}
+	return math.Round(n), true
+}
+
+// SameSetting reports whether two values of a tier parameter mean the same
+// to PostgreSQL ("30s", "30000ms" and "30000" for statement_timeout). A
+// value it cannot read is the same only as the identical text.
+func SameSetting(name, a, b string) bool {
+	if a == b {
+		return true
+	}
+	x, okA := settingBase(name, a)
+	y, okB := settingBase(name, b)
+	return okA && okB && x == y
 }
 
 // Place chooses a cluster for a new tenant: the one with the fewest tenants,

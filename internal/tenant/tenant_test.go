@@ -5,7 +5,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -81,6 +83,58 @@ func TestCreateStrategy(t *testing.T) {
 	} {
 		if got := tenant.CreateStrategy(tc.size, tc.standbys, 32*mb); got != tc.want {
 			t.Errorf("CreateStrategy(%d MB, %d standbys) = %s, want %s", tc.size/mb, tc.standbys, got, tc.want)
+		}
+	}
+}
+
+// TestSameSetting: values a tenant may write for a tier parameter compare
+// by what PostgreSQL reads, not by their text; every value RoleSettings
+// writes compares equal to itself.
+func TestSameSetting(t *testing.T) {
+	for _, tc := range []struct {
+		name, a, b string
+		want       bool
+	}{
+		{"statement_timeout", "30000ms", "30s", true},
+		{"statement_timeout", "30000ms", "30000", true},
+		{"statement_timeout", "30000ms", " 0.5min ", true},
+		{"statement_timeout", "1000ms", "1000us", false},
+		{"statement_timeout", "30000ms", "0", false},
+		{"idle_in_transaction_session_timeout", "60000ms", "1min", true},
+		{"work_mem", "4096kB", "4MB", true},
+		{"work_mem", "4096kB", "4096", true},
+		{"work_mem", "4096kB", "4mb", false}, // units are case-sensitive: PostgreSQL refuses it
+		{"work_mem", "4096kB", "1GB", false},
+		{"temp_file_limit", "1048576kB", "1GB", true},
+		{"temp_file_limit", "1048576kB", "-1", false},
+		{"work_mem", "0x1000", "0x1000", true}, // unreadable here: the same text only
+		{"work_mem", "0x1000", "4096kB", false},
+	} {
+		if got := tenant.SameSetting(tc.name, tc.a, tc.b); got != tc.want {
+			t.Errorf("SameSetting(%s, %q, %q) = %v, want %v", tc.name, tc.a, tc.b, got, tc.want)
+		}
+	}
+	tier := config.Default().Tiers["default"]
+	for k, v := range tenant.RoleSettings(tier) {
+		if !tenant.SameSetting(k, v, v) {
+			t.Errorf("%s = %q is not the same as itself", k, v)
+		}
+	}
+}
+
+// TestStatementCap: statement_cap when the tier has one, else its
+// statement_timeout, else none.
+func TestStatementCap(t *testing.T) {
+	for _, tc := range []struct {
+		tier config.Tier
+		want time.Duration
+	}{
+		{config.Tier{StatementTimeout: config.Duration(30 * time.Second), StatementCap: config.Duration(time.Minute)}, time.Minute},
+		{config.Tier{StatementTimeout: config.Duration(30 * time.Second)}, 30 * time.Second},
+		{config.Tier{}, 0},
+	} {
+		if got := tenant.StatementCap(tc.tier); got != tc.want {
+			t.Errorf("StatementCap(%+v) = %s, want %s", tc.tier, got, tc.want)
 		}
 	}
 }
