@@ -67,10 +67,11 @@ type Facts struct {
 	PurgesDay   int                   // tenant purges finished on this cluster in the last 24 hours
 	Spares      map[string]int        // spares by mode
 
-	TenantsByTier      map[string]int // claimed tenants on this cluster (provisioning, active, suspended, dropped) by tier
-	ConnectionLimits   map[string]int // each configured tier's connection_limit (-1: unlimited)
-	Overcommit         float64        // provision.connection_overcommit (0: admission off)
-	RolloutConnections int            // migrate.per_cluster
+	TenantsByTier       map[string]int // claimed tenants on this cluster (provisioning, active, suspended, dropped) by tier
+	ConnectionLimits    map[string]int // each configured tier's connection_limit (-1: unlimited)
+	Overcommit          float64        // provision.connection_overcommit (0: admission off)
+	RolloutConnections  int            // migrate.per_cluster
+	ReservedConnections int            // provision.reserved_connections
 
 	BatchLocks     int   // provision.batch_locks
 	PurgeBatch     int   // drop.batch_relations
@@ -206,7 +207,8 @@ const minReserved = 5
 func connections(f Facts) Check {
 	c := Check{Name: "connections", Why: "Each tenant may open up to its tier's connection_limit sessions. Admission " +
 		"(provision.connection_overcommit) places a tenant on a cluster only while its tenants' limits add up to at most " +
-		"(max_connections − superuser_reserved_connections − migrate.per_cluster) × overcommit, so that busy tenants " +
+		"(max_connections − superuser_reserved_connections − provision.reserved_connections − migrate.per_cluster) × " +
+		"overcommit, so that busy tenants " +
 		"cannot take the connections promised to others or to rollouts. Limits that add up to more (overcommit lowered, " +
 		"or a tier's connection_limit raised, after tenants were admitted: tenants already placed keep their role's " +
 		"limit) let tenants fill the server, and then everyone gets \"too many connections\" before reaching their own " +
@@ -218,7 +220,7 @@ func connections(f Facts) Check {
 		c.Status, c.Got = Unknown, "max_connections or superuser_reserved_connections not readable"
 		return c
 	}
-	cc := tenant.Connections{MaxConnections: int(maxConns), Reserved: int(reserved), Rollout: f.RolloutConnections}
+	cc := tenant.Connections{MaxConnections: int(maxConns), Reserved: int(reserved) + f.ReservedConnections, Rollout: f.RolloutConnections}
 	tenants := 0
 	for tier, n := range f.TenantsByTier {
 		cc.Used += n * tenant.Share(f.ConnectionLimits[tier], cc.MaxConnections)
@@ -237,11 +239,11 @@ func connections(f Facts) Check {
 		pct = 0
 	}
 	c.Got = fmt.Sprintf("%d tenants whose connection limits add up to %d of %d (%.0f%%) = (max_connections=%d − "+
-		"superuser_reserved_connections=%d − migrate.per_cluster=%d) × %s",
-		tenants, cc.Used, capacity, pct, maxConns, reserved, f.RolloutConnections, times)
+		"superuser_reserved_connections=%d − provision.reserved_connections=%d − migrate.per_cluster=%d) × %s",
+		tenants, cc.Used, capacity, pct, maxConns, reserved, f.ReservedConnections, f.RolloutConnections, times)
 	c.Want = fmt.Sprintf("connection limits within 90%% of that, superuser_reserved_connections >= %d", minReserved)
 	// The max_connections at which the tenants' limits would be within 90% of capacity.
-	wantMax := int(math.Ceil(float64(cc.Used)/overcommit/0.9)) + int(reserved) + f.RolloutConnections
+	wantMax := int(math.Ceil(float64(cc.Used)/overcommit/0.9)) + cc.Reserved + f.RolloutConnections
 	var fixes []string
 	c.Status = OK
 	switch {

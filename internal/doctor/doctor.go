@@ -110,7 +110,8 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		CheckpointsTimed: info.CheckpointsTimed, CheckpointsRequested: info.CheckpointsRequested,
 		BatchLocks: d.Config.Provision.BatchLocks, PurgeBatch: d.Config.Drop.BatchRelations,
 		WALLogMaxSize: int64(d.Config.Provision.WALLogMaxSize), ConnectionLimits: map[string]int{},
-		Overcommit: d.Config.Provision.ConnectionOvercommit, RolloutConnections: d.Config.Migrate.PerCluster}
+		Overcommit: d.Config.Provision.ConnectionOvercommit, RolloutConnections: d.Config.Migrate.PerCluster,
+		ReservedConnections: d.Config.Provision.ReservedConnections}
 	for name, t := range d.Config.Tiers {
 		f.ConnectionLimits[name] = t.ConnectionLimit
 	}

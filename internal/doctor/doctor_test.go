@@ -139,7 +139,8 @@ func TestDoctor_ConnectionsCountsClaimedTenants(t *testing.T) {
 	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
-	cfg.Provision.ConnectionOvercommit = 1 // admission on: (100 − 5 − 4) × 1 = 91 connections
+	cfg.Provision.ConnectionOvercommit = 1 // admission on: (100 − 5 − 0 − 4) × 1 = 91 connections
+	cfg.Provision.ReservedConnections = 0
 	cfg.Tiers["big"] = config.Tier{ConnectionLimit: 40}
 	d, c := daemontest.Start(t, pg, cfg)
 	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())

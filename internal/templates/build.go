@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -125,10 +126,23 @@ func (b *builder) sharedDatabase(ctx context.Context, r *jobs.Run) error {
 	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON DATABASE %[1]s FROM PUBLIC;
 		GRANT CONNECT ON DATABASE %[1]s TO %[3]s;
 		REVOKE ALL ON SCHEMA public FROM PUBLIC;
+		REVOKE SELECT ON %[4]s FROM PUBLIC;
 		COMMENT ON DATABASE %[1]s IS %[2]s`, cluster.Ident(name), cluster.Literal("pgtenant: schema-mode tenants of template "+b.a.Template),
-		cluster.Ident(role)))
+		cluster.Ident(role), strings.Join(neighbourViews, ", ")))
 	return cluster.Classify(err)
 }
+
+// neighbourViews show what PostgreSQL would otherwise let every role of a
+// database read about the others: per-table statistics (row counts and
+// activity of every schema tenant of a shared database) and every role's
+// settings (tiers). pgtenant reads them as the admin; tenants of a shared
+// database get no SELECT on them, and a tenant's database inherits the
+// revocation of pg_db_role_setting from its template (docs/SECURITY.md).
+var neighbourViews = []string{"pg_catalog.pg_db_role_setting",
+	"pg_catalog.pg_stat_all_tables", "pg_catalog.pg_stat_user_tables", "pg_catalog.pg_stat_xact_all_tables", "pg_catalog.pg_stat_xact_user_tables",
+	"pg_catalog.pg_statio_all_tables", "pg_catalog.pg_statio_user_tables", "pg_catalog.pg_stat_all_indexes", "pg_catalog.pg_stat_user_indexes",
+	"pg_catalog.pg_statio_all_indexes", "pg_catalog.pg_statio_user_indexes", "pg_catalog.pg_statio_all_sequences",
+	"pg_catalog.pg_statio_user_sequences", "pg_catalog.pg_stat_user_functions", "pg_catalog.pg_stat_xact_user_functions"}
 
 func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 	cl, err := b.cluster()
@@ -191,7 +205,8 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 	if err != nil {
 		return jobs.Permanent(fmt.Errorf("template %s version %d: %w", b.a.Template, b.a.Version, err))
 	}
-	if _, err := conn.Exec(ctx, fmt.Sprintf(`RESET ROLE; RESET search_path; REVOKE CREATE ON SCHEMA public FROM %s; REVOKE CREATE ON DATABASE %s FROM %s`,
+	if _, err := conn.Exec(ctx, fmt.Sprintf(`RESET ROLE; RESET search_path; REVOKE CREATE ON SCHEMA public FROM %s; REVOKE CREATE ON DATABASE %s FROM %s;
+		REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC`,
 		owner, cluster.Ident(scratch), owner)); err != nil {
 		return cluster.Classify(err)
 	}
