@@ -106,6 +106,7 @@ reconcile: {interval: 0s}
 			}
 			break
 		}
+		s.ensureCoverage(ctx, p.client)
 		atStep, err := s.runUntilKilled(ctx, p, catalogDSN)
 		if err != nil {
 			return res, Table{}, err
@@ -193,6 +194,24 @@ func (s *soak) op(ctx context.Context, c *api.Client) {
 		}
 	}
 	s.mu.Unlock()
+}
+
+// ensureCoverage runs operations on a daemon that is not being killed
+// until the soak has confirmed at least one create and one drop: on a
+// loaded machine, kills right after each job step can otherwise come before
+// any create is confirmed, and with no active tenant nothing is dropped.
+// The kills then land among the jobs these operations leave behind
+// (builds, pool refills, purges) and among the operations that follow.
+func (s *soak) ensureCoverage(ctx context.Context, c *api.Client) {
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && ctx.Err() == nil; {
+		s.mu.Lock()
+		done := s.creates > 0 && s.drops > 0
+		s.mu.Unlock()
+		if done {
+			return
+		}
+		s.op(ctx, c)
+	}
 }
 
 // runUntilKilled keeps operations flowing and SIGKILLs the daemon right

@@ -132,7 +132,7 @@ func TerminateSessions(ctx context.Context, q *pgxpool.Pool, role string) error 
 // database conn is connected to (optionally only in one schema).
 func CountUserRelations(ctx context.Context, conn *pgx.Conn, schema string) (int, error) {
 	var n int
-	err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	err := conn.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') AND n.nspname NOT LIKE 'pg_temp%'
 		  AND n.nspname NOT LIKE 'pg_toast_temp%' AND ($1 = '' OR n.nspname = $1)`, schema).Scan(&n)
 	return n, Classify(err)
@@ -177,7 +177,7 @@ func ReassignOwned(ctx context.Context, conn *pgx.Conn, from, to string, lockBud
 					return fmt.Errorf("alter owner of %s: %w", r.name, Classify(err))
 				}
 				var locks int
-				if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()`).Scan(&locks); err != nil {
+				if err := tx.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE pid = pg_catalog.pg_backend_pid()`).Scan(&locks); err != nil {
 					return Classify(err)
 				}
 				if locks >= lockBudget {
@@ -229,11 +229,11 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 		// copy's defaults: 20,000+ locks and a 1.3 MB commit in one batch.
 		rows, err := conn.Query(ctx, `
 			SELECT c.oid::regclass::text, c.relkind::text,
-			       1 + (SELECT count(*) FROM pg_index i WHERE i.indrelid = c.oid)
+			       1 + (SELECT pg_catalog.count(*) FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid)
 			         + (CASE WHEN c.reltoastrelid <> 0 THEN 2 ELSE 0 END)
-			         + (SELECT count(*) FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = c.oid
+			         + (SELECT pg_catalog.count(*) FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = c.oid
 			              AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')) AS weight,
-			       sum(1) OVER () AS remaining
+			       pg_catalog.sum(1) OVER () AS remaining
 			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 			WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
 			  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid

@@ -79,7 +79,10 @@ type quotaRig struct {
 	now   time.Time
 }
 
-func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
+// collector is a metrics collector of the test's catalog, over the test
+// cluster, that measures every tenant's size at each pass; it returns the
+// configuration it uses too.
+func (e *env) collector(t *testing.T) (*metrics.Collector, config.Config) {
 	t.Helper()
 	reg := cluster.NewRegistry()
 	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
@@ -91,7 +94,12 @@ func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
 	cfg := e.cfg
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
-	probe := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
+	return &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}, cfg
+}
+
+func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
+	t.Helper()
+	probe, cfg := e.collector(t)
 	if err := probe.Pass(pgtest.Context(t), "local"); err != nil {
 		t.Fatal(err)
 	}
@@ -103,9 +111,9 @@ func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
 	tier.StorageQuota = config.ByteSize(*f.SizeBytes + 1<<20)
 	cfg.Tiers = map[string]config.Tier{"default": cfg.Tiers["default"], l.Tier: tier}
 	q := &quotaRig{store: e.store, id: l.ID, now: time.Now()}
-	svc := &quota.Service{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
-	q.col = &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Quota: svc,
-		Now: func() time.Time { return q.now }}
+	q.col = &metrics.Collector{Store: e.store, Clusters: probe.Clusters, Config: cfg, Logger: probe.Logger,
+		Quota: &quota.Service{Store: e.store, Clusters: probe.Clusters, Config: cfg, Logger: probe.Logger},
+		Now:   func() time.Time { return q.now }}
 	return q
 }
 
@@ -366,17 +374,7 @@ func TestFinding9_LockedTenantStalesOnlyItsOwnMetrics(t *testing.T) {
 	mustExec(t, conn, `BEGIN`)
 	mustExec(t, conn, `LOCK TABLE organizations IN ACCESS EXCLUSIVE MODE`)
 
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
-	cfg := e.cfg
-	cfg.Metrics.Interval = config.Duration(15 * time.Second)
-	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
-	col := &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
+	col, _ := e.collector(t)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := col.Pass(pctx, "local"); err != nil {

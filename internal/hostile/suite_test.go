@@ -235,14 +235,17 @@ func paths(t *testing.T, e *env, hostiles []*hostile, round int, check func(stri
 	}
 	check("metrics and quota")
 
-	// The statement cap, whatever statement_timeout the tenant sets.
+	// The statement cap, whatever statement_timeout the tenant sets, on the
+	// primary and on the standby.
 	for _, h := range hostiles {
-		sctx, cancel := bounded()
-		_, err := h.act.Exec(sctx, `SET statement_timeout = 0; SELECT pg_sleep(60)`)
-		stuck := sctx.Err() != nil
-		cancel()
-		if err == nil || stuck {
-			t.Errorf("round %d: %s tenant %s: a 60 s statement over its 2 s cap was not stopped: %v", round, h.Mode, h.ID, err)
+		for node, conn := range map[string]*pgx.Conn{"primary": h.act, "standby": connect(t, onStandby(t, h.DSN))} {
+			sctx, cancel := bounded()
+			_, err := conn.Exec(sctx, `SET statement_timeout = 0; SELECT pg_sleep(60)`)
+			stuck := sctx.Err() != nil
+			cancel()
+			if err == nil || stuck {
+				t.Errorf("round %d: %s tenant %s on the %s: a 60 s statement over its 2 s cap was not stopped: %v", round, h.Mode, h.ID, node, err)
+			}
 		}
 	}
 	check("statement cap")

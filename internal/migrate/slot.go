@@ -96,6 +96,7 @@ func (s slots) close() {
 // inside each tenant's transaction is what remains.
 type tenantLocks struct {
 	mu   sync.Mutex
+	pool *pgxpool.Pool
 	conn *pgxpool.Conn
 }
 
@@ -104,13 +105,22 @@ func newTenantLocks(ctx context.Context, pool *pgxpool.Pool) (*tenantLocks, erro
 	if err != nil {
 		return nil, err
 	}
-	return &tenantLocks{conn: c}, nil
+	return &tenantLocks{pool: pool, conn: c}, nil
 }
 
-// try takes the tenant's lock if it is free.
+// try takes the tenant's lock if it is free. A connection that was lost
+// (with the locks it held) is replaced.
 func (l *tenantLocks) try(ctx context.Context, id string) (bool, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.conn.Conn().IsClosed() {
+		c, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return false, cluster.Classify(err)
+		}
+		l.conn.Release()
+		l.conn = c
+	}
 	var ok bool
 	err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, lockSpace, id).Scan(&ok)
 	return ok, cluster.Classify(err)

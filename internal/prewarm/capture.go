@@ -300,9 +300,9 @@ func (s *Service) readCounters(ctx context.Context, cl *cluster.Cluster, node st
 		if err != nil {
 			return err
 		}
-		rows, err := c.Query(ctx, `SELECT schemaname, sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)
+		rows, err := c.Query(ctx, `SELECT schemaname, pg_catalog.sum(coalesce(heap_blks_hit, 0) + coalesce(heap_blks_read, 0)
 			+ coalesce(idx_blks_hit, 0) + coalesce(idx_blks_read, 0) + coalesce(toast_blks_hit, 0) + coalesce(toast_blks_read, 0))::bigint
-			FROM pg_statio_user_tables WHERE schemaname LIKE 't\_%' GROUP BY schemaname`)
+			FROM pg_catalog.pg_statio_user_tables WHERE schemaname LIKE 't\_%' GROUP BY schemaname`)
 		if err != nil {
 			c.Close(ctx)
 			return cluster.Classify(err)
@@ -336,12 +336,12 @@ func (s *Service) schemaFilenodes(ctx context.Context, cl *cluster.Cluster, node
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rows, err := conn.Query(ctx, `
-		SELECT pg_relation_filenode(x.oid), n.nspname
-		FROM pg_class c
-		JOIN pg_namespace n ON n.oid = c.relnamespace AND n.nspname LIKE 't\_%'
+		SELECT pg_catalog.pg_relation_filenode(x.oid), n.nspname
+		FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace AND n.nspname LIKE 't\_%'
 		CROSS JOIN LATERAL (VALUES (c.oid), (c.reltoastrelid),
-		                           ((SELECT i.indexrelid FROM pg_index i WHERE i.indrelid = c.reltoastrelid LIMIT 1))) x(oid)
-		WHERE x.oid IS NOT NULL AND x.oid <> 0 AND pg_relation_filenode(x.oid) IS NOT NULL`)
+		                           ((SELECT i.indexrelid FROM pg_catalog.pg_index i WHERE i.indrelid = c.reltoastrelid LIMIT 1))) x(oid)
+		WHERE x.oid IS NOT NULL AND x.oid <> 0 AND pg_catalog.pg_relation_filenode(x.oid) IS NOT NULL`)
 	if err != nil {
 		return nil, cluster.Classify(err)
 	}

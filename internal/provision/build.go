@@ -243,7 +243,7 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 	defer conn.Close(context.WithoutCancel(ctx))
 	var comment *string
 	var exists bool
-	err = conn.QueryRow(ctx, `SELECT true, obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = $1`, name).Scan(&exists, &comment)
+	err = conn.QueryRow(ctx, `SELECT true, pg_catalog.obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace WHERE nspname = $1`, name).Scan(&exists, &comment)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return cluster.Classify(err)
 	}

@@ -241,8 +241,8 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 			"lower tier %s's connection_limit, or raise provision.connection_overcommit (now %g)", ErrNoCapacity, tier,
 			s.Config.Tiers[tier].ConnectionLimit, strings.Join(full, ", "), tier, overcommit)
 	}
-	if len(names) == 0 && name != "" {
-		return nil, fmt.Errorf("%w: cluster %s did not answer; retry when it is up", cluster.ErrUnavailable, name)
+	if len(names) == 0 && len(all) > 0 {
+		return nil, fmt.Errorf("%w: no cluster answered when tenants were last counted; retry when one is up", cluster.ErrUnavailable)
 	}
 	chosen, err := tenant.Place(names, p.counts)
 	if err != nil {

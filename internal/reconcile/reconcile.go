@@ -196,8 +196,8 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 		if err != nil {
 			return obs, err
 		}
-		rows, err := p.Query(ctx, `SELECT nspname, coalesce(obj_description(oid, 'pg_namespace'), '') LIKE 'pgtenant: built%'
-			FROM pg_namespace WHERE nspname LIKE 't\_%'`)
+		rows, err := p.Query(ctx, `SELECT nspname, coalesce(pg_catalog.obj_description(oid, 'pg_namespace'), '') LIKE 'pgtenant: built%'
+			FROM pg_catalog.pg_namespace WHERE nspname LIKE 't\_%'`)
 		if err != nil {
 			return obs, cluster.Classify(err)
 		}
