@@ -20,6 +20,7 @@ type Health struct {
 	CheckpointsTimed     int64          `json:"checkpoints_timed"`      // since statistics reset
 	CheckpointsRequested int64          `json:"checkpoints_requested"`  // forced ones: CREATE DATABASE FILE_COPY, DROP DATABASE, …
 	CheckpointInProgress bool           `json:"checkpoint_in_progress"` // the checkpointer is writing or syncing
+	CheckpointUnpaced    bool           `json:"checkpoint_unpaced"`     // ... and not pacing itself: a forced checkpoint, or the end of a timed one
 	Databases            int            `json:"databases"`
 	Standbys             []StandbyState `json:"standbys"`
 	MissingStandbys      int            `json:"missing_standbys,omitempty"` // configured standby DSNs without a replication connection
@@ -77,6 +78,12 @@ func (c *Cluster) Probe(ctx context.Context) (Health, error) {
 	// The checkpointer waits on CheckpointerMain between checkpoints; any other
 	// wait (CheckpointWriteDelay, DataFileSync, …) or none means it is working.
 	h.CheckpointInProgress = ckptWait != "CheckpointerMain"
+	// A timed checkpoint spreads its writes, sleeping in CheckpointWriteDelay
+	// between them; a forced one (CREATE DATABASE … FILE_COPY, DROP DATABASE,
+	// CHECKPOINT) writes at full speed. A forced checkpoint requested while a
+	// timed one runs makes the checkpointer finish that one at full speed
+	// first, so only an unpaced checkpoint is worth waiting for.
+	h.CheckpointUnpaced = h.CheckpointInProgress && ckptWait != "CheckpointWriteDelay"
 	if !h.InRecovery {
 		rows, err := p.Query(ctx, `
 			SELECT coalesce(r.application_name, s.slot_name, ''), coalesce(r.state, 'down'),

@@ -108,8 +108,12 @@ type PacerConfig struct {
 	MaxReplayLag ByteSize `yaml:"max_replay_lag"`
 	// HeavyDDLSlots: heavy DDL steps (CREATE/DROP DATABASE, batches) in flight per cluster.
 	HeavyDDLSlots int `yaml:"heavy_ddl_slots"`
-	// WaitForCheckpoint: wait while a checkpoint is running before a step that forces another.
+	// WaitForCheckpoint: wait while a forced checkpoint is running before a
+	// step that forces another (never for a timed one, which the forced
+	// request would speed up anyway).
 	WaitForCheckpoint bool `yaml:"wait_for_checkpoint"`
+	// MaxCheckpointWait bounds that wait; then the step goes ahead.
+	MaxCheckpointWait Duration `yaml:"max_checkpoint_wait"`
 	// StandbyDown: "proceed" (report and go on) or "wait" (hold heavy work until it is back).
 	StandbyDown string `yaml:"standby_down"`
 	// PollInterval between budget checks while waiting.
@@ -258,6 +262,7 @@ func Default() Config {
 			MaxReplayLag:      64 << 20,
 			HeavyDDLSlots:     1,
 			WaitForCheckpoint: true,
+			MaxCheckpointWait: Duration(30 * time.Second),
 			StandbyDown:       "proceed",
 			PollInterval:      Duration(250 * time.Millisecond),
 		},
@@ -535,6 +540,8 @@ func (p PacerConfig) validate() *fieldError {
 		return &fieldError{"standby_down", fmt.Sprintf("must be proceed or wait, not %q", p.StandbyDown)}
 	case p.PollInterval.D() <= 0:
 		return &fieldError{"poll_interval", "must be positive"}
+	case p.MaxCheckpointWait < 0:
+		return &fieldError{"max_checkpoint_wait", "must not be negative"}
 	}
 	return nil
 }

@@ -20,8 +20,10 @@ type Kind int
 const (
 	// Light steps (a batch of DDL, a migration) wait only for standby replay lag.
 	Light Kind = iota
-	// Heavy steps (CREATE/DROP DATABASE) also wait for a running checkpoint
-	// and take one of the cluster's heavy DDL slots.
+	// Heavy steps (CREATE/DROP DATABASE) also wait (at most
+	// pacer.max_checkpoint_wait) while a forced checkpoint runs, and take one
+	// of the cluster's heavy DDL slots. A timed checkpoint, which runs most
+	// of the time on a busy cluster, is not waited for.
 	Heavy
 	// HeavyNoCheckpoint steps take a heavy DDL slot but force no checkpoint
 	// (CREATE DATABASE … STRATEGY WAL_LOG), so they do not wait for a running
@@ -78,7 +80,7 @@ func (p *Pacer) Acquire(ctx context.Context, clusterName string, kind Kind, repo
 	}
 	b := p.budget(clusterName)
 	var lastReason, lastKind string
-	var waitedSince time.Time
+	var waitedSince, checkpointSince time.Time
 	defer func() {
 		if !waitedSince.IsZero() {
 			p.waiting.WithLabelValues(clusterName).Dec()
@@ -88,6 +90,17 @@ func (p *Pacer) Acquire(ctx context.Context, clusterName string, kind Kind, repo
 		reasonKind, reason, err := p.overBudget(ctx, cl, b, kind)
 		if err != nil {
 			return nil, err
+		}
+		if reasonKind == "checkpoint" {
+			if checkpointSince.IsZero() {
+				checkpointSince = time.Now()
+			}
+			if time.Since(checkpointSince) >= b.MaxCheckpointWait.D() {
+				// Bounded: a step that forces a checkpoint queues behind
+				// the running one in the checkpointer anyway.
+				p.log.Info("checkpoint still running; proceeding (pacer.max_checkpoint_wait)", "cluster", clusterName)
+				reasonKind, reason = "", ""
+			}
 		}
 		if reason == "" && (kind == Heavy || kind == HeavyNoCheckpoint) {
 			release, ok, err := p.takeSlot(ctx, clusterName, b.HeavyDDLSlots)
@@ -149,8 +162,8 @@ func (p *Pacer) overBudget(ctx context.Context, cl *cluster.Cluster, b config.Pa
 	if lag > int64(b.MaxReplayLag) {
 		return "replay_lag", fmt.Sprintf("standby replay lag %s > %s", mb(lag), mb(int64(b.MaxReplayLag))), nil
 	}
-	if kind == Heavy && b.WaitForCheckpoint && h.CheckpointInProgress {
-		return "checkpoint", "checkpoint in progress on cluster " + cl.Name(), nil
+	if kind == Heavy && b.WaitForCheckpoint && h.CheckpointUnpaced {
+		return "checkpoint", "a forced checkpoint is running on cluster " + cl.Name(), nil
 	}
 	return "", "", nil
 }

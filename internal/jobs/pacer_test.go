@@ -9,7 +9,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
 )
 
 // paced returns handlers of a job ("heavy") whose one step ("ddl") asks the
@@ -146,5 +149,72 @@ func TestPacer_HeavyDDLSlotsAcrossDaemons(t *testing.T) {
 	}
 	if got := h.count(t, `SELECT count(DISTINCT worker) FROM test_exec WHERE step = 'paced work'`); got != 2 {
 		t.Errorf("daemons that held the slot = %d, want 2", got)
+	}
+}
+
+// TestPacer_GoesAheadDuringATimedCheckpoint: a heavy step does not wait for
+// a timed checkpoint, which spreads its writes over most of
+// checkpoint_timeout (a forced checkpoint the step requests makes the
+// checkpointer finish it at full speed anyway): it goes ahead while that
+// checkpoint is still running.
+func TestPacer_GoesAheadDuringATimedCheckpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a timed checkpoint")
+	}
+	ctx := testCtx(t)
+	c, err := pgtest.Start(ctx, pgtest.Options{Settings: map[string]string{
+		"checkpoint_timeout": "30s", "checkpoint_completion_target": "0.9"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	cl, err := cluster.New("local", c.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := cluster.NewRegistry()
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Dirty the buffers, then wait for the next timed checkpoint to pace
+	// itself through them.
+	if _, err := admin.Exec(ctx, `CHECKPOINT; CREATE TABLE public.dirty AS SELECT g, repeat('x', 500) AS pad FROM generate_series(1, 60000) g`); err != nil {
+		t.Fatal(err)
+	}
+	var timed int64
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		h, err := cl.Probe(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.CheckpointInProgress && !h.CheckpointUnpaced {
+			timed = h.CheckpointsTimed
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no timed checkpoint pacing itself within 90 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	budget := config.Default().Pacer
+	budget.PollInterval = config.Duration(50 * time.Millisecond)
+	budget.MaxCheckpointWait = config.Duration(time.Hour) // were it waited for, it would be waited out
+	pacer := jobs.NewPacer(reg, func(string) config.PacerConfig { return budget }, admin, pgtest.Logger(t), nil)
+	release, err := pacer.Acquire(ctx, "local", jobs.Heavy, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release()
+	h, err := cl.Probe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !h.CheckpointInProgress || h.CheckpointsTimed != timed {
+		t.Errorf("the heavy step went ahead only after the timed checkpoint (in progress %v, timed checkpoints %d, was %d)",
+			h.CheckpointInProgress, h.CheckpointsTimed, timed)
 	}
 }
