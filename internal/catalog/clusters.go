@@ -15,14 +15,16 @@ type Cluster struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// UpsertCluster registers a cluster or updates its DSNs.
+// UpsertCluster registers a cluster or updates its DSNs. An existing
+// cluster keeps its kind: a `serve` daemon listing a cluster that `up`
+// manages (or the other way round) does not take it over.
 func (s *Store) UpsertCluster(ctx context.Context, c Cluster) error {
 	if c.StandbyDSNs == nil {
 		c.StandbyDSNs = []string{}
 	}
 	_, err := s.pool.Exec(ctx, `
 		INSERT INTO clusters (name, kind, dsn, standby_dsns) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (name) DO UPDATE SET kind = $2, dsn = $3, standby_dsns = $4, updated_at = now()`,
+		ON CONFLICT (name) DO UPDATE SET dsn = $3, standby_dsns = $4, updated_at = now()`,
 		c.Name, c.Kind, c.DSN, c.StandbyDSNs)
 	if err != nil {
 		return fmt.Errorf("register cluster %s: %w", c.Name, err)

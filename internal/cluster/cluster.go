@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 // the probe and prewarm reach them directly.
 type Cluster struct {
 	name        string
+	dsn         string          // as registered, to notice a change
 	cfg         *pgx.ConnConfig // primary, admin role, maintenance database
 	standbyDSNs []string
 	log         *slog.Logger
@@ -56,12 +58,17 @@ func New(name, dsn string, standbyDSNs []string, logger *slog.Logger) (*Cluster,
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Cluster{name: name, cfg: cfg, standbyDSNs: standbyDSNs,
+	return &Cluster{name: name, dsn: dsn, cfg: cfg, standbyDSNs: standbyDSNs,
 		log: logger.With("component", "cluster", "cluster", name), pools: map[string]*pgxpool.Pool{}}, nil
 }
 
 // Name returns the cluster's name.
 func (c *Cluster) Name() string { return c.name }
+
+// Registered reports whether the cluster was made from these DSNs.
+func (c *Cluster) Registered(dsn string, standbyDSNs []string) bool {
+	return c.dsn == dsn && slices.Equal(c.standbyDSNs, standbyDSNs)
+}
 
 // Host and Port of the primary, for DSNs handed to tenants.
 func (c *Cluster) Host() string { return c.cfg.Host }
@@ -283,7 +290,7 @@ func (r *Registry) Get(name string) (*Cluster, error) {
 	defer r.mu.RUnlock()
 	c, ok := r.m[name]
 	if !ok {
-		return nil, fmt.Errorf("%w %q", ErrUnknownCluster, name)
+		return nil, fmt.Errorf("%w %q (daemons read the catalog's clusters every few seconds; register it with `pgtenant cluster add`)", ErrUnknownCluster, name)
 	}
 	return c, nil
 }

@@ -1,8 +1,12 @@
 package cluster_test
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 )
@@ -74,6 +78,29 @@ func TestConnect_PinnedSettingsBeatDatabaseAndRoleSettings(t *testing.T) {
 		}
 		if got, err := c.run("SELECT current_user::text"); err != nil || got != c.user {
 			t.Errorf("%s: current_user = %q (%v), want %s: ALTER DATABASE … SET role reached the session", c.who, got, err, c.user)
+		}
+	}
+}
+
+// TestExtensionError: a concurrent CREATE EXTENSION is no error, and the
+// contrib package is suggested only when the server lacks the extension.
+func TestExtensionError(t *testing.T) {
+	for _, tc := range []struct {
+		code, want string
+	}{
+		{"23505", ""},
+		{"42710", ""},
+		{"58P01", "install the PostgreSQL contrib package"},
+		{"42501", "permission denied"},
+	} {
+		err := cluster.ExtensionError("pg_prewarm", "local", &pgconn.PgError{Code: tc.code, Message: "permission denied"})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v, want no error", tc.code, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: %v, want an error containing %q", tc.code, err, tc.want)
+		case tc.code == "42501" && strings.Contains(err.Error(), "contrib"):
+			t.Errorf("%s: %v suggests the contrib package", tc.code, err)
 		}
 	}
 }

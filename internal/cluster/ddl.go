@@ -400,9 +400,22 @@ func CreateExtension(ctx context.Context, cl *Cluster, name string) error {
 		return err
 	}
 	if _, err := admin.Exec(ctx, CreateExtensionSQL(name)); err != nil {
-		return fmt.Errorf("create extension %s on %s: %w (install the PostgreSQL contrib package)", name, cl.Name(), Classify(err))
+		return ExtensionError(name, cl.Name(), err)
 	}
 	return nil
+}
+
+// ExtensionError explains a failed CREATE EXTENSION: the contrib package is
+// suggested only when the server has no such extension (58P01: no control
+// file); a concurrent creation (another worker or daemon) is no error.
+func ExtensionError(name, where string, err error) error {
+	switch SQLState(err) {
+	case "23505", "42710": // created at the same moment by someone else
+		return nil
+	case "58P01":
+		return fmt.Errorf("create extension %s on %s: %w (the server has no %s: install the PostgreSQL contrib package on it)", name, where, Classify(err), name)
+	}
+	return fmt.Errorf("create extension %s on %s: %w", name, where, Classify(err))
 }
 
 // ExtensionSchemaName is where pgtenant installs the extensions it uses in a

@@ -326,6 +326,10 @@ func Parse(raw []byte) (Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader([]byte(expanded)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) { // an empty file is the defaults
+		if strings.Contains(err.Error(), "did not find expected ','") {
+			// A DSN's "?" or ":" inside a [flow, list] or {flow: map}.
+			return Config{}, fmt.Errorf("%w (quote values such as DSNs inside [..] or {..}: [\"postgres://…?sslmode=require\"])", err)
+		}
 		return Config{}, err
 	}
 	if _, ok := cfg.Tiers["default"]; !ok {

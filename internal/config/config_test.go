@@ -74,6 +74,7 @@ func TestParse_Errors(t *testing.T) {
 		{"bad duration", "drop:\n  retention: soon\n", "bad duration"},
 		{"bad standby_down", "pacer:\n  standby_down: maybe\n", "pacer.standby_down"},
 		{"bad pool mode", "pools:\n  - {template: saas, mode: table, size: 1}\n", "pools[0].mode"},
+		{"unquoted DSN in a flow map", "clusters:\n  - {name: c1, dsn: postgres://a@h:5432/p?sslmode=require}\n", "quote values such as DSNs"},
 		{"zero workers", "jobs:\n  workers: 0\n", "jobs.workers"},
 		{"cert without key", "tls_cert_file: /etc/pgtenant/cert.pem\n", "tls_key_file: required with tls_cert_file"},
 		{"key without cert", "tls_key_file: /etc/pgtenant/key.pem\n", "tls_cert_file: required with tls_key_file"},
@@ -92,21 +93,41 @@ func TestParse_Errors(t *testing.T) {
 
 // TestParse_READMEExample keeps the README's configuration example true: it
 // parses, and it sets what it says it sets.
+// TestParse_READMEExample parses every ```yaml block of the README; the
+// first is the configuration reference, checked field by field.
 func TestParse_READMEExample(t *testing.T) {
 	raw, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rest, ok := strings.Cut(string(raw), "```yaml\n")
-	example, _, ok2 := strings.Cut(rest, "```")
-	if !ok || !ok2 {
-		t.Fatal("README.md has no ```yaml block")
-	}
 	t.Setenv("CATALOG_PASSWORD", "x")
 	t.Setenv("C1_PASSWORD", "y")
-	cfg, err := config.Parse([]byte(example))
+	var blocks []string
+	for rest := string(raw); ; {
+		var block string
+		var ok bool
+		if _, rest, ok = strings.Cut(rest, "```yaml\n"); !ok {
+			break
+		}
+		if block, rest, ok = strings.Cut(rest, "```"); !ok {
+			t.Fatal("README.md has an unterminated ```yaml block")
+		}
+		blocks = append(blocks, block)
+	}
+	if len(blocks) == 0 {
+		t.Fatal("README.md has no ```yaml block")
+	}
+	for i, b := range blocks {
+		if _, err := config.Parse([]byte(b)); err != nil {
+			t.Errorf("README yaml block %d: %v", i+1, err)
+		}
+	}
+	cfg, err := config.Parse([]byte(blocks[0]))
 	if err != nil {
 		t.Fatalf("README example: %v", err)
+	}
+	if len(cfg.Clusters) != 1 || len(cfg.Clusters[0].Standbys) != 1 || !strings.HasSuffix(cfg.Clusters[0].Standbys[0], "?sslmode=require") {
+		t.Errorf("README example's cluster = %+v, want one standby DSN with ?sslmode=require", cfg.Clusters)
 	}
 	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || !p.WaitForCheckpoint {
 		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)

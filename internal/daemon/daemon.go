@@ -206,18 +206,55 @@ func (d *Daemon) registerClusters(ctx context.Context, managed []catalog.Cluster
 			return err
 		}
 	}
+	return d.loadClusters(ctx)
+}
+
+// loadClusters puts into the registry every cluster of the catalog that it
+// does not hold yet, or holds with other DSNs.
+func (d *Daemon) loadClusters(ctx context.Context) error {
 	all, err := d.store.Clusters(ctx)
 	if err != nil {
 		return fmt.Errorf("load clusters: %w", err)
 	}
 	for _, c := range all {
+		if cur, err := d.clusters.Get(c.Name); err == nil && cur.Registered(c.DSN, c.StandbyDSNs) {
+			continue
+		}
 		cl, err := cluster.New(c.Name, c.DSN, c.StandbyDSNs, d.log)
 		if err != nil {
 			return err
 		}
 		d.clusters.Put(cl)
+		d.log.Info("cluster registered", "cluster", c.Name)
 	}
 	return nil
+}
+
+// clusterSyncInterval bounds how long a cluster added (or changed) through
+// another daemon of the catalog stays unknown to this one.
+const clusterSyncInterval = 5 * time.Second
+
+// syncClusters keeps the registry following the catalog until ctx is done.
+type syncClusters struct{ d *Daemon }
+
+func (s syncClusters) Run(ctx context.Context) error {
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(clusterSyncInterval):
+		}
+		err := s.d.loadClusters(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			s.d.log.Warn("cannot read the clusters from the catalog; retrying quietly", "err", err)
+			failing = true
+		case err == nil && failing:
+			s.d.log.Info("clusters read from the catalog again")
+			failing = false
+		}
+	}
 }
 
 // Addr is the address the API listens on.
@@ -260,7 +297,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

@@ -10,9 +10,11 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 )
@@ -106,6 +108,43 @@ func TestClusters_AddValidates(t *testing.T) {
 	// The managed cluster cannot be replaced.
 	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "local", DSN: pg.PrimaryDSN("postgres")}); err == nil {
 		t.Error("replacing the managed cluster succeeded, want an error")
+	}
+}
+
+// TestClusters_DaemonsOfOneCatalogAgree: a cluster added through one daemon
+// is used by another daemon of the same catalog within seconds, without a
+// restart; a daemon whose configuration lists a cluster that `up` manages
+// (as an external one) does not take it over.
+func TestClusters_DaemonsOfOneCatalogAgree(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := daemontest.Config(t, pg)
+	_, a := daemontest.Start(t, pg, cfg)
+	other := cfg
+	other.TokenFile = cfg.TokenFile + ".b"
+	other.Clusters = []config.ClusterConfig{{Name: "local", DSN: pg.PrimaryDSN("postgres")}}
+	_, b := daemontest.Start(t, pg, other)
+
+	if _, err := a.AddCluster(ctx, api.AddClusterRequest{Name: "added", DSN: pg.PrimaryDSN("postgres")}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		got, err := b.Cluster(ctx, "added")
+		if err == nil && got.Status == "up" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the other daemon does not use the added cluster: %+v, %v", got, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	cs, err := a.Clusters(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cs {
+		if c.Name == "local" && c.Kind != "managed" {
+			t.Errorf("cluster local is %s after a daemon listed it in its configuration, want still managed", c.Kind)
+		}
 	}
 }
 

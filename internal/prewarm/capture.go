@@ -184,7 +184,9 @@ func identity(ctx context.Context, conn *pgx.Conn) (nodeID, error) {
 func ensureBufferCache(ctx context.Context, conn *pgx.Conn, node string) (string, error) {
 	if node == "primary" {
 		if _, err := conn.Exec(ctx, cluster.CreateExtensionSQL("pg_buffercache")); err != nil {
-			return "", fmt.Errorf("create extension pg_buffercache: %w (install the PostgreSQL contrib package)", cluster.Classify(err))
+			if err := cluster.ExtensionError("pg_buffercache", node, err); err != nil {
+				return "", err
+			}
 		}
 	}
 	schema, err := cluster.ExtensionSchema(ctx, conn, "pg_buffercache")

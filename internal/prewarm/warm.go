@@ -287,12 +287,8 @@ func (w *warmer) ensureExtension(ctx context.Context, database string) error {
 		return err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
-	_, err = c.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`)
-	if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
-		return nil // another worker created it at the same moment
-	}
-	if err != nil {
-		return fmt.Errorf("create extension pg_prewarm in %s: %w (install the PostgreSQL contrib package)", database, cluster.Classify(err))
+	if _, err = c.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`); err != nil {
+		return cluster.ExtensionError("pg_prewarm", w.cl.Name()+"/"+database, err)
 	}
 	return nil
 }
