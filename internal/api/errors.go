@@ -29,6 +29,9 @@ func invalid(format string, args ...any) error {
 // statusOf maps domain errors to HTTP status codes and error codes. It is the
 // one place that does.
 func statusOf(err error) (int, string) {
+	if _, ok := cluster.Unreachable(err); ok {
+		return http.StatusServiceUnavailable, "unavailable"
+	}
 	switch {
 	case errors.Is(err, ErrInvalid), errors.Is(err, provision.ErrInvalid), errors.Is(err, templates.ErrInvalid),
 		errors.Is(err, migrate.ErrInvalid):

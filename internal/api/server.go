@@ -185,7 +185,9 @@ func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Reques
 		}
 		if err := h(w, r); err != nil {
 			status, _ := statusOf(err)
-			if status >= 500 {
+			// A bug; not what the client is told of an outage (503), which
+			// the workers' outage log reports once.
+			if status == http.StatusInternalServerError {
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			writeError(w, err)
@@ -203,6 +205,10 @@ func writeError(w http.ResponseWriter, err error) {
 	msg := err.Error()
 	if code == "invalid" {
 		msg = strings.TrimPrefix(msg, ErrInvalid.Error()+": ")
+	}
+	if cause, ok := cluster.Unreachable(err); ok {
+		// Not the driver's text: what does not answer, and that it is retried.
+		msg = "a database pgtenant needs does not answer (" + cause + "); pgtenant retries on its own: GET /healthz says which, `pgtenant cluster list` shows the clusters"
 	}
 	writeJSON(w, status, ErrorBody{Error: ErrorDetail{Code: code, Message: msg}})
 }
@@ -234,14 +240,30 @@ func decode(r *http.Request, v any) error {
 	return nil
 }
 
+// healthz says whether the daemon can work: 200 when its catalog answers
+// (clusters that do not are listed: tenants elsewhere are served), 503 when
+// the catalog does not. Causes are short, never the driver's text.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	h := Health{Status: "ok", Catalog: "ok", Version: Version}
-	if err := s.Store.Ping(r.Context()); err != nil {
-		h.Status, h.Catalog = "degraded", err.Error()
-		writeJSON(w, http.StatusServiceUnavailable, h)
-		return
+	h := Health{Status: "ok", Catalog: "ok", Version: Version, Clusters: map[string]string{}}
+	for _, cl := range s.Clusters.All() {
+		h.Clusters[cl.Name()] = "ok"
+		if _, err := cl.LastProbeResult(); err != nil {
+			cause, ok := cluster.Unreachable(err)
+			if !ok {
+				cause = "probe failed"
+			}
+			h.Clusters[cl.Name()], h.Status = "down: "+cause, "degraded"
+		}
 	}
-	writeJSON(w, http.StatusOK, h)
+	status := http.StatusOK
+	if err := s.Store.Ping(r.Context()); err != nil {
+		cause, ok := cluster.Unreachable(err)
+		if !ok {
+			cause = "does not answer"
+		}
+		h.Status, h.Catalog, status = "down", "down: "+cause, http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, h)
 }
 
 // clusterView is the list row of one cluster: from the last probe when

@@ -48,9 +48,10 @@ type AddClusterRequest struct {
 
 // Health is /healthz.
 type Health struct {
-	Status  string `json:"status"` // ok or degraded
-	Catalog string `json:"catalog"`
-	Version string `json:"version"`
+	Status   string            `json:"status"`   // ok; degraded (a cluster is down); down (the catalog is: 503)
+	Catalog  string            `json:"catalog"`  // ok, or down: the cause
+	Clusters map[string]string `json:"clusters"` // by name: ok, or down: the cause (from the last probe)
+	Version  string            `json:"version"`
 }
 
 // CreateTemplateRequest uploads a template's files (create or push).

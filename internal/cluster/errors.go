@@ -1,8 +1,12 @@
 package cluster
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
+	"os"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -74,7 +78,9 @@ func Classify(err error) error {
 	}
 	var connErr *pgconn.ConnectError
 	var netErr net.Error
-	if errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) {
+	if errors.As(err, &connErr) || errors.As(err, &netErr) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		// A connection lost under a query ends in EOF: the server went away.
 		return &Error{Kind: ErrUnavailable, Err: err}
 	}
 	return err
@@ -87,4 +93,36 @@ func SQLState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// Unreachable describes a connection-level failure (ErrUnavailable from a
+// failed connection, a refused or reset socket, a server shutting down or
+// starting up) for an operator, without the driver's internals:
+// "127.0.0.1:5432/pgtenant: connection refused". ok is false for any other
+// error.
+func Unreachable(err error) (string, bool) {
+	if !errors.Is(Classify(err), ErrUnavailable) {
+		return "", false
+	}
+	where := ""
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) && ce.Config != nil {
+		where = fmt.Sprintf("%s:%d/%s: ", ce.Config.Host, ce.Config.Port, ce.Config.Database)
+	}
+	var pgErr *pgconn.PgError
+	var sysErr *os.SyscallError
+	var opErr *net.OpError
+	switch {
+	case errors.As(err, &pgErr):
+		return where + pgErr.Message, true
+	case errors.As(err, &sysErr):
+		return where + sysErr.Err.Error(), true
+	case errors.As(err, &opErr) && opErr.Timeout():
+		return where + "timed out", true
+	case errors.Is(err, context.DeadlineExceeded):
+		return where + "timed out", true
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, pgconn.ErrConnClosed):
+		return where + "connection lost", true
+	}
+	return where + "not reachable", true
 }

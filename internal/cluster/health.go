@@ -145,14 +145,20 @@ type Monitor struct {
 func (m *Monitor) Run(ctx context.Context) error {
 	t := time.NewTicker(m.Interval)
 	defer t.Stop()
+	down := map[string]*Outage{}
+	log := m.Logger.With("component", "monitor")
 	for {
 		for _, c := range m.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, m.Interval)
 			_, err := c.Probe(pctx)
 			cancel()
-			if err != nil && ctx.Err() == nil {
-				m.Logger.Warn("cluster probe failed", "component", "monitor", "cluster", c.Name(), "err", err)
+			if ctx.Err() != nil {
+				break
 			}
+			if down[c.Name()] == nil {
+				down[c.Name()] = &Outage{What: "probe cluster " + c.Name()}
+			}
+			down[c.Name()].Report(log, err, "cluster", c.Name())
 		}
 		select {
 		case <-ctx.Done():

@@ -238,21 +238,15 @@ const clusterSyncInterval = 5 * time.Second
 type syncClusters struct{ d *Daemon }
 
 func (s syncClusters) Run(ctx context.Context) error {
-	failing := false
+	down := cluster.Outage{What: "read the clusters from the catalog"}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-time.After(clusterSyncInterval):
 		}
-		err := s.d.loadClusters(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil && !failing:
-			s.d.log.Warn("cannot read the clusters from the catalog; retrying quietly", "err", err)
-			failing = true
-		case err == nil && failing:
-			s.d.log.Info("clusters read from the catalog again")
-			failing = false
+		if err := s.d.loadClusters(ctx); ctx.Err() == nil {
+			down.Report(s.d.log, err)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 )
 
@@ -139,12 +140,18 @@ func (r *Runner) Run(ctx context.Context) error {
 		types = append(types, t)
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	down := cluster.Outage{What: "claim jobs"}
 	for i := 0; i < r.cfg.Workers; i++ {
 		g.Go(func() error {
 			for {
 				j, err := r.claim(ctx, types)
-				if err != nil && !errors.Is(err, pgx.ErrNoRows) && ctx.Err() == nil {
-					r.log.Warn("claim failed", "err", err)
+				poll := 500 * time.Millisecond
+				switch {
+				case err == nil || errors.Is(err, pgx.ErrNoRows):
+					down.OK(r.log)
+				case ctx.Err() == nil:
+					down.Fail(r.log, err)
+					poll = 2 * time.Second // the catalog does not answer: poll it less
 				}
 				if err == nil {
 					r.execute(ctx, j)
@@ -155,7 +162,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				case <-ctx.Done():
 					return nil
 				case <-r.poke:
-				case <-time.After(500 * time.Millisecond):
+				case <-time.After(poll):
 				}
 			}
 		})

@@ -204,22 +204,19 @@ func (c *Collector) Run(ctx context.Context) error {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	failing := map[string]string{}
+	down := map[string]*cluster.Outage{}
 	for {
 		for _, cl := range c.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
 			err := c.Pass(pctx, cl.Name())
 			cancel()
-			// Log a failing cluster once per distinct error, not every pass.
-			if err != nil && ctx.Err() == nil {
-				if failing[cl.Name()] != err.Error() {
-					c.log().Warn("metrics pass failed", "cluster", cl.Name(), "err", err)
-					failing[cl.Name()] = err.Error()
-				}
-			} else if err == nil && failing[cl.Name()] != "" {
-				c.log().Info("metrics pass works again", "cluster", cl.Name())
-				delete(failing, cl.Name())
+			if ctx.Err() != nil {
+				break
 			}
+			if down[cl.Name()] == nil {
+				down[cl.Name()] = &cluster.Outage{What: "metrics pass"}
+			}
+			down[cl.Name()].Report(c.log(), err, "cluster", cl.Name())
 		}
 		c.retention(ctx)
 		select {

@@ -85,6 +85,7 @@ func (w *Watcher) watchNode(ctx context.Context, cl *cluster.Cluster, node strin
 		}
 	}()
 	var last nodeID
+	down := cluster.Outage{What: "restart check"}
 	for ctx.Err() == nil {
 		if conn == nil {
 			if c, err := cl.ConnectNode(ctx, node, cl.MaintenanceDB()); err == nil {
@@ -98,9 +99,11 @@ func (w *Watcher) watchNode(ctx context.Context, cl *cluster.Cluster, node strin
 				conn.Close(context.WithoutCancel(ctx))
 				conn = nil
 			case !id.start.Equal(last.start) || id.timeline != last.timeline:
-				if err := w.S.check(ctx, cl, node, id); err != nil && ctx.Err() == nil {
-					log.Warn("restart check failed", "err", err)
-				} else {
+				err := w.S.check(ctx, cl, node, id)
+				if ctx.Err() == nil {
+					down.Report(log, err)
+				}
+				if err == nil {
 					last = id
 				}
 			}

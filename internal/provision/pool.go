@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -45,9 +46,10 @@ func (p *Pool) Poke() {
 // Run refills until ctx is done.
 func (p *Pool) Run(ctx context.Context) error {
 	log := p.Svc.Logger.With("component", "pool")
+	down := cluster.Outage{What: "pool refill"}
 	for {
-		if err := p.Refill(ctx); err != nil && ctx.Err() == nil {
-			log.Warn("pool refill failed", "err", err)
+		if err := p.Refill(ctx); ctx.Err() == nil {
+			down.Report(log, err)
 		}
 		select {
 		case <-ctx.Done():

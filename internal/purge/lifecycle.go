@@ -173,10 +173,11 @@ type Retention struct {
 // Run checks every Interval until ctx is done.
 func (r *Retention) Run(ctx context.Context) error {
 	log := r.S.Logger.With("component", "retention")
+	down := cluster.Outage{What: "retention pass"}
 	for {
 		n, err := r.S.PurgeExpired(ctx)
-		if err != nil && ctx.Err() == nil {
-			log.Warn("retention pass failed", "err", err)
+		if ctx.Err() == nil {
+			down.Report(log, err)
 		}
 		if n > 0 {
 			log.Info("retention ended: purging dropped tenants", "tenants", n)

@@ -524,6 +524,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		return nil
 	}
 	log := l.R.Logger.With("component", "reconcile")
+	down := cluster.Outage{What: "reconcile"}
 	for {
 		select {
 		case <-ctx.Done():
@@ -531,8 +532,10 @@ func (l *Loop) Run(ctx context.Context) error {
 		case <-time.After(l.Interval):
 		}
 		rep, err := l.R.Run(ctx, "", true)
+		if ctx.Err() == nil {
+			down.Report(log, err)
+		}
 		if err != nil {
-			log.Warn("reconcile failed", "err", err)
 			continue
 		}
 		for _, f := range rep.Findings {

@@ -1,0 +1,117 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
+)
+
+// logBuffer collects a daemon's log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// TestOutage_CatalogDown: with its catalog down, the daemon answers every
+// route 503 unavailable with what does not answer and why (never the
+// driver's text), /healthz says the catalog is down, its workers log the
+// outage once (not once per poll) and once more when it is over.
+func TestOutage_CatalogDown(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cat, err := pgtest.Start(ctx, pgtest.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cat.Close)
+	cfg := daemontest.Config(t, pg)
+	cfg.Catalog.DSN = cat.PrimaryDSN("pgtenant_outage")
+	logs := &logBuffer{}
+	dctx, cancel := context.WithCancel(context.Background())
+	d, err := daemon.New(dctx, daemon.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(logs, nil)),
+		Managed: []catalog.Cluster{{Name: "local", DSN: pg.PrimaryDSN("postgres")}}})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(dctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	c := api.NewClient(d.URL(), d.Token())
+	if h, err := c.Health(ctx); err != nil || h.Status != "ok" || h.Clusters["local"] != "ok" {
+		t.Fatalf("healthz before the outage: %+v, %v", h, err)
+	}
+
+	if err := cat.StopNode(ctx, "primary", "immediate"); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"GET /v1/tenants":   func() error { _, err := c.Tenants(ctx, nil); return err },
+		"POST /v1/tenants":  func() error { _, err := c.CreateTenant(ctx, provision.Request{Template: "saas"}); return err },
+		"GET /v1/clusters":  func() error { _, err := c.Clusters(ctx); return err },
+		"GET /v1/templates": func() error { _, err := c.Templates(ctx); return err },
+		"GET /v1/jobs":      func() error { _, err := c.Jobs(ctx, nil); return err },
+	}
+	for route, call := range calls {
+		err := call()
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable || apiErr.Code != "unavailable" {
+			t.Errorf("%s with the catalog down: %v, want 503 unavailable\n%s", route, err, logs.b.String())
+			continue
+		}
+		if !strings.Contains(apiErr.Message, "does not answer") || strings.Contains(apiErr.Message, "failed to connect") ||
+			strings.Contains(apiErr.Message, "dial") {
+			t.Errorf("%s: message %q, want what does not answer without the driver's text", route, apiErr.Message)
+		}
+	}
+	h, err := c.Health(ctx)
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable {
+		t.Errorf("healthz with the catalog down: %+v, %v; want 503", h, err)
+	}
+
+	// The workers poll on: still one line after several polls.
+	time.Sleep(5 * time.Second)
+	if n := logs.count("claim jobs failed"); n != 1 {
+		t.Errorf("%d log lines about failing claims during the outage, want 1", n)
+	}
+	if err := cat.StartNode(ctx, "primary"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); logs.count("claim jobs works again") == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no log line when the catalog answered again")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if h, err := c.Health(ctx); err != nil || h.Status != "ok" {
+		t.Errorf("healthz after the outage: %+v, %v", h, err)
+	}
+}
