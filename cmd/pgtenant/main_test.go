@@ -5,9 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -143,4 +146,83 @@ func TestUp_StartStopRestart(t *testing.T) {
 	if _, err := c.Clusters(ctx); err != nil {
 		t.Errorf("after restart: %v", err)
 	}
+}
+
+// TestUp_RestartsKilledPrimary kills -9 the primary's postmaster under a
+// running up: up's supervisor restarts it, the API answers from the catalog
+// again, /metrics counts the restart and the log has its line.
+func TestUp_RestartsKilledPrimary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	dataDir := filepath.Join(pgtest.TempDir(t), "data")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := startUp(t, dataDir, "--standbys", "0")
+	stopped := false
+	defer func() {
+		if !stopped {
+			p.stop(t)
+		}
+	}()
+
+	pidFile := filepath.Join(dataDir, "local", "primary", "postmaster.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		t.Fatalf("postmaster.pid: %v", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+
+	const restarted = `pgtenant_managed_restarts_total{cluster="local",node="primary",outcome="restarted"} 1`
+	c := api.NewClient(p.info.URL, p.info.Token)
+	for {
+		metrics := scrape(p.info.URL + "/metrics")
+		if _, err := c.Clusters(ctx); err == nil && strings.Contains(metrics, restarted) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("primary not restarted: want %s in /metrics and the API answering; /metrics has:\n%s", restarted, grepLines(metrics, "pgtenant_managed_restarts_total"))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	p.stop(t)
+	stopped = true
+	for _, want := range []string{"component=supervisor", "node=primary", "attempt=1", "outcome=restarted"} {
+		if !strings.Contains(grepLines(p.stderr.String(), `msg="node restarted"`), want) {
+			t.Errorf("up's log has no restart line with %q:\n%s", want, p.stderr)
+		}
+	}
+	if _, err := os.Stat(pidFile); !os.IsNotExist(err) {
+		t.Errorf("postmaster.pid still there after Ctrl-C (err=%v): the restarted primary was not stopped", err)
+	}
+}
+
+// scrape returns the body of GET url, "" on any error.
+func scrape(url string) string {
+	resp, err := http.Get(url)
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

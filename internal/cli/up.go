@@ -11,7 +11,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -35,7 +37,7 @@ type nodeInfo struct {
 
 func newUpCmd(g *globals) *cobra.Command {
 	var listen, cfgPath string
-	var standbys int
+	var standbys, maxRestarts int
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local fleet (primary + standbys) and the daemon, in the foreground",
@@ -43,6 +45,11 @@ func newUpCmd(g *globals) *cobra.Command {
 streaming standbys, made with initdb and pg_basebackup on free loopback ports) under
 --data-dir, its catalog, and the pgtenant daemon. Ctrl-C stops the daemon, then the
 primary, then the standbys. Running it again restarts what is there.
+
+While it runs, up restarts a server of the cluster that dies (checked every 2 s;
+backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
+--max-restarts failed attempts in a row, with an error naming its log. A server
+stopped by hand is restarted: to take one down, stop up.
 
 As root, PostgreSQL runs as the postgres OS user.`,
 		Args: cobra.NoArgs,
@@ -57,18 +64,22 @@ As root, PostgreSQL runs as the postgres OS user.`,
 			if cmd.Flags().Changed("listen") || cfgPath == "" {
 				cfg.Listen = listen
 			}
-			return runUp(cmd.Context(), g, cfg, standbys)
+			return runUp(cmd.Context(), g, cfg, standbys, maxRestarts)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
 	cmd.Flags().IntVar(&standbys, "standbys", 1, "streaming standbys of the local cluster")
+	cmd.Flags().IntVar(&maxRestarts, "max-restarts", 5, "failed restart attempts in a row after which up gives up on a server that died; 0: never restart")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
 	return cmd
 }
 
-func runUp(ctx context.Context, g *globals, cfg config.Config, standbys int) error {
+func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRestarts int) error {
 	if standbys < 0 || standbys > 5 {
 		return fmt.Errorf("--standbys must be between 0 and 5")
+	}
+	if maxRestarts < 0 {
+		return fmt.Errorf("--max-restarts must be 0 (never restart) or more")
 	}
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := filepath.Abs(g.dataDir)
@@ -112,7 +123,9 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys int) err
 	for _, s := range fc.Standbys() {
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
 	}
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Logger: log})
+	restarts := restartCounter(fc)
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed},
+		Collectors: []prometheus.Collector{restarts}, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -125,7 +138,44 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys int) err
 	if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
 		return err
 	}
-	return d.Run(ctx)
+
+	// Shutdown order, once Ctrl-C cancels ctx (or the daemon fails):
+	//  1. the daemon stops (API, then workers, then pools) while the
+	//     supervisor still keeps the servers up for the work it finishes;
+	//  2. the supervisor stops; an attempt in progress runs to its end;
+	//  3. the deferred fc.Stop stops the primary, then the standbys.
+	// The supervisor must be done before 3, or it would restart a server
+	// that up is stopping: hence its own context, cancelled only after the
+	// daemon has returned, and eg.Wait before the deferred Stop.
+	sup := &fleet.Supervisor{Cluster: fc, MaxRestarts: maxRestarts, Logger: log,
+		OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
+	supCtx, stopSup := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSup()
+	eg, ectx := errgroup.WithContext(ctx)
+	eg.Go(func() error {
+		defer stopSup()
+		return d.Run(ectx)
+	})
+	if maxRestarts > 0 {
+		eg.Go(func() error { return sup.Run(supCtx) })
+	}
+	return eg.Wait()
+}
+
+// restartCounter counts the supervisor's restart attempts and give-ups,
+// every series present from the start so that an alert on an increase
+// sees the first one.
+func restartCounter(fc *fleet.Cluster) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pgtenant_managed_restarts_total",
+		Help: "Restart attempts of managed servers that died, by outcome (restarted, failed), and give-ups (gave_up), by pgtenant up's supervisor.",
+	}, []string{"cluster", "node", "outcome"})
+	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
+		for _, o := range []string{fleet.OutcomeRestarted, fleet.OutcomeFailed, fleet.OutcomeGaveUp} {
+			c.WithLabelValues(fc.Name(), n.Name, o)
+		}
+	}
+	return c
 }
 
 func printUp(w io.Writer, in upInfo) {
@@ -140,7 +190,7 @@ func printUp(w io.Writer, in upInfo) {
 	fmt.Fprintf(w, "  ./bin/pgtenant cluster show local\n")
 	fmt.Fprintf(w, "  ./bin/pgtenant template create saas --from examples/templates/saas\n")
 	fmt.Fprintf(w, "  ./bin/pgtenant tenant create --template saas --name \"Acme Inc\"\n\n")
-	fmt.Fprintf(w, "Ctrl-C stops the daemon, then the clusters.\n")
+	fmt.Fprintf(w, "A server that dies is restarted. Ctrl-C stops the daemon, then the clusters.\n")
 }
 
 // lockDir takes an exclusive lock on the data dir so that two `up`s never run

@@ -41,7 +41,10 @@ type Options struct {
 	Config config.Config
 	// Managed are clusters run by `pgtenant up`, registered with kind managed.
 	Managed []catalog.Cluster
-	Logger  *slog.Logger
+	// Collectors are registered on /metrics next to the daemon's own
+	// (`pgtenant up`'s supervisor counts its restarts there).
+	Collectors []prometheus.Collector
+	Logger     *slog.Logger
 }
 
 // Daemon is a running pgtenant server.
@@ -105,6 +108,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		metrics.NewClusterCollector(d.clusters))
 	reg.MustRegister(metrics.NewTemplateCollector(store))
+	reg.MustRegister(opts.Collectors...)
 	d.monitor = &cluster.Monitor{Clusters: d.clusters, Interval: 5 * time.Second, Logger: log}
 
 	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)

@@ -1,8 +1,9 @@
 // Package fleet runs local managed PostgreSQL clusters: it finds the server
 // binaries, runs initdb, and starts and stops a primary with its streaming
-// standbys (made with pg_basebackup -R) on loopback ports. It owns the files
-// under a cluster directory; it never looks inside the databases beyond the
-// replication slot its standbys use.
+// standbys (made with pg_basebackup -R) on loopback ports, and its
+// Supervisor restarts a node that dies. It owns the files under a cluster
+// directory; it never looks inside the databases beyond the replication slot
+// its standbys use.
 package fleet
 
 import (
