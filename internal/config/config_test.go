@@ -23,6 +23,9 @@ func TestParse_Defaults(t *testing.T) {
 	if got, want := cfg.ConsoleSessionTTL.D(), 12*time.Hour; got != want {
 		t.Errorf("console_session_ttl = %v, want %v", got, want)
 	}
+	if got, want := cfg.Credentials.RetryWindow.D(), 24*time.Hour; got != want || cfg.Credentials.KeyFile != "" {
+		t.Errorf("credentials = %v, %q; want retry_window %v and key_file next to the token file", got, cfg.Credentials.KeyFile, want)
+	}
 	if cfg.TLSCertFile != "" || cfg.MetricsListen != "" || cfg.MetricsAuth {
 		t.Errorf("defaults: tls_cert_file %q, metrics_listen %q, metrics_auth %v; want plain HTTP with open /metrics on listen",
 			cfg.TLSCertFile, cfg.MetricsListen, cfg.MetricsAuth)
@@ -80,6 +83,9 @@ func TestParse_Errors(t *testing.T) {
 		{"metrics_listen not host:port", "metrics_listen: 9187\n", "metrics_listen"},
 		{"metrics_listen is listen", "listen: 127.0.0.1:8080\nmetrics_listen: 127.0.0.1:8080\n", "metrics_listen: must differ from listen"},
 		{"short session", "console_session_ttl: 10s\n", "console_session_ttl"},
+		{"negative retry window", "credentials:\n  retry_window: -1h\n", "credentials.retry_window"},
+		{"tiny retry window", "credentials:\n  retry_window: 10ms\n", "credentials.retry_window"},
+		{"unknown credentials field", "credentials:\n  key: abc\n", "field key not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml))
