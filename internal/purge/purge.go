@@ -100,9 +100,9 @@ func (p *purger) lockOut(ctx context.Context, r *jobs.Run) error {
 	})
 }
 
-// replayWait bounds how long OnStandbys waits for a standby to replay the
+// ReplayWait bounds how long OnStandbys waits for a standby to replay the
 // primary's latest change before it goes on anyway.
-const replayWait = 10 * time.Second
+const ReplayWait = 10 * time.Second
 
 // LockOut stops roles from logging in and ends their sessions, on the
 // primary and on every standby (a standby serves the tenant's read-only
@@ -158,7 +158,7 @@ func EndSessions(ctx context.Context, cl *cluster.Cluster, roles ...string) (int
 }
 
 // OnStandbys makes what the primary has done so far hold on every standby:
-// it waits (up to replayWait each) until the standby has replayed the
+// it waits (up to ReplayWait each) until the standby has replayed the
 // primary's current WAL position and then, with end, ends the roles'
 // sessions there. It returns the sessions ended and the standbys that had
 // not replayed within the wait (their sessions are ended all the same). A
@@ -185,7 +185,7 @@ func OnStandbys(ctx context.Context, cl *cluster.Cluster, end bool, roles ...str
 	return ended, late, nil
 }
 
-// onStandby waits (up to replayWait) until the standby has replayed lsn,
+// onStandby waits (up to ReplayWait) until the standby has replayed lsn,
 // then, with end, ends the roles' sessions there. A standby that does not
 // answer counts as replayed: nobody can log in to it.
 func onStandby(ctx context.Context, cl *cluster.Cluster, node, lsn string, end bool, roles []string) (ended int, replayed bool, err error) {
@@ -193,7 +193,7 @@ func onStandby(ctx context.Context, cl *cluster.Cluster, node, lsn string, end b
 	if err != nil {
 		return 0, false, err
 	}
-	for deadline := time.Now().Add(replayWait); ; {
+	for deadline := time.Now().Add(ReplayWait); ; {
 		err := pool.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, lsn).Scan(&replayed)
 		if errors.Is(cluster.Classify(err), cluster.ErrUnavailable) && ctx.Err() == nil {
 			return 0, true, nil
