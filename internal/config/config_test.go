@@ -120,6 +120,9 @@ func TestParse_READMEExample(t *testing.T) {
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
 		t.Errorf("README example: tls %q %q, metrics_listen %q, console_session_ttl %v", cfg.TLSCertFile, cfg.TLSKeyFile, cfg.MetricsListen, cfg.ConsoleSessionTTL)
 	}
+	if cfg.Credentials.RetryWindow.D() != 24*time.Hour || cfg.Credentials.KeyFile == "" {
+		t.Errorf("README example: credentials %+v, want retry_window 24h and a key_file", cfg.Credentials)
+	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
 	}
