@@ -32,6 +32,10 @@ type Rotated struct {
 // a tenant holds with its own uncommitted ALTER ROLE.
 const setPasswordLockTimeout = 3 * time.Second
 
+// rotateTimeout bounds a whole rotation: the attempts on the primary and
+// the wait for each standby's replay (purge.ReplayWait).
+const rotateTimeout = time.Minute
+
 // setPasswordAttempts: each attempt ends the tenant's sessions first, unless
 // they are kept, then waits at most setPasswordLockTimeout.
 const setPasswordAttempts = 3
@@ -46,12 +50,17 @@ const setPasswordAttempts = 3
 // works; its expiry stays. Active and suspended tenants can be rotated
 // (suspended: the role stays NOLOGIN); the others are a conflict.
 //
-// Every call makes a new password: a client whose answer was lost rotates
-// again, and the lost password never worked anywhere the next one does.
+// Every call makes a new password and retires the previous one: a client
+// whose answer was lost rotates again.
 func (s *Service) Rotate(ctx context.Context, id string, keepSessions bool) (Rotated, error) {
 	if !tenant.ValidID(id) {
 		return Rotated{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
 	}
+	// Once begun, a rotation finishes even if its caller goes away: a
+	// password changed on the primary with the catalog left behind would
+	// leave a retried create answering with the old one.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rotateTimeout)
+	defer cancel()
 	password, verifier := tenant.NewPassword()
 	var out Rotated
 	var cl *cluster.Cluster
