@@ -231,6 +231,13 @@ func (c *Client) TenantAction(ctx context.Context, id, action string) (Lifecycle
 	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/"+action, nil, &out)
 }
 
+// RotatePassword gives a tenant a new password and returns it with the DSN
+// (keepSessions: its open sessions stay).
+func (c *Client) RotatePassword(ctx context.Context, id string, keepSessions bool) (RotatePasswordResponse, error) {
+	var out RotatePasswordResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/password", RotatePasswordRequest{KeepSessions: keepSessions}, &out)
+}
+
 // Prewarm starts prewarm jobs for a tenant, a cluster or all.
 func (c *Client) Prewarm(ctx context.Context, req PrewarmRequest) ([]jobs.Job, error) {
 	var out []jobs.Job

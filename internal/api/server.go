@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
@@ -49,6 +50,9 @@ type Deps struct {
 	Reconciler *reconcile.Reconciler
 	Migrate    *migrate.Service
 	Prewarm    *prewarm.Service
+
+	// Credentials rotates tenants' passwords.
+	Credentials *credentials.Service
 	// Metrics, Quota and Doctor serve tenant metrics, quota state and
 	// `doctor`; nil when not wired.
 	Metrics *metrics.Collector
@@ -91,6 +95,7 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/restore", s.lifecycle(s.Purge.Restore))
 	s.handle("POST /v1/tenants/{id}/suspend", s.lifecycle(s.Purge.Suspend))
 	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
+	s.handle("POST /v1/tenants/{id}/password", s.rotatePassword)
 	s.handle("GET /v1/jobs", s.listJobs)
 	s.handle("GET /v1/jobs/{id}", s.showJob)
 	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)

@@ -26,7 +26,7 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	resp := CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn}, DSN: c.DSN, Password: c.Password,
-		Existing: c.Existing, Path: c.Path, Job: c.Job}
+		Existing: c.Existing, Path: c.Path, Note: c.Note, Job: c.Job}
 	status := http.StatusCreated
 	switch {
 	case c.Existing:
@@ -168,5 +168,26 @@ func (s *Server) writeLifecycle(w http.ResponseWriter, res purge.Result) error {
 		out.Tenant = v
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// rotatePassword gives a tenant a new password (POST /v1/tenants/{id}/password).
+func (s *Server) rotatePassword(w http.ResponseWriter, r *http.Request) error {
+	var req RotatePasswordRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			return err
+		}
+	}
+	res, err := s.Credentials.Rotate(r.Context(), r.PathValue("id"), req.KeepSessions)
+	if err != nil {
+		return err
+	}
+	view, err := s.tenantView(res.Tenant)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, RotatePasswordResponse{Tenant: view, DSN: res.DSN, Password: res.Password,
+		SessionsEnded: res.SessionsEnded, Note: res.Note})
 	return nil
 }

@@ -89,10 +89,29 @@ type Tenant struct {
 type CreateTenantResponse struct {
 	Tenant   Tenant    `json:"tenant"`
 	DSN      string    `json:"dsn"`                // with the password when it is shown
-	Password string    `json:"password,omitempty"` // shown once, at creation
+	Password string    `json:"password,omitempty"` // at creation, and to a retry within credentials.retry_window
 	Existing bool      `json:"existing"`           // an earlier request with this external id created it
 	Path     string    `json:"path,omitempty"`     // pool or cold
 	Job      *jobs.Job `json:"job,omitempty"`      // still provisioning: poll this job
+	Note     string    `json:"note,omitempty"`     // why a retry carries no password (window ended, another daemon's key)
+}
+
+// RotatePasswordRequest asks POST /v1/tenants/{id}/password for a new
+// password; an empty body is the defaults.
+type RotatePasswordRequest struct {
+	// KeepSessions leaves the tenant's sessions open (they logged in
+	// already); by default they are ended on every node.
+	KeepSessions bool `json:"keep_sessions,omitempty"`
+}
+
+// RotatePasswordResponse answers POST /v1/tenants/{id}/password.
+type RotatePasswordResponse struct {
+	Tenant        Tenant `json:"tenant"`
+	DSN           string `json:"dsn"`      // with the new password
+	Password      string `json:"password"` // the old one no longer works
+	SessionsEnded int    `json:"sessions_ended"`
+	// Note says when a standby had not taken the new password in time.
+	Note string `json:"note,omitempty"`
 }
 
 // LifecycleResponse answers drop, restore, suspend and resume.

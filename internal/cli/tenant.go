@@ -26,9 +26,12 @@ func newTenantCmd(g *globals) *cobra.Command {
 		Short: "Create a tenant (claims a ready spare in milliseconds when the pool has one)",
 		Long: `Create a tenant from a template, as its own database (--mode database) or as a
 schema in the template's shared database (--mode schema). The answer carries the
-tenant's id and a DSN with a generated password: the password is shown only
-once. With --external-id, a retry returns the tenant already created (without
-its password) instead of creating a second one.`,
+tenant's id and a DSN with a generated password; only its SCRAM verifier reaches
+PostgreSQL. With --external-id, a retry returns the tenant already created
+instead of creating a second one, with its password within the retry window
+(config credentials.retry_window, 24h), when the daemon keeps it sealed for
+exactly that: a create whose answer was lost is simply sent again. After the
+window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("name") {
@@ -62,13 +65,19 @@ its password) instead of creating a second one.`,
 				row(w, "tier", t.Tier)
 				row(w, "state", t.State)
 				if out.Existing {
-					row(w, "note", "created earlier with this external id; its password was shown then")
+					row(w, "existing", "created earlier with this external id")
 					row(w, "dsn", out.DSN)
+					if out.Password != "" {
+						row(w, "password", out.Password+"   (kept only for the retry window: store it now)")
+					}
+					if out.Note != "" {
+						row(w, "note", out.Note)
+					}
 					return
 				}
 				row(w, "provisioned", "from "+out.Path)
 				row(w, "dsn", out.DSN)
-				row(w, "password", out.Password+"   (shown once: store it now)")
+				row(w, "password", out.Password+"   (store it now)")
 			})
 		},
 	}
@@ -217,7 +226,46 @@ Dropping a dropped tenant again is not an error.`,
 				return g.print(out, func(w io.Writer) { tenantDetail(w, out.Tenant) })
 			}}
 	}
-	cmd.AddCommand(create, list, show, connect, drop, newTenantMetricsCmd(g),
+	var keepSessions bool
+	password := &cobra.Command{
+		Use:   "password ID",
+		Short: "Give a tenant a new password (the old one stops working at once, on every node)",
+		Long: `Rotate a tenant's password: its role gets a new one (only its SCRAM verifier
+reaches PostgreSQL) and the old one is refused from then on, on the primary and,
+once they have replayed the change (waited for, at most 10s each), on the
+standbys. The tenant's sessions are ended on every node unless --keep-sessions
+(they logged in already; only new logins need the new password). Prints the new
+DSN and password (-o json: .dsn, .password).
+
+Active and suspended tenants can be rotated (a suspended one still cannot log in
+until resumed); a tenant being provisioned, dropped or purged is a conflict. A
+create retried within the retry window gets the new password too. Every call
+makes a new password: if the answer is lost, rotate again.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.RotatePassword(cmd.Context(), args[0], keepSessions)
+			if err != nil {
+				return err
+			}
+			return g.print(out, func(w io.Writer) {
+				row(w, "id", out.Tenant.ID)
+				row(w, "state", out.Tenant.State)
+				row(w, "dsn", out.DSN)
+				row(w, "password", out.Password+"   (store it now)")
+				row(w, "sessions ended", out.SessionsEnded)
+				if out.Note != "" {
+					row(w, "note", out.Note)
+				}
+			})
+		},
+	}
+	password.Flags().BoolVar(&keepSessions, "keep-sessions", false, "leave the tenant's open sessions alone (default: end them on every node)")
+
+	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))

@@ -28,6 +28,9 @@ type upInfo struct {
 	TokenFile    string     `json:"token_file"`
 	PasswordFile string     `json:"superuser_password_file"`
 	Nodes        []nodeInfo `json:"nodes"`
+
+	// CredentialsKeyFile seals the passwords kept for retried creates.
+	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
 }
 
 type nodeInfo struct {
@@ -119,6 +122,9 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 
 	cfg.Catalog.DSN = fc.PrimaryDSN("pgtenant")
 	cfg.TokenFile = filepath.Join(dir, "token")
+	if cfg.Credentials.KeyFile == "" {
+		cfg.Credentials.KeyFile = filepath.Join(dir, "credentials.key")
+	}
 	managed := catalog.Cluster{Name: "local", DSN: fc.PrimaryDSN("postgres")}
 	for _, s := range fc.Standbys() {
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
@@ -131,6 +137,9 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	}
 	info := upInfo{URL: d.URL(), Token: d.Token(), TokenFile: cfg.TokenFile,
 		PasswordFile: filepath.Join(dir, "local", "superuser.password")}
+	if cfg.Credentials.RetryWindow > 0 {
+		info.CredentialsKeyFile = cfg.Credentials.KeyFile
+	}
 	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
 		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
 			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
@@ -184,6 +193,9 @@ func printUp(w io.Writer, in upInfo) {
 		fmt.Fprintf(w, "  %-9s %s\n", n.Name, n.DSN)
 	}
 	fmt.Fprintf(w, "  %-9s superuser password in %s\n", "", in.PasswordFile)
+	if in.CredentialsKeyFile != "" {
+		fmt.Fprintf(w, "  %-9s credentials key in %s (seals passwords kept for retried creates)\n", "", in.CredentialsKeyFile)
+	}
 	fmt.Fprintf(w, "  %-9s %s  (console, /v1 API, /metrics, /healthz)\n\n", "API", in.URL)
 	fmt.Fprintf(w, "In another shell:\n")
 	fmt.Fprintf(w, "  export PGTENANT_TOKEN=%s PGTENANT_SERVER=%s\n", in.Token, in.URL)

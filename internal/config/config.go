@@ -41,6 +41,8 @@ type Config struct {
 	ConsoleSessionTTL Duration `yaml:"console_session_ttl"`
 	// TokenFile holds the API bearer token; generated (0600) if missing.
 	TokenFile string `yaml:"token_file"`
+	// Credentials keeps tenants' passwords for retried creates.
+	Credentials CredentialsConfig `yaml:"credentials"`
 	// Catalog is where pgtenant keeps its own state.
 	Catalog CatalogConfig `yaml:"catalog"`
 	// Clusters are registered (upserted) in the catalog at start.
@@ -87,6 +89,21 @@ type PrewarmConfig struct {
 	Beyond string `yaml:"beyond"`
 	// Standbys: also prewarm standbys (so that a failover lands on a warm node).
 	Standbys bool `yaml:"standbys"`
+}
+
+// CredentialsConfig keeps the password of a tenant created with an external
+// id for a while, sealed, so that a retried create (its answer was lost)
+// gets it again (README, "tenant create"; docs/SECURITY.md, "Credentials").
+type CredentialsConfig struct {
+	// RetryWindow: a create retried with the same external id within this
+	// long gets the same answer, password included; then the sealed copy is
+	// deleted (0 = keep nothing: a retry answers without the password).
+	RetryWindow Duration `yaml:"retry_window"`
+	// KeyFile holds the key that seals the kept passwords (AES-256-GCM): 32
+	// random bytes, base64 or hex. Every daemon of a catalog needs the same
+	// one. Empty: credentials.key next to token_file, generated (0600) if
+	// missing.
+	KeyFile string `yaml:"key_file"`
 }
 
 // CatalogConfig locates the catalog database.
@@ -258,6 +275,7 @@ func Default() Config {
 	return Config{
 		Listen:            "127.0.0.1:8080",
 		ConsoleSessionTTL: Duration(12 * time.Hour),
+		Credentials:       CredentialsConfig{RetryWindow: Duration(24 * time.Hour)},
 		Pacer: PacerConfig{
 			MaxReplayLag:      64 << 20,
 			HeavyDDLSlots:     1,
@@ -395,6 +413,9 @@ func (c Config) Validate() error {
 	}
 	if c.ConsoleSessionTTL.D() < time.Minute {
 		bad("console_session_ttl", "must be at least 1m")
+	}
+	if w := c.Credentials.RetryWindow.D(); w < 0 || (w > 0 && w < time.Second) {
+		bad("credentials.retry_window", "must be 0 (keep no password) or at least 1s, e.g. 24h")
 	}
 	seen := map[string]bool{}
 	for i, cl := range c.Clusters {

@@ -23,6 +23,9 @@ func TestParse_Defaults(t *testing.T) {
 	if got, want := cfg.ConsoleSessionTTL.D(), 12*time.Hour; got != want {
 		t.Errorf("console_session_ttl = %v, want %v", got, want)
 	}
+	if got, want := cfg.Credentials.RetryWindow.D(), 24*time.Hour; got != want || cfg.Credentials.KeyFile != "" {
+		t.Errorf("credentials = %v, %q; want retry_window %v and key_file next to the token file", got, cfg.Credentials.KeyFile, want)
+	}
 	if cfg.TLSCertFile != "" || cfg.MetricsListen != "" || cfg.MetricsAuth {
 		t.Errorf("defaults: tls_cert_file %q, metrics_listen %q, metrics_auth %v; want plain HTTP with open /metrics on listen",
 			cfg.TLSCertFile, cfg.MetricsListen, cfg.MetricsAuth)
@@ -81,6 +84,9 @@ func TestParse_Errors(t *testing.T) {
 		{"metrics_listen not host:port", "metrics_listen: 9187\n", "metrics_listen"},
 		{"metrics_listen is listen", "listen: 127.0.0.1:8080\nmetrics_listen: 127.0.0.1:8080\n", "metrics_listen: must differ from listen"},
 		{"short session", "console_session_ttl: 10s\n", "console_session_ttl"},
+		{"negative retry window", "credentials:\n  retry_window: -1h\n", "credentials.retry_window"},
+		{"tiny retry window", "credentials:\n  retry_window: 10ms\n", "credentials.retry_window"},
+		{"unknown credentials field", "credentials:\n  key: abc\n", "field key not found"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml))
@@ -134,6 +140,9 @@ func TestParse_READMEExample(t *testing.T) {
 	}
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
 		t.Errorf("README example: tls %q %q, metrics_listen %q, console_session_ttl %v", cfg.TLSCertFile, cfg.TLSKeyFile, cfg.MetricsListen, cfg.ConsoleSessionTTL)
+	}
+	if cfg.Credentials.RetryWindow.D() != 24*time.Hour || cfg.Credentials.KeyFile == "" {
+		t.Errorf("README example: credentials %+v, want retry_window 24h and a key_file", cfg.Credentials)
 	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)

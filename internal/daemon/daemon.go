@@ -12,6 +12,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +25,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/console"
+	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
@@ -68,6 +71,9 @@ type Daemon struct {
 	recLoop *reconcile.Loop
 	retain  *purge.Retention
 	watcher *prewarm.Watcher
+	// creds keeps passwords for retried creates; its Run deletes them when
+	// their window ends.
+	creds *credentials.Service
 	// collector measures tenants (and checks quotas); capper enforces statement caps.
 	collector *metrics.Collector
 	capper    *quota.Capper
@@ -94,6 +100,10 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
+	key, err := loadCredentialsKey(cfg, log)
+	if err != nil {
+		return nil, err
+	}
 	store, err := catalog.Open(ctx, cfg.Catalog.DSN, log)
 	if err != nil {
 		return nil, err
@@ -102,6 +112,15 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	if err := d.registerClusters(ctx, opts.Managed); err != nil {
 		d.Close()
 		return nil, err
+	}
+	d.creds = &credentials.Service{Store: store, Clusters: d.clusters, Key: key, Window: cfg.Credentials.RetryWindow.D(), Logger: log}
+	if others, err := d.creds.OtherKeys(ctx); err != nil {
+		d.Close()
+		return nil, err
+	} else if len(others) > 0 {
+		log.Warn("passwords kept in the catalog were sealed with other credentials keys: their daemons do not share this one, "+
+			"and retried creates they answered get no password here; give every daemon of the catalog the same credentials.key_file",
+			"key_id", key.ID(), "other_key_ids", others)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -116,7 +135,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
 	agents := &sandbox.Agents{Store: store}
 	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg,
-		Logger: log, ColdWait: cfg.Provision.ColdWait.D()}
+		Credentials: d.creds, Logger: log, ColdWait: cfg.Provision.ColdWait.D()}
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
 	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
 	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
@@ -142,7 +161,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Reconciler: rec, Prewarm: warm,
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm,
 		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 
@@ -163,6 +182,35 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		d.metricsHTTP = &http.Server{Handler: srv.MetricsHandler(), ReadHeaderTimeout: 10 * time.Second, TLSConfig: tlsConfig.Clone(), ErrorLog: errLog}
 	}
 	return d, nil
+}
+
+// loadCredentialsKey reads (or makes) the key that seals passwords kept for
+// retried creates; nil with credentials.retry_window 0. Without
+// credentials.key_file it lives next to the token file: made there, it is
+// this daemon's alone, which other daemons of the catalog must be given.
+func loadCredentialsKey(cfg config.Config, log *slog.Logger) (*credentials.Key, error) {
+	if cfg.Credentials.RetryWindow <= 0 {
+		return nil, nil
+	}
+	path := cfg.Credentials.KeyFile
+	if path == "" {
+		path = filepath.Join(filepath.Dir(cfg.TokenFile), "credentials.key")
+	}
+	key, created, err := credentials.LoadOrCreateKey(path)
+	if err != nil {
+		return nil, fmt.Errorf("credentials.key_file: %w", err)
+	}
+	switch {
+	case created && cfg.Credentials.KeyFile == "":
+		log.Warn("generated a credentials key next to the token file: every daemon of this catalog needs this same key; "+
+			"copy it to each and set credentials.key_file", "key_file", path, "key_id", key.ID())
+	case created:
+		log.Info("generated the credentials key", "key_file", path, "key_id", key.ID())
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the credentials key file is readable by others than its owner: chmod 600 it", "key_file", path, "mode", fi.Mode().Perm().String())
+	}
+	return key, nil
 }
 
 // loadTLS reads tls_cert_file and tls_key_file, nil when neither is set.
@@ -295,7 +343,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

@@ -14,9 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
@@ -43,6 +46,10 @@ type Service struct {
 	ColdWait time.Duration
 	// Pool is poked after each claim so that it refills; may be nil.
 	Pool *Pool
+	// Credentials keeps the password of a tenant created with an external
+	// id for the retry window, and recalls it for a retried create; nil
+	// keeps nothing.
+	Credentials *credentials.Service
 
 	placed placement
 }
@@ -75,10 +82,11 @@ type Request struct {
 type Created struct {
 	Tenant   catalog.Tenant
 	DSN      string    // includes the password when Password is set
-	Password string    // shown once; empty when Existing or still provisioning
+	Password string    // shown at creation, and to a retry within the retry window
 	Existing bool      // an earlier request with the same external id made it
 	Path     string    // pool or cold
 	Job      *jobs.Job // the cold build, when it did not finish within ColdWait
+	Note     string    // why a retry (Existing) carries no password
 }
 
 // ErrInvalid wraps errors in the request.
@@ -120,7 +128,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	want := catalog.Tenant{Name: name, ExternalID: req.ExternalID, Mode: req.Mode, Cluster: cl.Name(),
 		Template: req.Template, Version: version, Tier: req.Tier}
 
-	t, err := s.claim(ctx, cl, want, verifier)
+	t, err := s.claim(ctx, cl, want, password, verifier)
 	if err == nil {
 		s.Pool.Poke()
 		return Created{Tenant: t, Password: password, DSN: s.dsn(cl, t, password), Path: "pool"}, nil
@@ -171,14 +179,28 @@ func (s *Service) validate(req *Request) error {
 }
 
 // existing answers a retry of a create whose external id names a tenant:
-// the tenant, without its password (shown once), and while it is still
-// being built, the build job to follow.
+// the tenant with, within the retry window, its password (else a note
+// saying why not), and while it is still being built, the build job to
+// follow.
 func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, error) {
 	cl, err := s.Clusters.Get(t.Cluster)
 	if err != nil {
 		return Created{}, err
 	}
 	out := Created{Tenant: t, Existing: true, DSN: s.dsn(cl, t, "")}
+	password, err := s.Credentials.Recall(ctx, t.ID)
+	switch {
+	case err == nil:
+		out.Password, out.DSN = password, s.dsn(cl, t, password)
+	case errors.Is(err, credentials.ErrNotKept):
+		out.Note = fmt.Sprintf("created earlier with this external id; %v. Rotate it to get a new one: `pgtenant tenant password %s`", err, t.ID)
+	case errors.Is(err, credentials.ErrCannotOpen):
+		s.Logger.Warn("a retried create's kept password does not open here", "tenant", t.ID, "err", err)
+		out.Note = fmt.Sprintf("created earlier with this external id; %v. Retry through a daemon with that key, "+
+			"or rotate the password: `pgtenant tenant password %s`", err, t.ID)
+	default:
+		return Created{}, err
+	}
 	if t.State == catalog.StateProvisioning {
 		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: BuildJob, TargetKind: "tenant", Target: t.ID, Limit: 1})
 		if err != nil {
@@ -335,7 +357,7 @@ func (s *Service) version(ctx context.Context, template, clusterName string) (in
 // claim takes a ready spare and hands it to the caller in one catalog
 // transaction, with one statement batch on the cluster: enable login with the
 // new password, grant CONNECT, apply the tier. ErrNotFound: the pool is empty.
-func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, verifier string) (catalog.Tenant, error) {
+func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, password, verifier string) (catalog.Tenant, error) {
 	tx, err := s.Store.Begin(ctx)
 	if err != nil {
 		return catalog.Tenant{}, err
@@ -352,6 +374,9 @@ func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.T
 	if err := s.Store.AddEvent(ctx, tx, t.ID, "created", map[string]any{"path": "pool", "tier": t.Tier}); err != nil {
 		return catalog.Tenant{}, err
 	}
+	if err := s.keep(ctx, tx, t, password); err != nil {
+		return catalog.Tenant{}, err
+	}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return catalog.Tenant{}, err
@@ -366,6 +391,16 @@ func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.T
 	now := time.Now()
 	t.ClaimedAt = &now
 	return t, nil
+}
+
+// keep keeps a new tenant's password for the retry window, in the
+// transaction that creates it. Only a create with an external id can be
+// retried, so only its password is kept.
+func (s *Service) keep(ctx context.Context, tx pgx.Tx, t catalog.Tenant, password string) error {
+	if t.ExternalID == "" {
+		return nil
+	}
+	return s.Credentials.Keep(ctx, tx, t.ID, password)
 }
 
 // cold builds a tenant from its template in a job and waits for it.
@@ -393,6 +428,9 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 		return Created{}, err
 	}
 	if err := s.Store.AddEvent(ctx, tx, want.ID, "created", map[string]any{"path": "cold", "tier": want.Tier}); err != nil {
+		return Created{}, err
+	}
+	if err := s.keep(ctx, tx, want, password); err != nil {
 		return Created{}, err
 	}
 	job, err := jobs.Enqueue(ctx, tx, buildSpec(want, &activation{Verifier: verifier, Tier: want.Tier}), s.Config.Jobs.MaxAttempts)

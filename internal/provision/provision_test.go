@@ -291,8 +291,8 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if again.Tenant.ID != first.Tenant.ID || !again.Existing || again.Password != "" {
-		t.Errorf("retry = id %s existing %v password %q; want id %s, existing, no password", again.Tenant.ID, again.Existing, again.Password, first.Tenant.ID)
+	if again.Tenant.ID != first.Tenant.ID || !again.Existing || again.Password != first.Password || again.DSN != first.DSN {
+		t.Errorf("retry = id %s existing %v; want id %s, existing, with the first answer's password and DSN", again.Tenant.ID, again.Existing, first.Tenant.ID)
 	}
 	if again.Job != nil {
 		t.Errorf("retry of an active tenant carries job %d, want none", again.Job.ID)
@@ -311,7 +311,7 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	ids := make(chan string, 6)
+	answers := make(chan api.CreateTenantResponse, 6)
 	for range 6 {
 		wg.Add(1)
 		go func() {
@@ -321,14 +321,21 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			ids <- r.Tenant.ID
+			answers <- r
 		}()
 	}
 	wg.Wait()
-	close(ids)
+	close(answers)
 	seen := map[string]bool{}
-	for id := range ids {
-		seen[id] = true
+	var password string
+	for r := range answers {
+		seen[r.Tenant.ID] = true
+		if password == "" {
+			password = r.Password
+		}
+		if r.Password == "" || r.Password != password {
+			t.Errorf("concurrent creates with one external id answered passwords %q and %q, want one", password, r.Password)
+		}
 	}
 	if len(seen) != 1 {
 		t.Errorf("concurrent creates with one external id made %d tenants, want 1", len(seen))

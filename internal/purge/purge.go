@@ -100,9 +100,9 @@ func (p *purger) lockOut(ctx context.Context, r *jobs.Run) error {
 	})
 }
 
-// replayWait bounds how long LockOut waits for a standby to replay NOLOGIN
-// before it ends the role's sessions there anyway.
-const replayWait = 10 * time.Second
+// ReplayWait bounds how long OnStandbys waits for a standby to replay the
+// primary's latest change before it goes on anyway.
+const ReplayWait = 10 * time.Second
 
 // LockOut stops roles from logging in and ends their sessions, on the
 // primary and on every standby (a standby serves the tenant's read-only
@@ -116,10 +116,8 @@ func LockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	if err != nil {
 		return err
 	}
-	const terminate = `SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
-		WHERE usename = ANY($1) AND pid <> pg_catalog.pg_backend_pid()`
-	if _, err := admin.Exec(ctx, terminate, roles); err != nil {
-		return cluster.Classify(err)
+	if _, err := EndSessions(ctx, cl, roles...); err != nil {
+		return err
 	}
 	var sql strings.Builder
 	for _, role := range roles {
@@ -132,50 +130,93 @@ func LockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	if _, err := admin.Exec(ctx, sql.String()); err != nil {
 		return cluster.Classify(err)
 	}
-	if _, err := admin.Exec(ctx, terminate, roles); err != nil { // logged in meanwhile
-		return cluster.Classify(err)
+	if _, err := EndSessions(ctx, cl, roles...); err != nil { // logged in meanwhile
+		return err
+	}
+	_, _, err = OnStandbys(ctx, cl, true, roles...)
+	return err
+}
+
+// terminateSQL ends the sessions of the roles in $1 (but not the caller's)
+// and counts them.
+const terminateSQL = `SELECT pg_catalog.count(*) FILTER (WHERE pg_catalog.pg_terminate_backend(pid))
+	FROM pg_catalog.pg_stat_activity WHERE usename = ANY($1) AND pid <> pg_catalog.pg_backend_pid()`
+
+// EndSessions ends every session of roles on the primary and returns how
+// many it ended. LockOut and password rotation use it; OnStandbys does the
+// same on standbys once they have replayed.
+func EndSessions(ctx context.Context, cl *cluster.Cluster, roles ...string) (int, error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	if err := admin.QueryRow(ctx, terminateSQL, roles).Scan(&n); err != nil {
+		return 0, cluster.Classify(err)
+	}
+	return n, nil
+}
+
+// OnStandbys makes what the primary has done so far hold on every standby:
+// it waits (up to ReplayWait each) until the standby has replayed the
+// primary's current WAL position and then, with end, ends the roles'
+// sessions there. It returns the sessions ended and the standbys that had
+// not replayed within the wait (their sessions are ended all the same). A
+// standby that does not answer is skipped: it serves no sessions.
+func OnStandbys(ctx context.Context, cl *cluster.Cluster, end bool, roles ...string) (ended int, late []string, err error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, nil, err
 	}
 	var lsn string
 	if err := admin.QueryRow(ctx, `SELECT pg_catalog.pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
-		return cluster.Classify(err)
+		return 0, nil, cluster.Classify(err)
 	}
 	for _, node := range cl.Nodes()[1:] {
-		if err := lockOutStandby(ctx, cl, node, lsn, roles); err != nil {
-			return err
+		n, replayed, err := onStandby(ctx, cl, node, lsn, end, roles)
+		if err != nil {
+			return ended, late, err
+		}
+		ended += n
+		if !replayed {
+			late = append(late, node)
 		}
 	}
-	return nil
+	return ended, late, nil
 }
 
-// lockOutStandby waits (up to replayWait) until the standby has replayed
-// lsn, then ends the roles' sessions there.
-func lockOutStandby(ctx context.Context, cl *cluster.Cluster, node, lsn string, roles []string) error {
+// onStandby waits (up to ReplayWait) until the standby has replayed lsn,
+// then, with end, ends the roles' sessions there. A standby that does not
+// answer counts as replayed: nobody can log in to it.
+func onStandby(ctx context.Context, cl *cluster.Cluster, node, lsn string, end bool, roles []string) (ended int, replayed bool, err error) {
 	pool, err := cl.NodeAdmin(ctx, node)
 	if err != nil {
-		return err
+		return 0, false, err
 	}
-	for deadline := time.Now().Add(replayWait); ; {
-		var replayed bool
+	for deadline := time.Now().Add(ReplayWait); ; {
 		err := pool.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, lsn).Scan(&replayed)
 		if errors.Is(cluster.Classify(err), cluster.ErrUnavailable) && ctx.Err() == nil {
-			return nil
+			return 0, true, nil
 		}
 		if err != nil {
-			return fmt.Errorf("lock out on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
+			return 0, false, fmt.Errorf("wait for replay on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
 		}
 		if replayed || time.Now().After(deadline) {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return 0, false, ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	if _, err := pool.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity WHERE usename = ANY($1)`, roles); err != nil {
-		return fmt.Errorf("end sessions on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
+	if !end {
+		return 0, replayed, nil
 	}
-	return nil
+	if err := pool.QueryRow(ctx, terminateSQL, roles).Scan(&ended); err != nil {
+		return 0, replayed, fmt.Errorf("end sessions on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
+	}
+	return ended, replayed, nil
 }
 
 func (p *purger) storage(ctx context.Context, r *jobs.Run) error {

@@ -4,6 +4,7 @@ package daemontest
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -60,8 +61,15 @@ func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon,
 // the test ends (as a shutdown would), waiting until it has stopped.
 func StartCancellable(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*api.Client, func()) {
 	t.Helper()
+	return StartLogged(t, pg, cfg, pgtest.Logger(t))
+}
+
+// StartLogged is StartCancellable with the daemon logging to log: for tests
+// that read what the daemon logs.
+func StartLogged(t testing.TB, pg *pgtest.Cluster, cfg config.Config, log *slog.Logger) (*api.Client, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: pgtest.Logger(t)})
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: log})
 	if err != nil {
 		cancel()
 		t.Fatal(err)
