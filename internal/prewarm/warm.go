@@ -56,6 +56,7 @@ type warmer struct {
 	node    string
 	r       *jobs.Run
 	limiter *limiter
+	extMu   sync.Mutex // one worker at a time creates pg_prewarm (another daemon's at the same moment is tolerated)
 
 	mu        sync.Mutex // guards what follows
 	plan      []planned  // tenants not yet taken, hottest first
@@ -266,9 +267,13 @@ func (w *warmer) conn(ctx context.Context, conns map[string]*warmConn, database 
 	}
 	schema, err := cluster.ExtensionSchema(ctx, c, "pg_prewarm")
 	if errors.Is(err, cluster.ErrNotFound) {
-		if err = w.ensureExtension(ctx, database); err == nil {
-			schema, err = cluster.ExtensionSchema(ctx, c, "pg_prewarm")
+		w.extMu.Lock()
+		if schema, err = cluster.ExtensionSchema(ctx, c, "pg_prewarm"); errors.Is(err, cluster.ErrNotFound) {
+			if err = w.ensureExtension(ctx, database); err == nil {
+				schema, err = cluster.ExtensionSchema(ctx, c, "pg_prewarm")
+			}
 		}
+		w.extMu.Unlock()
 	}
 	if err != nil {
 		c.Close(context.WithoutCancel(ctx))
