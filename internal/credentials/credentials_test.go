@@ -48,28 +48,10 @@ type fixture struct {
 	t         *testing.T
 	cfg       config.Config
 	catalogDB string
-	log       syncBuffer
+	log       pgtest.LogBuffer
 
 	mu        sync.Mutex
 	passwords []string
-}
-
-// syncBuffer is a bytes.Buffer for concurrent writers.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // newFixture configures daemons with pools of one spare per mode of the

@@ -1,13 +1,11 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 )
-
-// logBuffer collects a daemon's log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) count(s string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Count(l.b.String(), s)
-}
 
 // TestOutage_CatalogDown: with its catalog down, the daemon answers every
 // route 503 unavailable with what does not answer and why (never the
@@ -50,7 +30,7 @@ func TestOutage_CatalogDown(t *testing.T) {
 	t.Cleanup(cat.Close)
 	cfg := daemontest.Config(t, pg)
 	cfg.Catalog.DSN = cat.PrimaryDSN("pgtenant_outage")
-	logs := &logBuffer{}
+	logs := &pgtest.LogBuffer{}
 	dctx, cancel := context.WithCancel(context.Background())
 	d, err := daemon.New(dctx, daemon.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(logs, nil)),
 		Managed: []catalog.Cluster{{Name: "local", DSN: pg.PrimaryDSN("postgres")}}})
@@ -58,6 +38,11 @@ func TestOutage_CatalogDown(t *testing.T) {
 		cancel()
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the daemon's log:\n%s", logs.String())
+		}
+	})
 	done := make(chan error, 1)
 	go func() { done <- d.Run(dctx) }()
 	t.Cleanup(func() {
@@ -83,7 +68,7 @@ func TestOutage_CatalogDown(t *testing.T) {
 		err := call()
 		var apiErr *api.Error
 		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable || apiErr.Code != "unavailable" {
-			t.Errorf("%s with the catalog down: %v, want 503 unavailable\n%s", route, err, logs.b.String())
+			t.Errorf("%s with the catalog down: %v, want 503 unavailable", route, err)
 			continue
 		}
 		if !strings.Contains(apiErr.Message, "does not answer") || strings.Contains(apiErr.Message, "failed to connect") ||
@@ -99,13 +84,13 @@ func TestOutage_CatalogDown(t *testing.T) {
 
 	// The workers poll on: still one line after several polls.
 	time.Sleep(5 * time.Second)
-	if n := logs.count("claim jobs failed"); n != 1 {
+	if n := logs.Count("claim jobs failed"); n != 1 {
 		t.Errorf("%d log lines about failing claims during the outage, want 1", n)
 	}
 	if err := cat.StartNode(ctx, "primary"); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(time.Minute); logs.count("claim jobs works again") == 0; {
+	for deadline := time.Now().Add(time.Minute); logs.Count("claim jobs works again") == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("no log line when the catalog answered again")
 		}

@@ -1,7 +1,6 @@
 package fleet_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -31,7 +30,7 @@ func TestSupervisor_RestartsKilledNodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rec, logs := &events{}, &syncBuffer{}
+	rec, logs := &events{}, &pgtest.LogBuffer{}
 	defer runSupervisor(t, &fleet.Supervisor{Cluster: c.Cluster, Interval: 50 * time.Millisecond,
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second, MaxRestarts: 20,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), OnEvent: rec.add})()
@@ -58,7 +57,7 @@ func TestSupervisor_RestartsKilledNodes(t *testing.T) {
 		}
 	}
 	for _, node := range []string{sb.Name, "primary"} {
-		if !logs.hasLine(`msg="node restarted"`, "component=supervisor", "cluster=local", "node="+node, "attempt=1", "outcome=restarted") {
+		if !logs.HasLine(`msg="node restarted"`, "component=supervisor", "cluster=local", "node="+node, "attempt=1", "outcome=restarted") {
 			t.Errorf("log lacks the restart of %s:\n%s", node, logs)
 		}
 	}
@@ -76,7 +75,7 @@ func TestSupervisor_GivesUpOnNodeThatCannotStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	rec, logs := &events{}, &syncBuffer{}
+	rec, logs := &events{}, &pgtest.LogBuffer{}
 	defer runSupervisor(t, &fleet.Supervisor{Cluster: c.Cluster, Interval: 50 * time.Millisecond,
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond, MaxRestarts: 3,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), OnEvent: rec.add})()
@@ -139,7 +138,7 @@ func TestSupervisor_GivesUpOnNodeThatCannotStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, func() bool {
-		return logs.hasLine(`msg="node runs again; supervising it"`, "node="+sb)
+		return logs.HasLine(`msg="node runs again; supervising it"`, "node="+sb)
 	})
 	kill9(t, c, sb)
 	waitFor(t, ctx, func() bool { return rec.count(sb, fleet.OutcomeRestarted) == 1 })
@@ -243,36 +242,4 @@ func (e *events) count(node, outcome string) int {
 		}
 	}
 	return n
-}
-
-// syncBuffer is a log sink the supervisor's goroutines share with the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// hasLine reports whether one line of the log holds every part.
-func (s *syncBuffer) hasLine(parts ...string) bool {
-	for _, line := range strings.Split(s.String(), "\n") {
-		all := true
-		for _, p := range parts {
-			all = all && strings.Contains(line, p)
-		}
-		if all {
-			return true
-		}
-	}
-	return false
 }

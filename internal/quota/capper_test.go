@@ -1,7 +1,6 @@
 package quota_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -290,24 +288,6 @@ func sameSet(a, b []string) bool {
 	return true
 }
 
-// syncBuffer is a log destination safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
 // TestCapper_SkipsADownStandby: a standby that does not answer is logged
@@ -338,7 +318,7 @@ func TestCapper_SkipsADownStandby(t *testing.T) {
 	ccfg := cfg
 	ccfg.Tiers = map[string]config.Tier{"default": {}, "plain": {ConnectionLimit: 5, StatementCap: config.Duration(time.Second)}}
 	ccfg.Metrics.CapInterval = config.Duration(100 * time.Millisecond)
-	var logs syncBuffer
+	var logs pgtest.LogBuffer
 	capper := &quota.Capper{Store: store, Clusters: reg, Config: ccfg, Logger: slogTo(&logs)}
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
