@@ -12,7 +12,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]TemplateSummary, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, TemplateSummary{Name: t.Name, CurrentVersion: t.CurrentVersion, CreatedAt: t.CreatedAt})
+		out = append(out, templateSummary(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -50,7 +50,7 @@ func (s *Server) showTemplate(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	d := TemplateDetail{TemplateSummary: TemplateSummary{Name: t.Name, CurrentVersion: t.CurrentVersion, CreatedAt: t.CreatedAt},
+	d := TemplateDetail{TemplateSummary: templateSummary(t),
 		Tenants: map[string]int{}}
 	if d.Versions, err = s.Store.TemplateVersions(ctx, t.Name, false); err != nil {
 		return err
