@@ -44,6 +44,16 @@ func (s *Server) pushTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// deleteTemplate starts a template's delete job: 202 with the job.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	deleted, err := s.Templates.Delete(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, deleted)
+	return nil
+}
+
 func (s *Server) showTemplate(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	t, err := s.Store.GetTemplate(ctx, r.PathValue("name"))

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -149,6 +150,69 @@ const templateColumns = `name, current_version,
 func scanTemplate(row pgx.Row) (Template, error) {
 	var t Template
 	return t, row.Scan(&t.Name, &t.CurrentVersion, &t.LatestVersion, &t.Deleting, &t.CreatedAt)
+}
+
+// MarkTemplateDeleting marks a template as being deleted, in tx, if it has
+// no tenants: spares do not count (they go with it), tenants being purged
+// neither (their purge ends them), every other state does (provisioning,
+// active, suspended and dropped, which may be restored). With tenants it
+// fails with ErrConflict naming how many and in which states. Marking a
+// template being deleted again is not an error.
+func (s *Store) MarkTemplateDeleting(ctx context.Context, tx pgx.Tx, name string) error {
+	_, _, err := lockTemplate(ctx, tx, name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("template %q: %w (list templates with `pgtenant template list`)", name, ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `SELECT state, count(*) FROM tenants
+		WHERE template = $1 AND state IN ('provisioning', 'active', 'suspended', 'dropped') GROUP BY state ORDER BY state`, name)
+	if err != nil {
+		return err
+	}
+	var n int
+	var states []string
+	for rows.Next() {
+		var state string
+		var c int
+		if err := rows.Scan(&state, &c); err != nil {
+			rows.Close()
+			return err
+		}
+		n += c
+		states = append(states, fmt.Sprintf("%d %s", c, state))
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if n > 0 {
+		plural := "s"
+		if n == 1 {
+			plural = ""
+		}
+		return fmt.Errorf("%w: template %s has %d tenant%s (%s): drop and purge them first (`pgtenant tenant list --template %s`, `pgtenant tenant drop ID --purge-now`)",
+			ErrConflict, name, n, plural, strings.Join(states, ", "), name)
+	}
+	_, err = tx.Exec(ctx, `UPDATE templates SET deleting = true WHERE name = $1`, name)
+	return err
+}
+
+// TemplateTenants lists every tenant row of a template, spares included.
+func (s *Store) TemplateTenants(ctx context.Context, template string) ([]Tenant, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE template = $1 ORDER BY id`, template)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// DeleteTemplate removes a template's rows: its versions, files, builds and
+// rollouts go with it. Its tenants must be gone (the foreign key says so).
+func (s *Store) DeleteTemplate(ctx context.Context, name string) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM templates WHERE name = $1`, name)
+	return err
 }
 
 // Templates lists templates.
@@ -296,6 +360,12 @@ func (s *Store) FailBuild(ctx context.Context, b TemplateBuild) error {
 			WHERE template = $1 AND version = $2 AND state = 'building'`, b.Template, b.Version, "cluster "+b.Cluster+": "+b.Error)
 		return err
 	})
+}
+
+// DeleteBuilds forgets every build of a template on a cluster.
+func (s *Store) DeleteBuilds(ctx context.Context, template, cluster string) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM template_builds WHERE template = $1 AND cluster = $2`, template, cluster)
+	return err
 }
 
 // DeleteBuild forgets the build of a version on a cluster.

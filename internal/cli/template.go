@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -150,7 +151,46 @@ waits for the version before it to be built (or to fail).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, push, list, show)
+	var deleteWait bool
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a template that has no tenants, with its spares and its databases on every cluster",
+		Long: `Delete a template that has no tenants (spares do not count: they go with it).
+A template with tenants is refused, naming how many and in which states: drop
+and purge them first. The delete is a durable job: it stops the template's
+builds and rollouts, purges its spares, drops its template databases
+(pgt_tpl_NAME_vN), its shared database (pgt_shared_NAME) and its connect role
+on every cluster (paced like every DROP DATABASE), then forgets it. From the
+request on, the template takes no new tenants or versions. Deleting again
+returns the job at work; a failed delete is retried with 'pgtenant job retry'.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.DeleteTemplate(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if deleteWait {
+				j, err := g.waitJob(cmd.Context(), c, out.Job.ID)
+				if err != nil {
+					return err
+				}
+				out.Job = j
+			}
+			return g.print(out, func(w io.Writer) {
+				if out.Job.State == jobs.Succeeded {
+					fmt.Fprintf(w, "template %s deleted (job %d)\n", out.Template, out.Job.ID)
+					return
+				}
+				fmt.Fprintf(w, "deleting template %s: job %d (%s); follow it with `pgtenant job show %d --wait`\n", out.Template, out.Job.ID, out.Job.State, out.Job.ID)
+			})
+		},
+	}
+	del.Flags().BoolVar(&deleteWait, "wait", false, "wait until the template is deleted, with a progress bar")
+	cmd.AddCommand(create, push, list, show, del)
 	return cmd
 }
 

@@ -164,6 +164,27 @@ func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, r
 	return jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
 }
 
+// PurgeSpare purges a template's unclaimed tenant (a delete of its
+// template): a spare is moved to purging and its purge job enqueued, in one
+// catalog transaction; a tenant already purging, or failed, gets its purge
+// job enqueued again unless one is unfinished. A spare claimed meanwhile is
+// ErrConflict: it is a tenant now.
+func (s *Service) PurgeSpare(ctx context.Context, t catalog.Tenant, reason string) error {
+	err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		if t.State == catalog.StateSpare {
+			if err := s.Store.SetTenantState(ctx, tx, t.ID, catalog.StatePurging, catalog.StateSpare); err != nil {
+				return err
+			}
+		}
+		_, err := jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
+		return err
+	})
+	if err == nil {
+		s.Runner.Poke()
+	}
+	return err
+}
+
 // Retention purges dropped tenants whose retention has ended.
 type Retention struct {
 	S        *Service

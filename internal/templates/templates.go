@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -38,6 +39,23 @@ func DatabaseName(template string, version int) string {
 
 // SharedDatabase holds a template's schema-mode tenants on a cluster.
 func SharedDatabase(template string) string { return dbPrefix + "shared_" + template }
+
+// ParseDatabaseName returns the template (and, for a template database,
+// the version) a template or shared database's name carries; ok is false
+// for other names.
+func ParseDatabaseName(db string) (template string, version int, ok bool) {
+	if m := templateDBRE.FindStringSubmatch(db); m != nil {
+		v, err := strconv.Atoi(m[2])
+		return m[1], v, err == nil && v > 0 && ValidName(m[1]) == nil
+	}
+	if name, found := strings.CutPrefix(db, SharedDatabase("")); found && ValidName(name) == nil {
+		return name, 0, true
+	}
+	return "", 0, false
+}
+
+// templateDBRE matches DatabaseName: the version is the last _v<N>.
+var templateDBRE = regexp.MustCompile(`^pgt_tpl_([a-z][a-z0-9_]*)_v([0-9]+)$`)
 
 // ConnectRole holds CONNECT on a template's shared database; a claimed
 // schema tenant's role is made a member of it. Granting membership adds a
@@ -67,6 +85,8 @@ type Service struct {
 	Runner   *jobs.Runner
 	Config   config.Config
 	Logger   *slog.Logger
+	// Spares purges a deleted template's spares (purge.Service).
+	Spares SparePurger
 }
 
 // Upload is a set of files as a client sends them.

@@ -260,3 +260,157 @@ ALTER TABLE no_such_table ADD COLUMN x int;`}
 		}
 	}
 }
+
+// waitSpares waits until a template has n spares in each mode.
+func (e env) waitSpares(t *testing.T, template string, n int) []string {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	for {
+		var ids []string
+		err := e.cat.QueryRow(ctx, `SELECT coalesce(array_agg(id), '{}') FROM tenants WHERE template = $1 AND state = 'spare'`, template).Scan(&ids)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var modes int
+		if err := e.cat.QueryRow(ctx, `SELECT count(DISTINCT mode) FROM tenants WHERE template = $1 AND state = 'spare'`, template).Scan(&modes); err != nil {
+			t.Fatal(err)
+		}
+		if len(ids) >= 2*n && modes == 2 {
+			return ids
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("template %s: %d spares, want %d of each mode", template, len(ids), n)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// leftovers lists what is left on the cluster of a template and of the
+// tenants whose ids are given: databases, roles, schemas in shared databases.
+func leftovers(t *testing.T, template string, ids []string) []string {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	admin := pg.Conn(t, "postgres")
+	names := []string{"pgt_shared_" + template, "pgt_connect_" + template}
+	for _, id := range ids {
+		names = append(names, "t_"+id, "pgt_agent_"+id)
+	}
+	var out []string
+	rows, err := admin.Query(ctx, `SELECT 'database ' || datname FROM pg_database WHERE datname = ANY($1) OR datname ~ $2
+		UNION ALL SELECT 'role ' || rolname FROM pg_roles WHERE rolname = ANY($1)`, names, `^pgt_tpl_`+template+`_v[0-9]+$`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, got...)
+	var shared []string
+	if err := admin.QueryRow(ctx, `SELECT coalesce(array_agg(datname::text), '{}') FROM pg_database WHERE datname LIKE 'pgt\_shared\_%'`).Scan(&shared); err != nil {
+		t.Fatal(err)
+	}
+	for _, db := range shared {
+		conn := pg.Conn(t, db)
+		var schemas []string
+		if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(nspname::text), '{}') FROM pg_namespace WHERE nspname = ANY($1)`, names).Scan(&schemas); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range schemas {
+			out = append(out, "schema "+s+" in "+db)
+		}
+		conn.Close(ctx)
+	}
+	return out
+}
+
+// TestDelete_RefusedWithTenantsThenLeavesNothing: a template with tenants
+// cannot be deleted (409 naming how many, in which states); once they are
+// purged, the delete job removes its spares, template databases, shared
+// database and connect role, then its catalog rows: nothing is left, the
+// reconciler finds nothing of it, and the name can be created again (and
+// deleted again while its spares are being built).
+func TestDelete_RefusedWithTenantsThenLeavesNothing(t *testing.T) {
+	e := start(t, 1)
+	ctx := pgtest.Context(t)
+	e.add(t, false, "del_me", jobs.Succeeded, init1)
+	e.add(t, true, "del_me", jobs.Succeeded, init1, fixed)
+	db, sc := e.tenant(t, "del_me", "database"), e.tenant(t, "del_me", "schema")
+	if _, err := e.c.DropTenant(ctx, db.Tenant.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.c.DeleteTemplate(ctx, "del_me")
+	if !errors.Is(err, catalog.ErrConflict) || !strings.Contains(err.Error(), "2 tenants (1 active, 1 dropped)") {
+		t.Fatalf("delete with tenants: %v, want a conflict naming 2 tenants (1 active, 1 dropped)", err)
+	}
+	if d, err := e.c.Template(ctx, "del_me"); err != nil || d.Deleting {
+		t.Fatalf("refused delete: template %+v, %v; want it untouched", d.TemplateSummary, err)
+	}
+	var ids []string
+	for _, r := range []api.CreateTenantResponse{db, sc} {
+		ids = append(ids, r.Tenant.ID)
+		out, err := e.c.DropTenant(ctx, r.Tenant.ID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, err := e.c.WaitJob(ctx, out.Job.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("purge of %s: %v %s", r.Tenant.ID, err, j.LastError)
+		}
+	}
+	ids = append(ids, e.waitSpares(t, "del_me", 1)...)
+
+	deleted, err := e.c.DeleteTemplate(ctx, "del_me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.c.DeleteTemplate(ctx, "del_me")
+	if err != nil || again.Job.ID != deleted.Job.ID {
+		t.Errorf("delete again while it runs: job %d, %v; want the same job %d", again.Job.ID, err, deleted.Job.ID)
+	}
+	if j, err := e.c.WaitJob(ctx, deleted.Job.ID, nil); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("delete job: %v %s %s", err, j.State, j.LastError)
+	}
+	if _, err := e.c.Template(ctx, "del_me"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("template show after delete: %v, want not found", err)
+	}
+	var rows int
+	if err := e.cat.QueryRow(ctx, `SELECT (SELECT count(*) FROM templates WHERE name = 'del_me') + (SELECT count(*) FROM template_versions WHERE template = 'del_me')
+		+ (SELECT count(*) FROM template_builds WHERE template = 'del_me') + (SELECT count(*) FROM tenants WHERE template = 'del_me')`).Scan(&rows); err != nil || rows != 0 {
+		t.Errorf("catalog rows of del_me left: %d (%v)", rows, err)
+	}
+	if left := leftovers(t, "del_me", ids); len(left) > 0 {
+		t.Errorf("left on the cluster: %v", left)
+	}
+	rep, err := e.c.Reconcile(ctx, api.ReconcileRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range rep.Findings {
+		for _, id := range append(ids, "del_me") {
+			if strings.Contains(f.Object, id) || f.Tenant == id {
+				t.Errorf("reconcile after delete: %+v", f)
+			}
+		}
+	}
+	if _, err := e.c.DeleteTemplate(ctx, "del_me"); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("delete a deleted template: %v, want not found", err)
+	}
+
+	// The name is free again; a delete while the pool builds spares stops them.
+	e.add(t, false, "del_me", jobs.Succeeded, init1)
+	deleted, err = e.c.DeleteTemplate(ctx, "del_me")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err := e.c.WaitJob(ctx, deleted.Job.ID, nil); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("second delete job: %v %s %s", err, j.State, j.LastError)
+	}
+	var all []string
+	if err := e.cat.QueryRow(ctx, `SELECT coalesce(array_agg(DISTINCT target), '{}') FROM jobs WHERE target_kind = 'tenant'`).Scan(&all); err != nil {
+		t.Fatal(err)
+	}
+	if left := leftovers(t, "del_me", all); len(left) > 0 {
+		t.Errorf("left on the cluster after the second delete: %v", left)
+	}
+}
