@@ -188,12 +188,12 @@ func (s *Store) MarkTemplateDeleting(ctx context.Context, tx pgx.Tx, name string
 		return err
 	}
 	if n > 0 {
-		plural := "s"
+		plural, them := "s", "them"
 		if n == 1 {
-			plural = ""
+			plural, them = "", "it"
 		}
-		return fmt.Errorf("%w: template %s has %d tenant%s (%s): drop and purge them first (`pgtenant tenant list --template %s`, `pgtenant tenant drop ID --purge-now`)",
-			ErrConflict, name, n, plural, strings.Join(states, ", "), name)
+		return fmt.Errorf("%w: template %s has %d tenant%s (%s): drop and purge %s first (`pgtenant tenant list --template %s`, `pgtenant tenant drop ID --purge-now`)",
+			ErrConflict, name, n, plural, strings.Join(states, ", "), them, name)
 	}
 	_, err = tx.Exec(ctx, `UPDATE templates SET deleting = true WHERE name = $1`, name)
 	return err

@@ -159,7 +159,7 @@ func (d *deleter) spares(ctx context.Context, r *jobs.Run) error {
 				return err
 			}
 		}
-		r.Progress(ctx, int64(max(total-len(ts), 0)), int64(total), fmt.Sprintf("deleting template %s: purging %d spares", d.name, len(ts)))
+		r.Progress(ctx, int64(max(total-len(ts), 0)), int64(total), fmt.Sprintf("deleting template %s: purging its spares (%d left)", d.name, len(ts)))
 		if err := d.sleep(ctx); err != nil {
 			return err
 		}

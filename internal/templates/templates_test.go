@@ -259,6 +259,25 @@ ALTER TABLE no_such_table ADD COLUMN x int;`}
 			t.Errorf("%s tenant: %d accounts, %v; want 2", mode, n, err)
 		}
 	}
+
+	// The other way out: delete the template and create it again.
+	e.add(t, false, "fix_first2", jobs.Failed, bad)
+	deleted, err := e.c.DeleteTemplate(ctx, "fix_first2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err := e.c.WaitJob(ctx, deleted.Job.ID, nil); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("delete of a template whose first version failed: %v %s %s", err, j.State, j.LastError)
+	}
+	if left := leftovers(t, "fix_first2", nil); len(left) > 0 {
+		t.Errorf("left on the cluster: %v", left)
+	}
+	if added, _ := e.add(t, false, "fix_first2", jobs.Succeeded, init1); added.Version != 1 {
+		t.Errorf("created again at version %d, want 1", added.Version)
+	}
+	if r := e.tenant(t, "fix_first2", "database"); r.Tenant.Version != 1 {
+		t.Errorf("tenant of the template created again is at v%d, want 1", r.Tenant.Version)
+	}
 }
 
 // waitSpares waits until a template has n spares in each mode.
