@@ -191,14 +191,13 @@ func (d *deleter) spare(ctx context.Context, t catalog.Tenant) error {
 		}
 		return nil // its build's cleanup enqueues its purge
 	case catalog.StatePurging, catalog.StateFailed:
-		switch {
-		case busy:
+		if busy {
 			return nil
-		case len(last) == 1 && last[0].State == jobs.Failed:
-			return jobs.Permanent(fmt.Errorf("template %s: the purge of its spare %s failed (job %d): %s; fix it, `pgtenant job retry %d`, then retry this job",
-				d.name, t.ID, last[0].ID, last[0].LastError, last[0].ID))
 		}
-		return d.s.Spares.PurgeSpare(ctx, t, "template "+d.name+" deleted")
+		if err := d.s.Spares.PurgeSpare(ctx, t, "template "+d.name+" deleted"); err != nil {
+			return fmt.Errorf("template %s: %w; then retry this job", d.name, err)
+		}
+		return nil
 	}
 	return jobs.Permanent(fmt.Errorf("%w: template %s got tenant %s (%s) while being deleted: drop and purge it (`pgtenant tenant drop %s --purge-now`), then retry this job",
 		catalog.ErrConflict, d.name, t.ID, t.State, t.ID))
@@ -281,6 +280,12 @@ func (d *deleter) drop(ctx context.Context, r *jobs.Run, cl *cluster.Cluster, db
 	return cluster.DropDatabase(ctx, admin, db)
 }
 
+// catalog deletes the template's rows. A spare the pool made just before
+// the template was marked (its pass had read the template list earlier)
+// is purged first: the rows of its tenants must be gone.
 func (d *deleter) catalog(ctx context.Context, r *jobs.Run) error {
+	if err := d.spares(ctx, r); err != nil {
+		return err
+	}
 	return d.s.Store.DeleteTemplate(ctx, d.name)
 }
