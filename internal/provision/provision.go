@@ -327,6 +327,12 @@ func (s *Service) version(ctx context.Context, template, clusterName string) (in
 		if err := s.Templates.Failed(ctx, template, want); err != nil {
 			return 0, err
 		}
+		// A version built elsewhere whose build failed here (a cluster
+		// added since): its job can be retried once the cause is fixed.
+		if b, err := s.Store.GetBuild(ctx, template, want, clusterName); err == nil && b.State == "failed" {
+			return 0, fmt.Errorf("%w: template %s version %d failed to build on cluster %s: %s (retry its build job once fixed: `pgtenant job list --type %s`)",
+				catalog.ErrConflict, template, want, clusterName, b.Error, templates.BuildJob)
+		}
 		select {
 		case <-wctx.Done():
 			return 0, fmt.Errorf("%w: template %s is still being materialised on cluster %s; retry in a moment", cluster.ErrUnavailable, template, clusterName)

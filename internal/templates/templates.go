@@ -1,9 +1,12 @@
 // Package templates owns template versions (SQL files stored immutably in
-// the catalog) and their materialisation on clusters: a template database per
-// (version, cluster), built in lock-bounded batches by a durable job, and a
-// shared database per (template, cluster) that holds schema-mode tenants.
-// It also applies template files to a connection (Apply), for the builders
-// of spares and for migrations.
+// the catalog; a version is current once built on every cluster, failed if a
+// build failed) and their materialisation on clusters: a template database
+// per (version, cluster), built in lock-bounded batches by a durable job, and
+// a shared database per (template, cluster) that holds schema-mode tenants;
+// and the delete job that removes a template without tenants. It also
+// applies template files to a connection (Apply), for the builders of spares
+// and for migrations. It never touches a claimed tenant: a deleted
+// template's spares go through the purge job (SparePurger).
 package templates
 
 import (
