@@ -135,6 +135,12 @@ func (c *Client) PushTemplate(ctx context.Context, name string, files []template
 	return out, c.Do(ctx, http.MethodPost, "/v1/templates/"+url.PathEscape(name)+"/versions", CreateTemplateRequest{Files: files}, &out)
 }
 
+// DeleteTemplate starts the delete of a template that has no tenants.
+func (c *Client) DeleteTemplate(ctx context.Context, name string) (templates.Deleted, error) {
+	var out templates.Deleted
+	return out, c.Do(ctx, http.MethodDelete, "/v1/templates/"+url.PathEscape(name), nil, &out)
+}
+
 // Templates lists templates.
 func (c *Client) Templates(ctx context.Context) ([]TemplateSummary, error) {
 	var out []TemplateSummary

@@ -88,6 +88,7 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/templates", s.createTemplate)
 	s.handle("GET /v1/templates/{name}", s.showTemplate)
 	s.handle("POST /v1/templates/{name}/versions", s.pushTemplate)
+	s.handle("DELETE /v1/templates/{name}", s.deleteTemplate)
 	s.handle("GET /v1/tenants", s.listTenants)
 	s.handle("POST /v1/tenants", s.createTenant)
 	s.handle("GET /v1/tenants/{id}", s.showTenant)

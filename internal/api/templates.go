@@ -12,7 +12,7 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
 	}
 	out := make([]TemplateSummary, 0, len(ts))
 	for _, t := range ts {
-		out = append(out, TemplateSummary{Name: t.Name, CurrentVersion: t.CurrentVersion, CreatedAt: t.CreatedAt})
+		out = append(out, templateSummary(t))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -44,13 +44,23 @@ func (s *Server) pushTemplate(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// deleteTemplate starts a template's delete job: 202 with the job.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) error {
+	deleted, err := s.Templates.Delete(r.Context(), r.PathValue("name"))
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, deleted)
+	return nil
+}
+
 func (s *Server) showTemplate(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	t, err := s.Store.GetTemplate(ctx, r.PathValue("name"))
 	if err != nil {
 		return err
 	}
-	d := TemplateDetail{TemplateSummary: TemplateSummary{Name: t.Name, CurrentVersion: t.CurrentVersion, CreatedAt: t.CreatedAt},
+	d := TemplateDetail{TemplateSummary: templateSummary(t),
 		Tenants: map[string]int{}}
 	if d.Versions, err = s.Store.TemplateVersions(ctx, t.Name, false); err != nil {
 		return err

@@ -62,14 +62,24 @@ type CreateTemplateRequest struct {
 
 // TemplateSummary is a template as listed.
 type TemplateSummary struct {
-	Name           string    `json:"name"`
+	Name string `json:"name"`
+	// CurrentVersion is the newest version built on every cluster, the one
+	// new tenants get (0: none yet); LatestVersion the newest stored.
 	CurrentVersion int       `json:"current_version"`
+	LatestVersion  int       `json:"latest_version"`
+	Deleting       bool      `json:"deleting,omitempty"`
 	CreatedAt      time.Time `json:"created_at"`
+}
+
+func templateSummary(t catalog.Template) TemplateSummary {
+	return TemplateSummary{Name: t.Name, CurrentVersion: t.CurrentVersion, LatestVersion: t.LatestVersion, Deleting: t.Deleting, CreatedAt: t.CreatedAt}
 }
 
 // TemplateDetail is `template show`.
 type TemplateDetail struct {
 	TemplateSummary
+	// Versions with their state (building, ready, failed) and, for a
+	// failed one, its build's error.
 	Versions []catalog.TemplateVersion `json:"versions"`
 	Builds   []catalog.TemplateBuild   `json:"builds"`
 	// Tenants counts active, suspended and dropped tenants by version ("1": 12).

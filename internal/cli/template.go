@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -64,9 +65,12 @@ template database, built in lock-bounded batches.`,
 	push := &cobra.Command{
 		Use:   "push NAME --from DIR",
 		Short: "Store the next version of a template",
-		Long: `Store the next version: DIR must hold every file of the current version
-unchanged, plus new files that sort after them. New tenants get the new version
-once it is materialised on their cluster; existing tenants move with 'pgtenant migrate'.`,
+		Long: `Store the next version: DIR must hold every file of the current version (the
+newest one built on every cluster) unchanged, plus new files that sort after
+them. A version that failed to build is never the base: fix its files and push
+them again. The new version becomes current, and new tenants get it, once it is
+built on every cluster; existing tenants move with 'pgtenant migrate'. A push
+waits for the version before it to be built (or to fail).`,
 		Args: cobra.ExactArgs(1),
 		RunE: upload(true),
 	}
@@ -87,9 +91,13 @@ once it is materialised on their cluster; existing tenants move with 'pgtenant m
 				return err
 			}
 			return g.print(out, func(w io.Writer) {
-				row(w, "NAME", "VERSION", "CREATED")
+				row(w, "NAME", "CURRENT", "LATEST", "CREATED")
 				for _, t := range out {
-					row(w, t.Name, t.CurrentVersion, t.CreatedAt.Format("2006-01-02 15:04"))
+					latest := fmt.Sprint(t.LatestVersion)
+					if t.Deleting {
+						latest += " (deleting)"
+					}
+					row(w, t.Name, t.CurrentVersion, latest, t.CreatedAt.Format("2006-01-02 15:04"))
 				}
 			})
 		},
@@ -108,12 +116,22 @@ once it is materialised on their cluster; existing tenants move with 'pgtenant m
 			return g.print(d, func(w io.Writer) {
 				row(w, "name", d.Name)
 				row(w, "current_version", d.CurrentVersion)
+				if d.Deleting {
+					row(w, "deleting", "yes (`pgtenant job list --type template.delete --target "+d.Name+"`)")
+				}
 				for _, v := range d.Versions {
 					names := make([]string, len(v.Files))
 					for i, f := range v.Files {
 						names[i] = f.Name
 					}
-					row(w, fmt.Sprintf("version %d", v.Version), strings.Join(names, ", "))
+					state := v.State
+					if v.Version == d.CurrentVersion {
+						state = "current"
+					}
+					row(w, fmt.Sprintf("version %d", v.Version), state+": "+strings.Join(names, ", "))
+					if v.Error != "" {
+						row(w, fmt.Sprintf("version %d error", v.Version), v.Error)
+					}
 				}
 				for _, b := range d.Builds {
 					detail := fmt.Sprintf("%s on %s: %s, %d relations, %s", fmt.Sprint("v", b.Version), b.Cluster, b.State, b.Relations, humanBytes(b.SizeBytes))
@@ -133,7 +151,46 @@ once it is materialised on their cluster; existing tenants move with 'pgtenant m
 			})
 		},
 	}
-	cmd.AddCommand(create, push, list, show)
+	var deleteWait bool
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a template that has no tenants, with its spares and its databases on every cluster",
+		Long: `Delete a template that has no tenants (spares do not count: they go with it).
+A template with tenants is refused, naming how many and in which states: drop
+and purge them first. The delete is a durable job: it stops the template's
+builds and rollouts, purges its spares, drops its template databases
+(pgt_tpl_NAME_vN), its shared database (pgt_shared_NAME) and its connect role
+on every cluster (paced like every DROP DATABASE), then forgets it. From the
+request on, the template takes no new tenants or versions. Deleting again
+returns the job at work; a failed delete is retried with 'pgtenant job retry'.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.DeleteTemplate(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if deleteWait {
+				j, err := g.waitJob(cmd.Context(), c, out.Job.ID)
+				if err != nil {
+					return err
+				}
+				out.Job = j
+			}
+			return g.print(out, func(w io.Writer) {
+				if out.Job.State == jobs.Succeeded {
+					fmt.Fprintf(w, "template %s deleted (job %d)\n", out.Template, out.Job.ID)
+					return
+				}
+				fmt.Fprintf(w, "deleting template %s: job %d (%s); follow it with `pgtenant job show %d --wait`\n", out.Template, out.Job.ID, out.Job.State, out.Job.ID)
+			})
+		},
+	}
+	del.Flags().BoolVar(&deleteWait, "wait", false, "wait until the template is deleted, with a progress bar")
+	cmd.AddCommand(create, push, list, show, del)
 	return cmd
 }
 

@@ -138,7 +138,9 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		Credentials: d.creds, Logger: log, ColdWait: cfg.Provision.ColdWait.D()}
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
 	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	tpl.Spares = pur // a template's delete purges its spares
 	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
+	d.runner.Register(templates.DeleteJob, tpl.DeleteHandler())
 	d.runner.Register(provision.BuildJob, prov.BuildHandler())
 	d.runner.Register(purge.Job, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}

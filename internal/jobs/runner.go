@@ -33,7 +33,9 @@ type Handler struct {
 	// Steps returns the job's ordered steps.
 	Steps func(j *Job) ([]Step, error)
 	// Cleanup, if set, removes what a job half-built when it ends failed or
-	// cancelled. It must be idempotent too.
+	// cancelled. It must be idempotent too. r.Job.LastError is the error the
+	// job ends with ("cancelled by request" for a cancel), so that a cleanup
+	// can record why.
 	Cleanup func(ctx context.Context, r *Run) error
 }
 
@@ -51,6 +53,9 @@ type Runner struct {
 	finished *prometheus.CounterVec
 	stepTime *prometheus.HistogramVec
 }
+
+// cancelledMsg ends a cancelled job.
+const cancelledMsg = "cancelled by request"
 
 var (
 	errLeaseLost       = errors.New("lease lost to another worker")
@@ -224,8 +229,9 @@ func (r *Runner) execute(parent context.Context, j Job) {
 		if !r.holdsLease(parent, run, log) {
 			return
 		}
+		run.Job.LastError = cancelledMsg
 		r.cleanup(run, log)
-		r.finish(parent, run, Cancelled, "cancelled by request")
+		r.finish(parent, run, Cancelled, cancelledMsg)
 		log.Info("job cancelled")
 	default:
 		r.failed(parent, run, err, log)
@@ -367,6 +373,7 @@ func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.
 		}
 		log.Error("job failed", "attempts", attempts, "err", stepErr)
 		msg := stepErr.Error()
+		run.Job.LastError = msg // what the cleanup records (a template build's error)
 		if err := r.cleanup(run, log); err != nil {
 			msg += "; cleanup also failed (the reconciler lists what is left): " + err.Error()
 		}

@@ -213,6 +213,55 @@ func TestRunner_PermanentErrorFailsAtOnce(t *testing.T) {
 	}
 }
 
+// TestRunner_CleanupSeesTheError: a cleanup reads the error its job ends
+// with in r.Job.LastError, on the first attempt too (a template build
+// records it as the build's error), and "cancelled by request" on a cancel.
+func TestRunner_CleanupSeesTheError(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	seen := make(chan string, 3)
+	h.startDaemon(t, 1, func(owner string) map[string]jobs.Handler {
+		cleanup := func(ctx context.Context, r *jobs.Run) error { seen <- r.Job.LastError; return nil }
+		return map[string]jobs.Handler{
+			"bad": {Steps: func(*jobs.Job) ([]jobs.Step, error) {
+				return []jobs.Step{h.step(owner, "boom", func(context.Context, *jobs.Run) error {
+					return jobs.Permanent(errors.New("bad input"))
+				})}, nil
+			}, Cleanup: cleanup},
+			"flaky": {Steps: func(j *jobs.Job) ([]jobs.Step, error) {
+				return []jobs.Step{h.step(owner, "boom", func(_ context.Context, r *jobs.Run) error {
+					return fmt.Errorf("boom %d", r.Job.Attempts+1)
+				})}, nil
+			}, Cleanup: cleanup},
+			"block": {Steps: func(*jobs.Job) ([]jobs.Step, error) {
+				return []jobs.Step{h.step(owner, "block", func(ctx context.Context, _ *jobs.Run) error {
+					<-ctx.Done()
+					return ctx.Err()
+				})}, nil
+			}, Cleanup: cleanup},
+		}
+	})
+	bad := h.enqueue(t, jobs.Spec{Type: "bad", MaxAttempts: 3})
+	h.waitFinished(t, bad.ID)
+	if got := <-seen; !strings.Contains(got, "bad input") {
+		t.Errorf("cleanup of a job failed at its first attempt saw %q, want its error", got)
+	}
+	flaky := h.enqueue(t, jobs.Spec{Type: "flaky", MaxAttempts: 2})
+	h.waitFinished(t, flaky.ID)
+	if got := <-seen; !strings.Contains(got, "boom 2") {
+		t.Errorf("cleanup after the last attempt saw %q, want that attempt's error (boom 2)", got)
+	}
+	block := h.enqueue(t, jobs.Spec{Type: "block"})
+	h.waitExec(t, block.ID, "block", 1)
+	if _, err := jobs.Cancel(ctx, h.pool, block.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFinished(t, block.ID)
+	if got, want := <-seen, "cancelled by request"; got != want {
+		t.Errorf("cleanup of a cancelled job saw %q, want %q", got, want)
+	}
+}
+
 // TestRunner_BadArgsFailAtOnce: a job whose arguments do not decode fails
 // at its first attempt: retrying cannot fix it.
 func TestRunner_BadArgsFailAtOnce(t *testing.T) {

@@ -74,6 +74,9 @@ func (s *Service) builds(ctx context.Context, r *jobs.Run, id int64) error {
 			if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 				return err
 			}
+			if err := s.Templates.Failed(ctx, ro.Template, ro.TargetVersion); err != nil {
+				return jobs.Permanent(err)
+			}
 			b, err := s.Store.GetBuild(ctx, ro.Template, ro.TargetVersion, name)
 			if err == nil && b.State == "failed" {
 				return jobs.Permanent(fmt.Errorf("template %s version %d failed to build on cluster %s: %s (retry its build job, see `pgtenant job list --type template.build`, then `pgtenant rollout retry %d`)",

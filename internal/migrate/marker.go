@@ -16,14 +16,16 @@ import (
 //	pgtenant: built from version 1                       (as built; provision writes this)
 //	pgtenant: built from version 1, at version 3         (migrated)
 //	pgtenant: built from version 1, at version 3, +1 file of version 4
-//	                                                     (a NO TRANSACTION file of version 4 committed on its own)
+//	                                                     (a NO TRANSACTION file of version 4 committed on its own;
+//	                                                      the version after 3 that did not fail to build)
 //
 // Every form starts with "pgtenant: built", which the reconciler takes as
 // "fully built" (a schema without it is a half-built one).
 type Marker struct {
 	Built   int // the version the tenant was built from
 	Version int // the version it is at
-	Extra   int // files of version Version+1 already committed (only between the segments of a version with NO TRANSACTION files)
+	Extra   int // files of version Next already committed (only between the segments of a version with NO TRANSACTION files)
+	Next    int // the version Extra counts files of: the next one that did not fail (Version+1 unless one failed); set with Extra
 }
 
 // String formats the marker.
@@ -37,7 +39,7 @@ func (m Marker) String() string {
 		if m.Extra == 1 {
 			plural = ""
 		}
-		s += fmt.Sprintf(", +%d file%s of version %d", m.Extra, plural, m.Version+1)
+		s += fmt.Sprintf(", +%d file%s of version %d", m.Extra, plural, m.Next)
 	}
 	return s
 }
@@ -57,8 +59,8 @@ func ParseMarker(s string) (m Marker, ok bool) {
 		m.Version = atoi(sub[2])
 	}
 	if sub[3] != "" {
-		m.Extra = atoi(sub[3])
-		if atoi(sub[4]) != m.Version+1 {
+		m.Extra, m.Next = atoi(sub[3]), atoi(sub[4])
+		if m.Next <= m.Version {
 			return Marker{}, false
 		}
 	}

@@ -62,7 +62,7 @@ type Service struct {
 // Request asks for a rollout of a template.
 type Request struct {
 	Template string `json:"-"`                  // from the URL
-	To       int    `json:"to,omitempty"`       // target version; 0: the template's current version
+	To       int    `json:"to,omitempty"`       // target version; 0: the newest one that has not failed
 	Canary   int    `json:"canary,omitempty"`   // pause after this many tenants (0: no canary)
 	Parallel int    `json:"parallel,omitempty"` // tenants in flight at once (0: migrate.parallel)
 	Cluster  string `json:"cluster,omitempty"`  // only this cluster's tenants
@@ -118,12 +118,26 @@ func (s *Service) Start(ctx context.Context, req Request) (Started, error) {
 	if err != nil {
 		return Started{}, err
 	}
-	if req.To == 0 {
-		req.To = tpl.CurrentVersion
+	if tpl.Deleting {
+		return Started{}, fmt.Errorf("%w: template %s is being deleted", catalog.ErrConflict, tpl.Name)
 	}
-	if req.To < 1 || req.To > tpl.CurrentVersion {
+	if req.To == 0 {
+		// The newest version not known to be broken: the current one, or a
+		// newer one still being built (the rollout waits for its builds).
+		req.To = tpl.CurrentVersion
+		if tpl.LatestVersion > tpl.CurrentVersion && s.Templates.Failed(ctx, tpl.Name, tpl.LatestVersion) == nil {
+			req.To = tpl.LatestVersion
+		}
+		if req.To == 0 {
+			return Started{}, fmt.Errorf("%w: template %s has no version built yet", catalog.ErrConflict, tpl.Name)
+		}
+	}
+	if req.To < 1 || req.To > tpl.LatestVersion {
 		return Started{}, invalid("version %d: template %s has versions 1 to %d (push a new one with `pgtenant template push`)",
-			req.To, tpl.Name, tpl.CurrentVersion)
+			req.To, tpl.Name, tpl.LatestVersion)
+	}
+	if err := s.Templates.Failed(ctx, tpl.Name, req.To); err != nil {
+		return Started{}, err
 	}
 	if req.Canary < 0 {
 		return Started{}, invalid("canary %d: a number of tenants, 0 for none", req.Canary)
@@ -209,6 +223,9 @@ func (s *Service) plan(ctx context.Context, template string, to int, clusterName
 		}
 		prev := 0
 		for _, v := range vs {
+			if v.State == catalog.VersionFailed {
+				continue // never applied: the next version extends the one before it
+			}
 			if v.Version > lowest && v.Version <= to {
 				pv := PlanVersion{Version: v.Version}
 				for _, f := range v.Files[prev:] {

@@ -21,7 +21,10 @@ import (
 // files of a version, or one NO TRANSACTION file (run outside a transaction
 // block, its marker committed right after it). Positions count files from
 // the start of the template: a tenant at version v has applied the first
-// len(files(v)) files, since a version is its predecessor's files plus new ones.
+// len(files(v)) files, since a version is the files of the version before
+// it plus new ones. Failed versions are not in that chain: the next push
+// extends the last version that built (templates.Push), so a rollout skips
+// them.
 type segment struct {
 	version    int
 	start, end int // files [start, end) of the template
@@ -33,29 +36,41 @@ type segment struct {
 type versions struct {
 	lowest   int // the lowest version it can move a tenant from
 	target   int
+	chain    []int             // the versions that did not fail, in order
+	prev     map[int]int       // version → the version before it in chain (0 for the first)
 	counts   map[int]int       // version → number of files
 	segments map[int][]segment // version → its segments, in order
 }
 
 // loadVersions reads the file counts of every version of a template and the
-// files of the versions above lowest up to target.
+// files of the versions above lowest up to target, failed ones left out.
 func (s *Service) loadVersions(ctx context.Context, template string, lowest, target int) (*versions, error) {
 	vs, err := s.Store.TemplateVersions(ctx, template, false)
 	if err != nil {
 		return nil, err
 	}
-	out := &versions{lowest: lowest, target: target, counts: map[int]int{}, segments: map[int][]segment{}}
+	out := &versions{lowest: lowest, target: target, prev: map[int]int{}, counts: map[int]int{}, segments: map[int][]segment{}}
+	last := 0
 	for _, v := range vs {
 		out.counts[v.Version] = len(v.Files)
+		if v.State == catalog.VersionFailed {
+			continue
+		}
+		out.chain = append(out.chain, v.Version)
+		out.prev[v.Version] = last
+		last = v.Version
 	}
-	for v := lowest + 1; v <= target; v++ {
+	for _, v := range out.chain {
+		if v <= lowest || v > target {
+			continue
+		}
 		files, err := s.Templates.Files(ctx, template, v)
 		if err != nil {
 			return nil, err
 		}
-		prev := out.counts[v-1]
+		prev := out.counts[out.prev[v]]
 		if prev > len(files) {
-			return nil, fmt.Errorf("template %s version %d has fewer files than version %d", template, v, v-1)
+			return nil, fmt.Errorf("template %s version %d has fewer files than version %d", template, v, out.prev[v])
 		}
 		var cur *segment
 		for i, f := range files[prev:] {
@@ -71,12 +86,24 @@ func (s *Service) loadVersions(ctx context.Context, template string, lowest, tar
 	return out, nil
 }
 
+// after lists the versions of the chain above from, up to the target.
+func (vs *versions) after(from int) []int {
+	var out []int
+	for _, v := range vs.chain {
+		if v > from && v <= vs.target {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
 // markerAfter is the marker a tenant carries once seg is committed.
 func (vs *versions) markerAfter(built int, seg segment) Marker {
 	if seg.end == vs.counts[seg.version] {
 		return Marker{Built: built, Version: seg.version}
 	}
-	return Marker{Built: built, Version: seg.version - 1, Extra: seg.end - vs.counts[seg.version-1]}
+	prev := vs.prev[seg.version]
+	return Marker{Built: built, Version: prev, Extra: seg.end - vs.counts[prev], Next: seg.version}
 }
 
 // position is how many of the template's files a marker says are applied.
@@ -147,7 +174,7 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 		return out
 	}
 	defer m.locks.release(m.t.ID)
-	for v := m.t.Version + 1; v <= m.vs.target; v++ {
+	for _, v := range m.vs.after(m.t.Version) {
 		for _, seg := range m.vs.segments[v] {
 			n, err := m.segment(ctx, seg)
 			out.attempts += n

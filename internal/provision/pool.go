@@ -14,9 +14,9 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Pool keeps, for each (cluster, template, mode), Size spares of the newest
-// version materialised on the cluster: it starts builds of template versions
-// that are missing on a cluster, enqueues spare builds (paced jobs) for each
+// Pool keeps, for each (cluster, template, mode), Size spares of the version
+// new tenants get there (templates.ProvisionVersion): it starts builds of
+// template versions that are missing on a cluster, enqueues spare builds (paced jobs) for each
 // missing spare, and retires spares of older versions. One daemon at a time
 // refills (an advisory lock), so several daemons never overfill a pool.
 type Pool struct {
@@ -105,11 +105,27 @@ func (p *Pool) Refill(ctx context.Context) error {
 	}
 	var errs []error
 	for _, tp := range tpls {
+		if tp.Deleting {
+			continue // its delete job purges its spares
+		}
+		// Every cluster builds the current version (a cluster added since
+		// lacks it) and the newest one unless it failed (it becomes current
+		// once built everywhere).
+		builds := []int{}
+		if tp.CurrentVersion > 0 {
+			builds = append(builds, tp.CurrentVersion)
+		}
+		if tp.LatestVersion > tp.CurrentVersion {
+			if err := s.Templates.Failed(ctx, tp.Name, tp.LatestVersion); err == nil {
+				builds = append(builds, tp.LatestVersion)
+			} else if !errors.Is(err, catalog.ErrConflict) {
+				errs = append(errs, err)
+			}
+		}
 		for _, cl := range s.Clusters.All() {
-			if tp.CurrentVersion > 0 {
-				if _, err := s.Templates.EnsureBuild(ctx, tp.Name, tp.CurrentVersion, cl.Name()); err != nil {
+			for _, v := range builds {
+				if _, err := s.Templates.EnsureBuild(ctx, tp.Name, v, cl.Name()); err != nil {
 					errs = append(errs, err)
-					continue
 				}
 			}
 			version, err := s.Templates.ProvisionVersion(ctx, tp.Name, cl.Name())

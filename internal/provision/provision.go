@@ -102,8 +102,10 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	if err := s.validate(&req); err != nil {
 		return Created{}, err
 	}
-	if _, err := s.Store.GetTemplate(ctx, req.Template); err != nil {
+	if t, err := s.Store.GetTemplate(ctx, req.Template); err != nil {
 		return Created{}, err
+	} else if t.Deleting {
+		return Created{}, fmt.Errorf("%w: template %s is being deleted", catalog.ErrConflict, req.Template)
 	}
 	if req.ExternalID != "" {
 		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
@@ -322,17 +324,19 @@ func (s *Service) connections(ctx context.Context, cl *cluster.Cluster) (tenant.
 }
 
 // version is the template version new tenants get on a cluster. The first
-// tenant of a template may wait for its first materialisation.
+// tenant of a template on a cluster may wait for the template's
+// materialisation there; a version that failed to build is an error with
+// the build's error.
 func (s *Service) version(ctx context.Context, template, clusterName string) (int, error) {
 	v, err := s.Templates.ProvisionVersion(ctx, template, clusterName)
 	if !errors.Is(err, catalog.ErrNotFound) {
 		return v, err
 	}
-	t, err := s.Store.GetTemplate(ctx, template)
+	want, err := s.Templates.Wanted(ctx, template)
 	if err != nil {
 		return 0, err
 	}
-	if _, err := s.Templates.EnsureBuild(ctx, template, t.CurrentVersion, clusterName); err != nil {
+	if _, err := s.Templates.EnsureBuild(ctx, template, want, clusterName); err != nil {
 		return 0, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, s.ColdWait)
@@ -342,9 +346,14 @@ func (s *Service) version(ctx context.Context, template, clusterName string) (in
 		if err == nil {
 			return v, nil
 		}
-		if b, berr := s.Store.GetBuild(ctx, template, t.CurrentVersion, clusterName); berr == nil && b.State == "failed" {
-			return 0, fmt.Errorf("%w: template %s version %d failed to build on cluster %s: %s (see `pgtenant job list --type %s`)",
-				catalog.ErrConflict, template, t.CurrentVersion, clusterName, b.Error, templates.BuildJob)
+		if err := s.Templates.Failed(ctx, template, want); err != nil {
+			return 0, err
+		}
+		// A version built elsewhere whose build failed here (a cluster
+		// added since): its job can be retried once the cause is fixed.
+		if b, err := s.Store.GetBuild(ctx, template, want, clusterName); err == nil && b.State == "failed" {
+			return 0, fmt.Errorf("%w: template %s version %d failed to build on cluster %s: %s (retry its build job once fixed: `pgtenant job list --type %s`)",
+				catalog.ErrConflict, template, want, clusterName, b.Error, templates.BuildJob)
 		}
 		select {
 		case <-wctx.Done():

@@ -164,6 +164,38 @@ func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, r
 	return jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
 }
 
+// PurgeSpare purges a template's unclaimed tenant (a delete of its
+// template): a spare is moved to purging and its purge job enqueued, in one
+// catalog transaction; a tenant already purging, or failed, gets its purge
+// job enqueued unless one is unfinished. A spare claimed meanwhile is
+// ErrConflict: it is a tenant now. A tenant whose last purge failed is not
+// purged again (it would fail the same way): the error names the job.
+func (s *Service) PurgeSpare(ctx context.Context, t catalog.Tenant, reason string) error {
+	if t.State != catalog.StateSpare {
+		last, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: Job, TargetKind: "tenant", Target: t.ID, Limit: 1})
+		if err != nil {
+			return err
+		}
+		if len(last) == 1 && last[0].State == jobs.Failed {
+			return jobs.Permanent(fmt.Errorf("the purge of tenant %s failed (job %d): %s; fix what it names, then `pgtenant job retry %d`",
+				t.ID, last[0].ID, last[0].LastError, last[0].ID))
+		}
+	}
+	err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		if t.State == catalog.StateSpare {
+			if err := s.Store.SetTenantState(ctx, tx, t.ID, catalog.StatePurging, catalog.StateSpare); err != nil {
+				return err
+			}
+		}
+		_, err := jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
+		return err
+	})
+	if err == nil {
+		s.Runner.Poke()
+	}
+	return err
+}
+
 // Retention purges dropped tenants whose retention has ended.
 type Retention struct {
 	S        *Service

@@ -1,6 +1,6 @@
 // Package reconcile compares the catalog with what exists on each cluster:
 // databases, schemas and roles carrying pgtenant's prefixes, and template
-// databases. It reports objects without a catalog row and rows without their
+// and shared databases (and connect roles) of templates the catalog knows. It reports objects without a catalog row and rows without their
 // objects; with fix it finishes or rolls back what an interrupted job left,
 // and it never drops anything it cannot attribute to pgtenant's own work: such
 // objects are listed, not touched.
@@ -8,6 +8,7 @@ package reconcile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -43,7 +44,8 @@ type Finding struct {
 	Detail  string `json:"detail"`
 	// Action is what fix does (or did, when Fixed): dropped, locked out,
 	// purge enqueued, rebuild enqueued, or "none: not attributable" for
-	// objects pgtenant did not demonstrably make.
+	// objects pgtenant did not demonstrably make (a shared database of an
+	// unknown template that holds what pgtenant did not put there).
 	Action string `json:"action"`
 	Fixed  bool   `json:"fixed"`
 	Error  string `json:"error,omitempty"`
@@ -95,8 +97,11 @@ func (r *Reconciler) Run(ctx context.Context, clusterName string, fix bool) (Rep
 // observed is what exists on a cluster.
 type observed struct {
 	databases map[string]bool            // name → is a template
+	comments  map[string]string          // database → its comment (pgtenant's shared databases carry one)
 	roles     map[string]bool            // name → can log in
 	schemas   map[string]map[string]bool // shared database → schema → fully built (has the marker comment)
+	others    map[string][]string        // shared database → its schemas that are no tenant's (public and the system's aside)
+	public    map[string]int             // shared database → relations in its public schema
 }
 
 var buildDBRE = regexp.MustCompile(`^pgt_build_(\d+)$`)
@@ -128,6 +133,14 @@ func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool,
 	if s.builds, err = r.Store.Builds(ctx, ""); err != nil {
 		return err
 	}
+	tpls, err := r.Store.Templates(ctx)
+	if err != nil {
+		return err
+	}
+	s.templates = map[string]catalog.Template{}
+	for _, t := range tpls {
+		s.templates[t.Name] = t
+	}
 	if s.jobs, err = r.jobTargets(ctx); err != nil {
 		return err
 	}
@@ -152,23 +165,26 @@ func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool,
 }
 
 func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed, error) {
-	obs := observed{databases: map[string]bool{}, roles: map[string]bool{}, schemas: map[string]map[string]bool{}}
+	obs := observed{databases: map[string]bool{}, comments: map[string]string{}, roles: map[string]bool{}, schemas: map[string]map[string]bool{},
+		others: map[string][]string{}, public: map[string]int{}}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return obs, err
 	}
-	rows, err := admin.Query(ctx, `SELECT datname, datistemplate FROM pg_database WHERE datname LIKE 't\_%' OR datname LIKE 'pgt\_%'`)
+	rows, err := admin.Query(ctx, `SELECT datname, datistemplate, coalesce(pg_catalog.shobj_description(oid, 'pg_database'), '')
+		FROM pg_catalog.pg_database WHERE datname LIKE 't\_%' OR datname LIKE 'pgt\_%'`)
 	if err != nil {
 		return obs, cluster.Classify(err)
 	}
 	var shared []string
 	for rows.Next() {
-		var name string
+		var name, comment string
 		var isTemplate bool
-		if err := rows.Scan(&name, &isTemplate); err != nil {
+		if err := rows.Scan(&name, &isTemplate, &comment); err != nil {
 			return obs, err
 		}
 		obs.databases[name] = isTemplate
+		obs.comments[name] = comment
 		if strings.HasPrefix(name, templates.SharedDatabase("")) {
 			shared = append(shared, name)
 		}
@@ -176,7 +192,8 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 	if err := rows.Err(); err != nil {
 		return obs, err
 	}
-	rows, err = admin.Query(ctx, `SELECT rolname, rolcanlogin FROM pg_catalog.pg_roles WHERE rolname LIKE 't\_%' OR rolname LIKE 'pgt\_agent\_%'`)
+	rows, err = admin.Query(ctx, `SELECT rolname, rolcanlogin FROM pg_catalog.pg_roles
+		WHERE rolname LIKE 't\_%' OR rolname LIKE 'pgt\_agent\_%' OR rolname LIKE 'pgt\_connect\_%'`)
 	if err != nil {
 		return obs, cluster.Classify(err)
 	}
@@ -197,7 +214,7 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 			return obs, err
 		}
 		rows, err := p.Query(ctx, `SELECT nspname, coalesce(pg_catalog.obj_description(oid, 'pg_namespace'), '') LIKE 'pgtenant: built%'
-			FROM pg_catalog.pg_namespace WHERE nspname LIKE 't\_%'`)
+			FROM pg_catalog.pg_namespace WHERE nspname NOT LIKE 'pg\_%' AND nspname NOT IN ('information_schema', 'public')`)
 		if err != nil {
 			return obs, cluster.Classify(err)
 		}
@@ -208,11 +225,21 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 			if err := rows.Scan(&name, &built); err != nil {
 				return obs, err
 			}
-			obs.schemas[db][name] = built
+			if _, ok := tenant.IDFromPhysical(name); ok {
+				obs.schemas[db][name] = built
+			} else {
+				obs.others[db] = append(obs.others[db], name)
+			}
 		}
 		if err := rows.Err(); err != nil {
 			return obs, err
 		}
+		var n int
+		if err := p.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = 'public'`).Scan(&n); err != nil {
+			return obs, cluster.Classify(err)
+		}
+		obs.public[db] = n
 	}
 	return obs, nil
 }
@@ -262,6 +289,7 @@ type scan struct {
 	obs       observed
 	rows      map[string]catalog.Tenant
 	builds    []catalog.TemplateBuild
+	templates map[string]catalog.Template
 	jobs      jobRefs
 	scanStart time.Time
 }
@@ -273,13 +301,13 @@ func (s *scan) compare() []finding {
 	out = append(out, s.databases()...)
 	out = append(out, s.roles()...)
 	out = append(out, s.schemas()...)
+	out = append(out, s.templateObjects()...)
 	out = append(out, s.tenantRows()...)
 	out = append(out, s.templateBuilds()...)
 	return out
 }
 
-// databases: tenant databases without rows, template and build databases
-// nobody uses.
+// databases: tenant databases without rows, build databases nobody uses.
 func (s *scan) databases() []finding {
 	var out []finding
 	names := sortedKeys(s.obs.databases)
@@ -302,30 +330,33 @@ func (s *scan) databases() []finding {
 			continue
 		}
 		if m := buildDBRE.FindStringSubmatch(db); m != nil {
-			if s.jobs[m[1]].active || s.activeBuildJob(m[1]) {
+			state, known := s.buildJob(m[1])
+			if known && !jobs.Finished(state) {
 				continue
 			}
-			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
-				Detail: "scratch database of template build job " + m[1] + ", which is not running", Action: "drop it"},
-				repair: s.dropDatabase(db)})
-			continue
-		}
-		if strings.HasPrefix(db, "pgt_tpl_") && !s.buildReady(db) {
-			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
-				Detail: "template database without a ready build in the catalog", Action: "drop it (a template holds no tenant data)"},
+			detail := "scratch database of template build job " + m[1] + ", which is not running"
+			if !known {
+				detail = "scratch database of template build job " + m[1] + ", which the catalog does not know"
+			}
+			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db, Detail: detail, Action: "drop it"},
 				repair: s.dropDatabase(db)})
 		}
 	}
 	return out
 }
 
-func (s *scan) activeBuildJob(jobID string) bool {
+// buildJob returns the state of a job by id; known is false when the
+// catalog has no such job.
+func (s *scan) buildJob(jobID string) (state string, known bool) {
 	id, err := strconv.ParseInt(jobID, 10, 64)
 	if err != nil {
-		return false
+		return "", false
 	}
 	j, err := jobs.Get(context.Background(), s.r.Store.Pool(), id)
-	return err == nil && !jobs.Finished(j.State)
+	if err != nil {
+		return "", !errors.Is(err, jobs.ErrNotFound) // a catalog error: do not judge
+	}
+	return j.State, true
 }
 
 func (s *scan) buildReady(db string) bool {
@@ -335,6 +366,114 @@ func (s *scan) buildReady(db string) bool {
 		}
 	}
 	return false
+}
+
+// sharedComment is the comment pgtenant's build gives a template's shared
+// database: what attributes one whose template the catalog does not know.
+func sharedComment(template string) string {
+	return "pgtenant: schema-mode tenants of template " + template
+}
+
+// templateObjects: template databases (pgt_tpl_<template>_v<N>), shared
+// databases (pgt_shared_<template>) and connect roles (pgt_connect_<template>)
+// whose template or version the catalog does not know (a template deleted,
+// or never recorded), and template databases without a ready build. A
+// template being deleted, or with a job at work, is left to its jobs.
+// Template databases hold no tenant data: dropped. A shared database is
+// dropped, with its connect role, only when it is demonstrably pgtenant's
+// and empty: its comment is the one pgtenant gives it, and it holds no
+// schema and nothing in public; its tenants' schemas are judged on their
+// own (schemas), and once they are gone it is dropped.
+func (s *scan) templateObjects() []finding {
+	var out []finding
+	for _, db := range sortedKeys(s.obs.databases) {
+		if !strings.HasPrefix(db, "pgt_tpl_") && !strings.HasPrefix(db, templates.SharedDatabase("")) {
+			continue
+		}
+		name, version, ok := templates.ParseDatabaseName(db)
+		if !ok {
+			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
+				Detail: "named like pgtenant's template databases, but no template name can give it", Action: notAttributable}})
+			continue
+		}
+		t, known := s.templates[name]
+		if t.Deleting || s.jobs[name].active {
+			continue
+		}
+		shared := version == 0
+		switch {
+		case !shared && !known:
+			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
+				Detail: fmt.Sprintf("template database of template %s v%d; the catalog has no template %s (deleted, or never recorded)", name, version, name),
+				Action: "drop it (a template holds no tenant data)"}, repair: s.dropDatabase(db)})
+		case !shared && version > t.LatestVersion:
+			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
+				Detail: fmt.Sprintf("template database of template %s v%d; the catalog has no version %d of %s (its latest is %d)", name, version, version, name, t.LatestVersion),
+				Action: "drop it (a template holds no tenant data)"}, repair: s.dropDatabase(db)})
+		case !shared && !s.buildReady(db):
+			out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
+				Detail: "template database without a ready build in the catalog", Action: "drop it (a template holds no tenant data)"},
+				repair: s.dropDatabase(db)})
+		case shared && !known:
+			out = append(out, s.orphanShared(db, name))
+		}
+	}
+	for _, role := range sortedKeys(s.obs.roles) {
+		name, ok := strings.CutPrefix(role, templates.ConnectRole(""))
+		if !ok || templates.ValidName(name) != nil {
+			continue
+		}
+		if _, known := s.templates[name]; known || s.jobs[name].active {
+			continue
+		}
+		if _, has := s.obs.databases[templates.SharedDatabase(name)]; has {
+			continue // judged with its shared database
+		}
+		out = append(out, finding{Finding: Finding{Kind: Orphan, Object: "role " + role,
+			Detail: fmt.Sprintf("connect role of template %s, which the catalog does not know (deleted, or never recorded)", name),
+			Action: "drop it (it only ever held CONNECT on the template's shared database)"},
+			repair: s.dropRoles(role)})
+	}
+	return out
+}
+
+// orphanShared judges the shared database of a template the catalog does not know.
+func (s *scan) orphanShared(db, name string) finding {
+	f := finding{Finding: Finding{Kind: Orphan, Object: "database " + db,
+		Detail: fmt.Sprintf("shared database of template %s, which the catalog does not know (deleted, or never recorded)", name)}}
+	tenantSchemas := sortedKeys(s.obs.schemas[db])
+	switch {
+	case s.obs.comments[db] != sharedComment(name):
+		f.Detail += fmt.Sprintf("; its comment is %q, not pgtenant's", s.obs.comments[db])
+		f.Action = notAttributable
+	case len(s.obs.others[db]) > 0 || s.obs.public[db] > 0:
+		f.Detail += fmt.Sprintf("; it holds objects pgtenant did not make (schemas %v, %d relations in public)", s.obs.others[db], s.obs.public[db])
+		f.Action = notAttributable
+	case len(tenantSchemas) > 0:
+		f.Detail += fmt.Sprintf("; it still holds %d tenant schemas (%s), judged on their own", len(tenantSchemas), strings.Join(tenantSchemas, ", "))
+		f.Action = "none yet: once its schemas are gone, fix drops it and role " + templates.ConnectRole(name)
+	default:
+		f.Action = "drop it and role " + templates.ConnectRole(name) + " (empty: no tenant schema, nothing in public)"
+		drop := s.dropDatabase(db)
+		roles := s.dropRoles(templates.ConnectRole(name))
+		f.repair = func(ctx context.Context) error {
+			if err := drop(ctx); err != nil {
+				return err
+			}
+			return roles(ctx)
+		}
+	}
+	return f
+}
+
+func (s *scan) dropRoles(roles ...string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		admin, err := s.cl.Admin(ctx)
+		if err != nil {
+			return err
+		}
+		return cluster.DropRoles(ctx, admin, roles...)
+	}
 }
 
 // orphanTenantObject judges an object named after a tenant id without a row:
@@ -464,7 +603,7 @@ func (s *scan) tenantRows() []finding {
 func (s *scan) templateBuilds() []finding {
 	var out []finding
 	for _, b := range s.builds {
-		if b.Cluster != s.cl.Name() || b.State != "ready" {
+		if b.Cluster != s.cl.Name() || b.State != "ready" || s.templates[b.Template].Deleting {
 			continue
 		}
 		if _, ok := s.obs.databases[b.Database]; ok {
@@ -498,6 +637,7 @@ func (s *scan) dropDatabase(db string) func(context.Context) error {
 		if err != nil {
 			return err
 		}
+		s.cl.ClosePool(db) // observe may have opened one (shared databases)
 		return cluster.DropDatabase(ctx, admin, db)
 	}
 }

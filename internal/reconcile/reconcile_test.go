@@ -147,6 +147,113 @@ func TestReconcile_ReportsAndFixesOnlyWhatItCanAttribute(t *testing.T) {
 	exec(t, admin, "DROP DATABASE "+stranger)
 }
 
+// TestReconcile_TemplateObjectsWithoutTemplate: template databases, shared
+// databases and connect roles of a template the catalog does not know (or
+// of a version it does not have) are reported; fix drops those that are
+// pgtenant's (template databases; a shared database with pgtenant's comment
+// and nothing in it, with its connect role; a lone connect role) and leaves
+// a shared database that holds what pgtenant did not make.
+func TestReconcile_TemplateObjectsWithoutTemplate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	_, c := daemontest.Start(t, pg, cfg)
+	admin := pg.Conn(t, "postgres")
+	added, err := c.CreateTemplate(ctx, "rec_known", []templates.Upload{{Name: "0001_init.sql", Body: `CREATE TABLE a (id int);`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err := c.WaitJob(ctx, added.BuildJobs[0].ID, nil); err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("build: %v %s", err, j.LastError)
+	}
+
+	// What a deleted (or never recorded) template "rec_ghost" left: its
+	// template database, its shared database and its connect role.
+	exec(t, admin, "CREATE DATABASE pgt_tpl_rec_ghost_v1")
+	exec(t, admin, "ALTER DATABASE pgt_tpl_rec_ghost_v1 WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+	exec(t, admin, "CREATE DATABASE pgt_shared_rec_ghost")
+	exec(t, admin, "COMMENT ON DATABASE pgt_shared_rec_ghost IS 'pgtenant: schema-mode tenants of template rec_ghost'")
+	exec(t, admin, "CREATE ROLE pgt_connect_rec_ghost NOLOGIN")
+	exec(t, admin, "GRANT CONNECT ON DATABASE pgt_shared_rec_ghost TO pgt_connect_rec_ghost")
+	// A version the known template does not have.
+	exec(t, admin, "CREATE DATABASE pgt_tpl_rec_known_v7")
+	// A connect role alone.
+	exec(t, admin, "CREATE ROLE pgt_connect_rec_lone NOLOGIN")
+	// A shared database of an unknown template with a schema pgtenant did not make.
+	exec(t, admin, "CREATE DATABASE pgt_shared_rec_handmade")
+	exec(t, admin, "COMMENT ON DATABASE pgt_shared_rec_handmade IS 'pgtenant: schema-mode tenants of template rec_handmade'")
+	hand := pg.Conn(t, "pgt_shared_rec_handmade")
+	exec(t, hand, "CREATE SCHEMA billing; CREATE TABLE billing.invoices (id int)")
+	hand.Close(ctx)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS pgt_shared_rec_handmade WITH (FORCE)")
+	})
+
+	want := []struct {
+		object string
+		fixed  bool
+		detail string
+	}{
+		{"database pgt_tpl_rec_ghost_v1", true, "no template rec_ghost"},
+		{"database pgt_shared_rec_ghost", true, "shared database of template rec_ghost"},
+		{"database pgt_tpl_rec_known_v7", true, "no version 7"},
+		{"role pgt_connect_rec_lone", true, "connect role of template rec_lone"},
+		{"database pgt_shared_rec_handmade", false, "schemas [billing]"},
+	}
+	mine := func(rep reconcile.Report) []reconcile.Finding {
+		var out []reconcile.Finding
+		for _, f := range rep.Findings {
+			if strings.Contains(f.Object, "rec_") {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	for _, fix := range []bool{false, true} {
+		rep, err := c.Reconcile(ctx, api.ReconcileRequest{Fix: fix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range want {
+			f, ok := findingFor(rep, w.object)
+			switch {
+			case !ok:
+				t.Errorf("fix=%v: no finding for %s; findings: %+v", fix, w.object, mine(rep))
+			case f.Kind != reconcile.Orphan || !strings.Contains(f.Detail, w.detail) || f.Fixed != (fix && w.fixed) || f.Error != "":
+				t.Errorf("fix=%v: %s: %+v, want an orphan (%q) fixed=%v", fix, w.object, f, w.detail, fix && w.fixed)
+			case !w.fixed && !strings.HasPrefix(f.Action, "none"):
+				t.Errorf("%s: action %q, want none (not attributable)", w.object, f.Action)
+			}
+		}
+		if got := mine(rep); len(got) != len(want) {
+			t.Errorf("fix=%v: %d findings of these objects, want %d: %+v", fix, len(got), len(want), got)
+		}
+	}
+	var dbs, roles int
+	if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_database WHERE datname IN ('pgt_tpl_rec_ghost_v1', 'pgt_shared_rec_ghost', 'pgt_tpl_rec_known_v7')),
+		(SELECT count(*) FROM pg_roles WHERE rolname IN ('pgt_connect_rec_ghost', 'pgt_connect_rec_lone'))`).Scan(&dbs, &roles); err != nil {
+		t.Fatal(err)
+	}
+	if dbs != 0 || roles != 0 {
+		t.Errorf("after fix: %d databases and %d roles left of those pgtenant's, want none", dbs, roles)
+	}
+	after, err := c.Reconcile(ctx, api.ReconcileRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, f := range mine(after) {
+		left = append(left, f.Object)
+	}
+	if got, want := strings.Join(left, ";"), "database pgt_shared_rec_handmade"; got != want {
+		t.Errorf("after fix, findings = %s, want %s", got, want)
+	}
+	if d, err := c.Template(ctx, "rec_known"); err != nil || d.CurrentVersion != 1 {
+		t.Errorf("the known template: %+v %v, want untouched at v1", d.TemplateSummary, err)
+	}
+}
+
 func exec(t *testing.T, conn *pgx.Conn, sql string) {
 	t.Helper()
 	if _, err := conn.Exec(context.Background(), sql); err != nil {

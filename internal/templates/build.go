@@ -28,7 +28,9 @@ type buildData struct {
 // role, the template's shared database (schema mode), the build into a
 // scratch database in lock-bounded batches, and finalize (rename to the
 // template database, IS_TEMPLATE, no connections). A build that fails is
-// dropped and recorded failed; it is never used.
+// dropped and recorded failed with its error, and so is its version (it
+// never becomes current); it is never used. The version becomes current
+// when its last cluster finalizes.
 func (s *Service) BuildHandler() jobs.Handler {
 	return jobs.Handler{
 		Steps: func(j *jobs.Job) ([]jobs.Step, error) {
@@ -60,8 +62,8 @@ func (s *Service) BuildHandler() jobs.Handler {
 			if err := cluster.DropDatabase(ctx, admin, BuildDatabase(r.Job.ID)); err != nil {
 				return err
 			}
-			return s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: a.Template, Version: a.Version, Cluster: a.Cluster,
-				State: "failed", Database: DatabaseName(a.Template, a.Version), Error: r.Job.LastError})
+			return s.Store.FailBuild(ctx, catalog.TemplateBuild{Template: a.Template, Version: a.Version, Cluster: a.Cluster,
+				Database: DatabaseName(a.Template, a.Version), Error: r.Job.LastError})
 		},
 	}
 }
@@ -203,7 +205,7 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 		},
 	})
 	if err != nil {
-		return jobs.Permanent(fmt.Errorf("template %s version %d: %w", b.a.Template, b.a.Version, err))
+		return jobs.Permanent(err) // the job names the template and version; the error the file and statement
 	}
 	if _, err := conn.Exec(ctx, fmt.Sprintf(`RESET ROLE; RESET search_path; REVOKE CREATE ON SCHEMA public FROM %s; REVOKE CREATE ON DATABASE %s FROM %s;
 		REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC`,
@@ -261,6 +263,10 @@ func (b *builder) finalize(ctx context.Context, r *jobs.Run) error {
 	if prev, err := b.s.Store.GetBuild(ctx, b.a.Template, b.a.Version, b.a.Cluster); err == nil && d.Relations == 0 {
 		d.Relations = prev.Relations // built by an earlier job; this one found it done
 	}
-	return b.s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: b.a.Template, Version: b.a.Version, Cluster: b.a.Cluster,
-		State: "ready", Database: target, Relations: d.Relations, SizeBytes: size})
+	current, err := b.s.Store.FinishBuild(ctx, catalog.TemplateBuild{Template: b.a.Template, Version: b.a.Version, Cluster: b.a.Cluster,
+		Database: target, Relations: d.Relations, SizeBytes: size})
+	if current {
+		b.s.Logger.Info("template version is current", "component", "templates", "template", b.a.Template, "version", b.a.Version)
+	}
+	return err
 }

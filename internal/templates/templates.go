@@ -1,9 +1,12 @@
 // Package templates owns template versions (SQL files stored immutably in
-// the catalog) and their materialisation on clusters: a template database per
-// (version, cluster), built in lock-bounded batches by a durable job, and a
-// shared database per (template, cluster) that holds schema-mode tenants.
-// It also applies template files to a connection (Apply), for the builders
-// of spares and for migrations.
+// the catalog; a version is current once built on every cluster, failed if a
+// build failed) and their materialisation on clusters: a template database
+// per (version, cluster), built in lock-bounded batches by a durable job, and
+// a shared database per (template, cluster) that holds schema-mode tenants;
+// and the delete job that removes a template without tenants. It also
+// applies template files to a connection (Apply), for the builders of spares
+// and for migrations. It never touches a claimed tenant: a deleted
+// template's spares go through the purge job (SparePurger).
 package templates
 
 import (
@@ -13,6 +16,7 @@ import (
 	"log/slog"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -38,6 +42,23 @@ func DatabaseName(template string, version int) string {
 
 // SharedDatabase holds a template's schema-mode tenants on a cluster.
 func SharedDatabase(template string) string { return dbPrefix + "shared_" + template }
+
+// ParseDatabaseName returns the template (and, for a template database,
+// the version) a template or shared database's name carries; ok is false
+// for other names.
+func ParseDatabaseName(db string) (template string, version int, ok bool) {
+	if m := templateDBRE.FindStringSubmatch(db); m != nil {
+		v, err := strconv.Atoi(m[2])
+		return m[1], v, err == nil && v > 0 && ValidName(m[1]) == nil
+	}
+	if name, found := strings.CutPrefix(db, SharedDatabase("")); found && ValidName(name) == nil {
+		return name, 0, true
+	}
+	return "", 0, false
+}
+
+// templateDBRE matches DatabaseName: the version is the last _v<N>.
+var templateDBRE = regexp.MustCompile(`^pgt_tpl_([a-z][a-z0-9_]*)_v([0-9]+)$`)
 
 // ConnectRole holds CONNECT on a template's shared database; a claimed
 // schema tenant's role is made a member of it. Granting membership adds a
@@ -67,6 +88,8 @@ type Service struct {
 	Runner   *jobs.Runner
 	Config   config.Config
 	Logger   *slog.Logger
+	// Spares purges a deleted template's spares (purge.Service).
+	Spares SparePurger
 }
 
 // Upload is a set of files as a client sends them.
@@ -135,9 +158,10 @@ func (s *Service) Create(ctx context.Context, name string, upload []Upload) (Add
 	return s.add(ctx, name, upload, true)
 }
 
-// Push stores the next version of a template. The previous version's files
-// must all be there unchanged (a version is immutable; changes are new
-// files), and something must be new.
+// Push stores the next version of a template. The current version's files
+// (the last version built on every cluster) must all be there unchanged: a
+// version is immutable, and changes are new files. A version that failed to
+// build is never the base: its files may be replaced. Something must be new.
 func (s *Service) Push(ctx context.Context, name string, upload []Upload) (Added, error) {
 	return s.add(ctx, name, upload, false)
 }
@@ -153,8 +177,9 @@ func (s *Service) add(ctx context.Context, name string, upload []Upload, create 
 	if err != nil {
 		return Added{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
+	base := 0
 	if !create {
-		if err := s.checkAppendOnly(ctx, name, files); err != nil {
+		if base, err = s.checkAppendOnly(ctx, name, files); err != nil {
 			return Added{}, err
 		}
 	}
@@ -162,8 +187,8 @@ func (s *Service) add(ctx context.Context, name string, upload []Upload, create 
 	if err != nil {
 		return Added{}, err
 	}
-	defer tx.Rollback(ctx)
-	version, err := s.Store.AddTemplateVersion(ctx, tx, name, toCatalog(files), create)
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	version, err := s.Store.AddTemplateVersion(ctx, tx, name, toCatalog(files), create, base)
 	if err != nil {
 		return Added{}, err
 	}
@@ -182,14 +207,21 @@ func (s *Service) add(ctx context.Context, name string, upload []Upload, create 
 	return out, nil
 }
 
-func (s *Service) checkAppendOnly(ctx context.Context, name string, files []File) error {
+// checkAppendOnly checks pushed files against the template's current
+// version and returns that version (0 when no version has built yet: then
+// any files will do, as for a create).
+func (s *Service) checkAppendOnly(ctx context.Context, name string, files []File) (int, error) {
 	t, err := s.Store.GetTemplate(ctx, name)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	prev, err := s.Store.TemplateFiles(ctx, name, t.CurrentVersion, false)
+	base := t.CurrentVersion
+	if base == 0 {
+		return 0, nil
+	}
+	prev, err := s.Store.TemplateFiles(ctx, name, base, false)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	byName := map[string]File{}
 	for _, f := range files {
@@ -199,27 +231,33 @@ func (s *Service) checkAppendOnly(ctx context.Context, name string, files []File
 		f, ok := byName[p.Name]
 		switch {
 		case !ok:
-			return fmt.Errorf("%w: %s of version %d is missing; versions only add files", ErrInvalid, p.Name, t.CurrentVersion)
+			return 0, fmt.Errorf("%w: %s of version %d (the current version) is missing; versions only add files", ErrInvalid, p.Name, base)
 		case f.Checksum != p.Checksum:
-			return fmt.Errorf("%w: %s changed since version %d; a version is immutable: add a new file (e.g. %04d_change.sql) instead",
-				ErrInvalid, p.Name, t.CurrentVersion, len(prev)+1)
+			return 0, fmt.Errorf("%w: %s changed since version %d (the current version); a version is immutable: add a new file (e.g. %04d_change.sql) instead",
+				ErrInvalid, p.Name, base, len(prev)+1)
 		}
 	}
 	if len(files) == len(prev) {
-		return fmt.Errorf("%w: nothing new since version %d", catalog.ErrConflict, t.CurrentVersion)
+		return 0, fmt.Errorf("%w: nothing new since version %d (the current version)", catalog.ErrConflict, base)
 	}
 	last := prev[len(prev)-1].Name
 	for _, f := range files[len(prev):] {
 		if f.Name <= last {
-			return fmt.Errorf("%w: new file %s sorts before %s of version %d; name new files so they sort last", ErrInvalid, f.Name, last, t.CurrentVersion)
+			return 0, fmt.Errorf("%w: new file %s sorts before %s of version %d (the current version); name new files so they sort last",
+				ErrInvalid, f.Name, last, base)
 		}
 	}
-	return nil
+	return base, nil
+}
+
+// errDeleting refuses work on a template that is being deleted.
+func errDeleting(name string) error {
+	return fmt.Errorf("%w: template %s is being deleted", catalog.ErrConflict, name)
 }
 
 // EnsureBuild starts the build of a version on a cluster unless it is
 // ready, failed (an operator retries the failed job) or being built. It
-// returns whether a job was started.
+// returns whether a job was started. A template being deleted is refused.
 func (s *Service) EnsureBuild(ctx context.Context, template string, version int, clusterName string) (bool, error) {
 	b, err := s.Store.GetBuild(ctx, template, version, clusterName)
 	if err == nil && (b.State == "ready" || b.State == "failed") {
@@ -228,12 +266,22 @@ func (s *Service) EnsureBuild(ctx context.Context, template string, version int,
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
 		return false, err
 	}
+	if t, err := s.Store.GetTemplate(ctx, template); err != nil {
+		return false, err
+	} else if t.Deleting {
+		return false, errDeleting(template)
+	}
 	_, err = s.enqueueBuild(ctx, s.Store.Pool(), template, version, clusterName)
 	return err == nil, err
 }
 
 // Rebuild forgets a build and starts it again (its template database is gone).
 func (s *Service) Rebuild(ctx context.Context, template string, version int, clusterName string) error {
+	if t, err := s.Store.GetTemplate(ctx, template); err != nil {
+		return err
+	} else if t.Deleting {
+		return errDeleting(template)
+	}
 	if err := s.Store.DeleteBuild(ctx, template, version, clusterName); err != nil {
 		return err
 	}
@@ -250,11 +298,15 @@ func (s *Service) enqueueBuild(ctx context.Context, q catalog.Querier, template 
 }
 
 // ProvisionVersion is the version new tenants of a template get on a
-// cluster: the newest one materialised there. ErrNotFound if none is yet.
+// cluster: the newest version built on every cluster (the current one, or
+// an older one while the current one is being built on this cluster). A
+// version that failed anywhere is never handed out. ErrNotFound if none is
+// materialised here yet.
 func (s *Service) ProvisionVersion(ctx context.Context, template, clusterName string) (int, error) {
 	var v *int
-	err := s.Store.Pool().QueryRow(ctx, `SELECT max(version) FROM template_builds
-		WHERE template = $1 AND cluster = $2 AND state = 'ready'`, template, clusterName).Scan(&v)
+	err := s.Store.Pool().QueryRow(ctx, `SELECT max(b.version) FROM template_builds b
+		JOIN template_versions v ON v.template = b.template AND v.version = b.version
+		WHERE b.template = $1 AND b.cluster = $2 AND b.state = 'ready' AND v.state = 'ready'`, template, clusterName).Scan(&v)
 	if err != nil {
 		return 0, err
 	}
@@ -262,6 +314,35 @@ func (s *Service) ProvisionVersion(ctx context.Context, template, clusterName st
 		return 0, fmt.Errorf("template %s has no version materialised on cluster %s yet: %w", template, clusterName, catalog.ErrNotFound)
 	}
 	return *v, nil
+}
+
+// Wanted is the version a cluster must build so that new tenants can be
+// made: the current version, or, before any version has built everywhere,
+// the newest one. When that one failed, the error says why (ErrConflict,
+// with the build's error and what to do).
+func (s *Service) Wanted(ctx context.Context, template string) (int, error) {
+	t, err := s.Store.GetTemplate(ctx, template)
+	if err != nil {
+		return 0, err
+	}
+	if t.Deleting {
+		return 0, errDeleting(template)
+	}
+	if t.CurrentVersion > 0 {
+		return t.CurrentVersion, nil
+	}
+	return t.LatestVersion, s.Failed(ctx, template, t.LatestVersion)
+}
+
+// Failed returns an error carrying the build error of a version that
+// failed (ErrConflict), nil for one that did not.
+func (s *Service) Failed(ctx context.Context, template string, version int) error {
+	v, err := s.Store.GetVersion(ctx, template, version)
+	if err != nil || v.State != catalog.VersionFailed {
+		return err
+	}
+	return fmt.Errorf("%w: template %s version %d failed to build on %s (fix the files and push a new version: `pgtenant template push %s --from DIR`; `pgtenant template show %s` lists failed versions)",
+		catalog.ErrConflict, template, version, v.Error, template, template)
 }
 
 // Files returns the parsed files of a version.
