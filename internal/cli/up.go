@@ -163,9 +163,6 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
 			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
 	}
-	if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
-		return err
-	}
 
 	// Shutdown order, once Ctrl-C cancels ctx (or the daemon fails):
 	//  1. the daemon stops (API, then workers and the pooler, then pools)
@@ -180,13 +177,31 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 		OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
 	supCtx, stopSup := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSup()
-	eg, ectx := errgroup.WithContext(ctx)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	eg, ectx := errgroup.WithContext(runCtx)
 	eg.Go(func() error {
 		defer stopSup()
 		return d.Run(ectx)
 	})
 	if maxRestarts > 0 {
 		eg.Go(func() error { return sup.Run(supCtx) })
+	}
+	// The info is printed once the pooler serves (its first sync), so that
+	// whoever reads it can connect at once.
+	if f := d.Poolers().Get("local"); f != nil {
+		wctx, cancel := context.WithTimeout(ectx, time.Minute)
+		if err := f.Sync(wctx); err != nil && ectx.Err() == nil {
+			fmt.Fprintln(g.stderr, "pooler:", err)
+		}
+		cancel()
+	}
+	if ectx.Err() == nil {
+		if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
+			stopRun()
+			_ = eg.Wait()
+			return err
+		}
 	}
 	return eg.Wait()
 }
