@@ -165,7 +165,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 
-	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log}
+	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
@@ -175,7 +175,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(tenants)
 	d.capper = &quota.Capper{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
 	d.capper.Register(reg)
-	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
+	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers}
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm,

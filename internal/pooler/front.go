@@ -470,3 +470,48 @@ func (f *Front) Resume(ctx context.Context, name string) error {
 func isNotPaused(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "not paused")
 }
+
+// Difference is one way the running pooler differs from the catalog.
+type Difference struct {
+	Kind   string // missing (an entry the catalog wants), extra (an entry it does not), mismatch
+	Name   string // the entry: t_<id>
+	Detail string
+}
+
+// Compare reads the pooler's databases (SHOW DATABASES) now and compares
+// them with the entries the catalog wants: for reconcile.
+func (f *Front) Compare(ctx context.Context) ([]Difference, error) {
+	f.init()
+	entries, _, err := f.Source(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dbs, err := withAdmin(f, ctx, func(a *Admin) (map[string]Database, error) { return a.Databases(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	var out []Difference
+	want := map[string]bool{}
+	for _, e := range entries {
+		want[e.Name] = true
+		d, ok := dbs[e.Name]
+		switch {
+		case !ok:
+			out = append(out, Difference{"missing", e.Name, "the tenant's entry is not in the pooler: it cannot log in through it"})
+		case d.Database != e.Database:
+			out = append(out, Difference{"mismatch", e.Name, fmt.Sprintf("points at database %s, want %s", d.Database, e.Database)})
+		case d.Disabled != e.Disabled:
+			out = append(out, Difference{"mismatch", e.Name, fmt.Sprintf("disabled %v, want %v (suspended: %v)", d.Disabled, e.Disabled, e.Disabled)})
+		case d.PoolMode != e.PoolMode || d.PoolSize != e.PoolSize || d.MaxConnections != e.MaxDBConnections:
+			out = append(out, Difference{"mismatch", e.Name, fmt.Sprintf("pool %s/%d/%d, want %s/%d/%d (mode/pool_size/max_db_connections)",
+				d.PoolMode, d.PoolSize, d.MaxConnections, e.PoolMode, e.PoolSize, e.MaxDBConnections)})
+		}
+	}
+	for name := range dbs {
+		if !want[name] {
+			out = append(out, Difference{"extra", name, "in the pooler, but no active or suspended tenant of the catalog: it can still be logged in to"})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}

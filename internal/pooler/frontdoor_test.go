@@ -24,6 +24,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 )
 
@@ -389,6 +390,77 @@ func TestFrontDoor_PoolerStateAndMetrics(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// reconcile finds a pooler entry that differs from the catalog and fixes
+// it; doctor's pooler check passes on a pooler in sync.
+func TestFrontDoor_ReconcileAndDoctor(t *testing.T) {
+	ctx := pgtest.Context(t)
+	d, c := daemonWithPooler(t)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	role := "t_" + r.Tenant.ID
+	front := d.Poolers().Get("local")
+	rep, err := c.Doctor(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, ch := range rep.Clusters[0].Checks {
+		if ch.Name == "pooler" {
+			found = true
+			if ch.Status != "ok" {
+				t.Errorf("doctor's pooler check: %s: %s (%s)", ch.Status, ch.Got, ch.Fix)
+			}
+		}
+	}
+	if !found {
+		t.Error("doctor has no pooler check")
+	}
+	password, err := front.Proc.AdminPassword()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Tamper behind the daemon's back (its own syncs may repair it first:
+	// then tamper again).
+	var finding *struct{ kind, object string }
+	for attempt := 0; attempt < 5 && finding == nil; attempt++ {
+		admin, err := pooler.DialAdmin(ctx, front.Addr(), pooler.AdminUser, password)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = admin.Command(ctx, "DISABLE", role)
+		admin.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "local"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range got.Findings {
+			if f.Object == "pooler entry "+role {
+				finding = &struct{ kind, object string }{f.Kind, f.Object}
+			}
+		}
+	}
+	if finding == nil || finding.kind != "mismatch" {
+		t.Fatalf("reconcile did not report the disabled entry of an active tenant (%+v)", finding)
+	}
+	fixed, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "local", Fix: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fixed.Findings {
+		if f.Object == "pooler entry "+role && !f.Fixed {
+			t.Errorf("not fixed: %+v", f)
+		}
+	}
+	if _, err := connectDSN(ctx, r.DSN); err != nil {
+		t.Errorf("after reconcile --fix: %v", err)
 	}
 }
 
