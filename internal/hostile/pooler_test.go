@@ -6,12 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 )
 
@@ -101,5 +103,73 @@ func TestFinding11_PoolerReachesOnlyTheTenantsOwnPool(t *testing.T) {
 	}
 	if err := try(b.Role, b.Role, pw(b.DSN), nil); err != nil {
 		t.Errorf("a neighbour after another tenant's md5 password: %v", err)
+	}
+}
+
+// TestFinding7_PooledAdmissionCountsThePool: with a pooler, admission counts
+// what a tenant's pool may open on the server (max_db_connections), and
+// however many clients a tenant opens through the pooler, it holds no more
+// backends than that.
+func TestFinding7_PooledAdmissionCountsThePool(t *testing.T) {
+	// 100 connections − 3 superuser-reserved − 20 reserved − 4 for rollouts:
+	// 73: three tenants of connection_limit 30 would not fit, three pools
+	// of 2 do.
+	e := startWith(t, func(c *config.Config) {
+		c.Provision.ConnectionOvercommit = 1
+		c.Provision.ReservedConnections = 20
+		c.Tiers["thirty"] = config.Tier{ConnectionLimit: 30, PoolMode: "transaction", PoolSize: 2, MaxDBConnections: 2}
+	}, true)
+	ctx := pgtest.Context(t)
+	var ls []login
+	for i := 0; i < 3; i++ {
+		ls = append(ls, e.tenant(t, "schema", "thirty"))
+	}
+	l := ls[0]
+	var wg sync.WaitGroup
+	for i := 0; i < 12; i++ {
+		wg.Go(func() {
+			cfg, err := pgx.ParseConfig(l.DSN)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer conn.Close(ctx)
+			for k := 0; k < 20; k++ {
+				if _, err := conn.Exec(ctx, "SELECT pg_catalog.pg_sleep(0.01)"); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	peak := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		admin := pg.Conn(t, "postgres")
+		for {
+			var n int
+			if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1", l.Role).Scan(&n); err == nil && n > peak {
+				peak = n
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-done
+	if peak > 2 || peak == 0 {
+		t.Errorf("12 clients through a pool of 2: %d backends at the peak, want 1 or 2", peak)
 	}
 }
