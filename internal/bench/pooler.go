@@ -467,4 +467,3 @@ func raiseOpenFiles() {
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 	}
 }
-
