@@ -104,22 +104,36 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		PoolMode: "transaction", PoolSize: 1, MaxDBConnections: 1}
 	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: "schema", Size: o.Tenants}}
 	cfg.Jobs.Workers = 4
-	d, err := e.startDaemonInProcess(ctx, fc, cfg, func(do *daemon.Options) {
-		do.Poolers = map[string]config.PoolerConfig{fc.Name(): pc}
-	})
+	withPooler := func(do *daemon.Options) { do.Poolers = map[string]config.PoolerConfig{fc.Name(): pc} }
+	d, err := e.startDaemonInProcess(ctx, fc, cfg, withPooler)
 	if err != nil {
+		return res, Table{}, err
+	}
+	e.logf("pooler: PgBouncer on %s; building templates saas and tiny, and %d spares of tiny (schema mode)", pc.Listen, o.Tenants)
+	if err := d.createTemplate(ctx, "saas", examples.Saas()); err != nil {
+		d.Stop()
+		return res, Table{}, err
+	}
+	if err := d.createTemplate(ctx, "tiny", tinyTemplate); err != nil {
+		d.Stop()
+		return res, Table{}, err
+	}
+	// The spares first, then the daemon again with the pool refill off:
+	// builds would run under the measurements.
+	if err := e.waitPoolerSpares(ctx, d, o.Tenants); err != nil {
+		d.Stop()
+		return res, Table{}, err
+	}
+	if err := d.Stop(); err != nil {
+		return res, Table{}, err
+	}
+	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: "schema", Size: 0}}
+	if d, err = e.startDaemonInProcess(ctx, fc, cfg, withPooler); err != nil {
 		return res, Table{}, err
 	}
 	defer d.Stop()
 	front := d.d.Poolers().Get(fc.Name())
 	if err := front.Sync(ctx); err != nil {
-		return res, Table{}, err
-	}
-	e.logf("pooler: PgBouncer on %s; building templates saas and tiny, and %d spares of tiny (schema mode)", pc.Listen, o.Tenants)
-	if err := d.createTemplate(ctx, "saas", examples.Saas()); err != nil {
-		return res, Table{}, err
-	}
-	if err := d.createTemplate(ctx, "tiny", tinyTemplate); err != nil {
 		return res, Table{}, err
 	}
 
@@ -145,9 +159,6 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 	}
 
 	// 2. A burst of creates: reloads counted.
-	if err := e.waitPoolerSpares(ctx, d, o.Tenants); err != nil {
-		return res, Table{}, err
-	}
 	var mu sync.Mutex
 	var dsns []string
 	create := func(n, parallel int) error {
