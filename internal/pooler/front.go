@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
 )
 
 // Source returns the entries a cluster's pooler must have now (from the
@@ -26,8 +28,9 @@ const (
 // it, restarts it when it dies (backoff doubling from 1 s to 1 min), writes
 // its files from Source and RELOADs it when they change, and applies what
 // files cannot say (DISABLE for suspended tenants). Changes are batched: a
-// Sync asked while one runs, or within Coalesce of the last one, is served
-// by the next, so a burst of creates costs a bounded number of reloads.
+// Sync asked while one runs, or within a window of the last one (Coalesce,
+// widened up to 8 × Coalesce while changes keep coming), is served by the
+// next, so a burst of creates costs a bounded number of reloads.
 type Front struct {
 	Cluster  string
 	Proc     *Process
@@ -36,7 +39,7 @@ type Front struct {
 	// PublicHost is the host in tenants' DSNs (default: Settings.ListenHost).
 	PublicHost string
 	// Coalesce is the least time between two syncs asked for by changes
-	// (default 100 ms); SyncInterval the period of the sync that catches
+	// (default 100 ms; widened up to 8× during a burst); SyncInterval the period of the sync that catches
 	// changes made elsewhere (another daemon, a tenant's own ALTER ROLE …
 	// PASSWORD; default 10 s); CheckInterval the period of the process
 	// check (default 1 s).
@@ -62,10 +65,13 @@ type Front struct {
 	paused   map[string]bool // PAUSEd by Pause: left paused by syncs
 	snap     Snapshot
 	lastSync time.Time
+	window   time.Duration // the current least time between two syncs asked for by changes
 
-	adminMu  sync.Mutex
-	admin    *Admin
-	password string
+	adminMu sync.Mutex
+	admin   *Admin
+	pwMu    sync.Mutex
+	pw      string
+	down    cluster.Outage
 
 	// supervision
 	started   bool
@@ -98,10 +104,12 @@ func (f *Front) init() {
 		f.Coalesce = cmp.Or(f.Coalesce, 100*time.Millisecond)
 		f.SyncInterval = cmp.Or(f.SyncInterval, 10*time.Second)
 		f.CheckInterval = cmp.Or(f.CheckInterval, time.Second)
+		f.window = f.Coalesce
 		if f.Logger == nil {
 			f.Logger = slog.New(slog.DiscardHandler)
 		}
 		f.Logger = f.Logger.With("component", "pooler", "cluster", f.Cluster)
+		f.down.What = "pooler sync"
 		f.PublicHost = cmp.Or(f.PublicHost, f.Settings.ListenHost)
 	})
 }
@@ -136,7 +144,19 @@ func (f *Front) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-f.kick:
-			if wait := f.Coalesce - time.Since(f.lastSync); wait > 0 {
+			// An isolated change syncs at once. Changes that keep coming
+			// (a burst of creates) widen the window between two syncs,
+			// doubling up to 8 × Coalesce, so that each sync takes more of
+			// them: a burst costs a bounded number of reloads, each of its
+			// changes waits at most the widest window. Calm again (no
+			// change for two windows), it starts over.
+			since := time.Since(f.lastSync)
+			if since > 2*f.window {
+				f.window = f.Coalesce
+			} else {
+				f.window = min(2*f.window, 8*f.Coalesce)
+			}
+			if wait := f.window - since; wait > 0 {
 				select {
 				case <-ctx.Done():
 					return nil
@@ -169,9 +189,23 @@ func (f *Front) cycle(ctx context.Context) {
 	close(f.doneCh)
 	f.doneCh = make(chan struct{})
 	f.mu.Unlock()
-	if err != nil && ctx.Err() == nil {
-		f.Logger.Warn("pooler sync failed", "err", err)
+	if ctx.Err() == nil {
+		f.down.Report(f.Logger, err) // once when it starts failing, each minute, and when it works again
 	}
+}
+
+// password returns the admin console's password (read, or made, once).
+func (f *Front) password() (string, error) {
+	f.pwMu.Lock()
+	defer f.pwMu.Unlock()
+	if f.pw == "" {
+		pw, err := f.Proc.AdminPassword()
+		if err != nil {
+			return "", err
+		}
+		f.pw = pw
+	}
+	return f.pw, nil
 }
 
 // Sync asks for a sync and waits until one that began after the call has
@@ -223,18 +257,21 @@ func (f *Front) Snapshot() Snapshot {
 }
 
 func (f *Front) sync(ctx context.Context) error {
+	if time.Now().Before(f.nextStart) && !f.Proc.Running() {
+		f.setUp(false)
+		return fmt.Errorf("pooler of cluster %s is down; next start attempt in %s", f.Cluster, time.Until(f.nextStart).Round(time.Second))
+	}
 	entries, skipped, err := f.Source(ctx)
 	if err != nil {
 		f.setUp(f.Proc.Running())
 		return fmt.Errorf("read the pooler's entries: %w", err)
 	}
-	if f.password == "" {
-		if f.password, err = f.Proc.AdminPassword(); err != nil {
-			return err
-		}
+	password, err := f.password()
+	if err != nil {
+		return err
 	}
 	s := f.Settings
-	s.AdminVerifier = AdminVerifier(f.password, f.Proc.Dir)
+	s.AdminVerifier = AdminVerifier(password, f.Proc.Dir)
 	files, err := Render(f.Proc.Dir, s, entries)
 	if err != nil {
 		return err
@@ -389,14 +426,11 @@ func withAdmin[T any](f *Front, ctx context.Context, fn func(*Admin) (T, error))
 	var zero T
 	for attempt := 0; ; attempt++ {
 		if f.admin == nil {
-			if f.password == "" {
-				pw, err := f.Proc.AdminPassword()
-				if err != nil {
-					return zero, err
-				}
-				f.password = pw
+			password, err := f.password()
+			if err != nil {
+				return zero, err
 			}
-			a, err := DialAdmin(ctx, f.Addr(), AdminUser, f.password)
+			a, err := DialAdmin(ctx, f.Addr(), AdminUser, password)
 			if err != nil {
 				return zero, err
 			}
@@ -434,14 +468,11 @@ func (f *Front) Pause(ctx context.Context, name string) error {
 	f.mu.Lock()
 	f.paused[name] = true
 	f.mu.Unlock()
-	if f.password == "" {
-		pw, err := f.Proc.AdminPassword()
-		if err != nil {
-			return err
-		}
-		f.password = pw
+	password, err := f.password()
+	if err != nil {
+		return err
 	}
-	a, err := DialAdmin(ctx, f.Addr(), AdminUser, f.password)
+	a, err := DialAdmin(ctx, f.Addr(), AdminUser, password)
 	if err == nil {
 		err = a.Command(ctx, "PAUSE", name)
 		a.Close()

@@ -130,8 +130,11 @@ type CatalogSource struct {
 
 // For returns the Source of one cluster.
 func (c CatalogSource) For(clusterName string) Source {
+	var mu sync.Mutex // a sync and a reconcile's Compare may read at once
 	warned := map[string]string{}
 	return func(ctx context.Context) ([]Entry, map[string]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
 		var ts []catalog.Tenant
 		for _, state := range []string{catalog.StateActive, catalog.StateSuspended} {
 			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Cluster: clusterName, Limit: 100000})
