@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -49,6 +50,7 @@ type upProcess struct {
 			Name string `json:"name"`
 			DSN  string `json:"dsn"`
 		} `json:"nodes"`
+		Pooler string `json:"pooler"`
 	}
 	stderr *strings.Builder
 }
@@ -123,7 +125,14 @@ func TestUp_StartStopRestart(t *testing.T) {
 		p.stop(t)
 		t.Fatalf("clusters = %+v, want local with one streaming standby", cs)
 	}
-	firstNodes := p.info.Nodes
+	firstNodes, firstPooler := p.info.Nodes, p.info.Pooler
+	if firstPooler == "" {
+		t.Error("up printed no pooler address")
+	} else if conn, err := net.DialTimeout("tcp", firstPooler, 2*time.Second); err != nil {
+		t.Errorf("the pooler does not accept connections on %s: %v", firstPooler, err)
+	} else {
+		conn.Close()
+	}
 	// A second up on the same data dir is refused while the first runs.
 	out, err := exec.Command(binary, "up", "--data-dir", dataDir, "--listen", "127.0.0.1:0").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "another `pgtenant up`") {
@@ -136,11 +145,18 @@ func TestUp_StartStopRestart(t *testing.T) {
 			t.Errorf("%s: postmaster.pid still there after Ctrl-C (err=%v)", n, err)
 		}
 	}
+	if conn, err := net.DialTimeout("tcp", firstPooler, time.Second); err == nil {
+		conn.Close()
+		t.Errorf("the pooler still accepts connections on %s after Ctrl-C", firstPooler)
+	}
 
 	p = startUp(t, dataDir)
 	defer p.stop(t)
 	if got, want := fmt.Sprint(p.info.Nodes), fmt.Sprint(firstNodes); got != want {
 		t.Errorf("restarted nodes = %s, want the same %s", got, want)
+	}
+	if p.info.Pooler != firstPooler {
+		t.Errorf("restarted pooler on %s, want the same %s", p.info.Pooler, firstPooler)
 	}
 	c = api.NewClient(p.info.URL, p.info.Token)
 	if _, err := c.Clusters(ctx); err != nil {

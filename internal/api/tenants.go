@@ -21,11 +21,11 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dsn, err := s.Provision.DSN(c.Tenant)
+	dsn, direct, err := s.Provision.DSNs(c.Tenant)
 	if err != nil {
 		return err
 	}
-	resp := CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn}, DSN: c.DSN, Password: c.Password,
+	resp := CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN, DirectDSN: c.Direct, Password: c.Password,
 		Existing: c.Existing, Path: c.Path, Note: c.Note, Job: c.Job}
 	status := http.StatusCreated
 	switch {
@@ -75,11 +75,11 @@ func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) tenantView(t catalog.Tenant) (Tenant, error) {
-	dsn, err := s.Provision.DSN(t)
+	dsn, direct, err := s.Provision.DSNs(t)
 	if err != nil {
-		dsn = "" // its cluster was removed; the row is still worth showing
+		dsn, direct = "", "" // its cluster was removed; the row is still worth showing
 	}
-	return Tenant{Tenant: t, DSN: dsn}, nil
+	return Tenant{Tenant: t, DSN: dsn, DirectDSN: direct}, nil
 }
 
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
@@ -187,7 +187,7 @@ func (s *Server) rotatePassword(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, RotatePasswordResponse{Tenant: view, DSN: res.DSN, Password: res.Password,
+	writeJSON(w, http.StatusOK, RotatePasswordResponse{Tenant: view, DSN: res.DSN, DirectDSN: res.Direct, Password: res.Password,
 		SessionsEnded: res.SessionsEnded, Note: res.Note})
 	return nil
 }

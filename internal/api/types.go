@@ -89,21 +89,26 @@ type TemplateDetail struct {
 // Tenant is a tenant as the API shows it: never its password.
 type Tenant struct {
 	catalog.Tenant
-	DSN     string          `json:"dsn"` // without the password
-	Events  []catalog.Event `json:"events,omitempty"`
-	Prewarm *TenantPrewarm  `json:"prewarm,omitempty"` // in show only
-	Metrics *TenantMetrics  `json:"metrics,omitempty"` // figures (list, show) and quota (show)
+	DSN string `json:"dsn"` // without the password; the pooler's when the cluster has one
+	// DirectDSN is the primary's own (without the password): for tools
+	// that need a session on the server, e.g. migrations behind a
+	// transaction-mode pool.
+	DirectDSN string          `json:"direct_dsn"`
+	Events    []catalog.Event `json:"events,omitempty"`
+	Prewarm   *TenantPrewarm  `json:"prewarm,omitempty"` // in show only
+	Metrics   *TenantMetrics  `json:"metrics,omitempty"` // figures (list, show) and quota (show)
 }
 
 // CreateTenantResponse answers POST /v1/tenants.
 type CreateTenantResponse struct {
-	Tenant   Tenant    `json:"tenant"`
-	DSN      string    `json:"dsn"`                // with the password when it is shown
-	Password string    `json:"password,omitempty"` // at creation, and to a retry within credentials.retry_window
-	Existing bool      `json:"existing"`           // an earlier request with this external id created it
-	Path     string    `json:"path,omitempty"`     // pool or cold
-	Job      *jobs.Job `json:"job,omitempty"`      // still provisioning: poll this job
-	Note     string    `json:"note,omitempty"`     // why a retry carries no password (window ended, another daemon's key)
+	Tenant    Tenant    `json:"tenant"`
+	DSN       string    `json:"dsn"`                // with the password when it is shown; the pooler's when the cluster has one
+	DirectDSN string    `json:"direct_dsn"`         // the primary's, with the password when it is shown
+	Password  string    `json:"password,omitempty"` // at creation, and to a retry within credentials.retry_window
+	Existing  bool      `json:"existing"`           // an earlier request with this external id created it
+	Path      string    `json:"path,omitempty"`     // pool or cold
+	Job       *jobs.Job `json:"job,omitempty"`      // still provisioning: poll this job
+	Note      string    `json:"note,omitempty"`     // why a retry carries no password (window ended, another daemon's key)
 }
 
 // RotatePasswordRequest asks POST /v1/tenants/{id}/password for a new
@@ -117,8 +122,9 @@ type RotatePasswordRequest struct {
 // RotatePasswordResponse answers POST /v1/tenants/{id}/password.
 type RotatePasswordResponse struct {
 	Tenant        Tenant `json:"tenant"`
-	DSN           string `json:"dsn"`      // with the new password
-	Password      string `json:"password"` // the old one no longer works
+	DSN           string `json:"dsn"`        // with the new password; the pooler's when the cluster has one
+	DirectDSN     string `json:"direct_dsn"` // the primary's, with the new password
+	Password      string `json:"password"`   // the old one no longer works
 	SessionsEnded int    `json:"sessions_ended"`
 	// Note says when a standby had not taken the new password in time.
 	Note string `json:"note,omitempty"`

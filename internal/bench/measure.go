@@ -407,6 +407,7 @@ type benchDaemon struct {
 	catalog *pgxpool.Pool // the bench's own connection to the catalog
 	cancel  context.CancelFunc
 	done    chan error
+	d       *daemon.Daemon
 }
 
 // benchConfig is the daemon configuration benchmarks start from: no pools
@@ -435,13 +436,17 @@ func benchConfig(fc *fleet.Cluster, dir string) config.Config {
 }
 
 // startDaemonInProcess runs a daemon with cfg on fc until Stop.
-func (e *Env) startDaemonInProcess(ctx context.Context, fc *fleet.Cluster, cfg config.Config) (*benchDaemon, error) {
+func (e *Env) startDaemonInProcess(ctx context.Context, fc *fleet.Cluster, cfg config.Config, opts ...func(*daemon.Options)) (*benchDaemon, error) {
 	managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
 	for _, s := range fc.Standbys() {
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
 	}
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	d, err := daemon.New(dctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Logger: e.Logger})
+	o := daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Logger: e.Logger}
+	for _, f := range opts {
+		f(&o)
+	}
+	d, err := daemon.New(dctx, o)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("start pgtenant: %w", err)
@@ -452,7 +457,7 @@ func (e *Env) startDaemonInProcess(ctx context.Context, fc *fleet.Cluster, cfg c
 		d.Close()
 		return nil, err
 	}
-	bd := &benchDaemon{client: api.NewClient(d.Addr(), d.Token()), catalog: cat, cancel: cancel, done: make(chan error, 1)}
+	bd := &benchDaemon{client: api.NewClient(d.Addr(), d.Token()), catalog: cat, cancel: cancel, done: make(chan error, 1), d: d}
 	// A cold create answers when its build is done (up to cold_wait): a big
 	// template's copy can wait minutes for a running checkpoint (the pacer).
 	bd.client.HTTP.Timeout = cfg.Provision.ColdWait.D() + 5*time.Minute

@@ -54,7 +54,46 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchProvisionCmd(g, env), newBenchDropCmd(g, env))
 	cmd.AddCommand(newBenchMigrateCmd(g, env))
 	cmd.AddCommand(newBenchIdleIOCmd(g, env))
+	cmd.AddCommand(newBenchPoolerCmd(g, env))
 	return cmd
+}
+
+func newBenchPoolerCmd(g *globals, env *bench.Env) *cobra.Command {
+	opts := bench.PoolerOptions{Tenants: 1000, Idle: 3, Busy: 20, Duration: 15 * time.Second, Burst: 200}
+	c := &cobra.Command{
+		Use:   "pooler",
+		Short: "Issue 14: pgbench through the pooler vs direct, a burst of creates and its reloads, density (1,000 tenants × 3 idle clients + 20 busy on max_connections 100) and the leak check",
+		Long: `On one primary (max_connections 100) with a streaming standby and a PgBouncer run by
+pgtenant in front of it: (a) pgbench select-only and TPC-B-like on one database tenant,
+--busy clients for --duration, direct and through the pooler (throughput, p50, p95);
+(b) --burst creates, 20 at a time, and the pooler RELOADs they cost; (c) density:
+--tenants schema tenants, --idle idle clients each connected through the pooler and
+served one query, then --busy busy clients, with the server's client backends sampled
+throughout; (d) the transaction-mode leak check (SET search_path, RESET ALL, DISCARD
+ALL between queries; no row of another tenant may be read). Exits non-zero if a
+target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			if opts.Burst > opts.Tenants {
+				opts.Burst = opts.Tenants
+			}
+			_, table, err := env.Pooler(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.Tenants, "tenants", 1000, "density: schema tenants")
+	c.Flags().IntVar(&opts.Idle, "idle", 3, "density: idle clients per tenant")
+	c.Flags().IntVar(&opts.Busy, "busy", 20, "busy clients (pgbench and density)")
+	c.Flags().DurationVar(&opts.Duration, "duration", 15*time.Second, "each pgbench run and the density's busy phase")
+	c.Flags().IntVar(&opts.Burst, "burst", 200, "creates in the burst whose reloads are counted")
+	return c
 }
 
 // printTable prints a benchmark table, or its JSON with -o json.

@@ -77,6 +77,7 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 				}
 				row(w, "provisioned", "from "+out.Path)
 				row(w, "dsn", out.DSN)
+				directRow(w, out.DSN, out.DirectDSN)
 				row(w, "password", out.Password+"   (store it now)")
 			})
 		},
@@ -131,8 +132,13 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 	lf.IntVar(&limit, "limit", 1000, "at most this many")
 	lf.StringVar(&q.sort, "sort", "", "size or activity: largest or busiest first (from the metrics collector)")
 
+	var showDirect bool
 	show := &cobra.Command{
 		Use: "show ID", Short: "Show a tenant and its history", Args: cobra.ExactArgs(1),
+		Long: `Show a tenant, its figures and its history. Its dsn is the pooler's when its
+cluster has one; --direct shows the primary's own DSN as dsn instead (for tools that
+need a session on the server itself, such as migrations behind a transaction pool).
+-o json always carries both: .dsn and .direct_dsn.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -142,11 +148,15 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 			if err != nil {
 				return err
 			}
+			if showDirect {
+				t.DSN = t.DirectDSN
+			}
 			return g.print(t, func(w io.Writer) { tenantDetail(w, t) })
 		},
 	}
+	show.Flags().BoolVar(&showDirect, "direct", false, "show the primary's DSN (not the pooler's) as dsn")
 
-	var printOnly bool
+	var printOnly, connectDirect bool
 	connect := &cobra.Command{
 		Use:   "connect ID",
 		Short: "Open psql as the tenant (asks for its password; PGPASSWORD works too)",
@@ -160,6 +170,9 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 			if err != nil {
 				return err
 			}
+			if connectDirect {
+				t.DSN = t.DirectDSN
+			}
 			if printOnly {
 				return g.print(map[string]string{"dsn": t.DSN}, func(w io.Writer) { fmt.Fprintln(w, t.DSN) })
 			}
@@ -171,6 +184,7 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 		},
 	}
 	connect.Flags().BoolVar(&printOnly, "print", false, "print the DSN instead of starting psql")
+	connect.Flags().BoolVar(&connectDirect, "direct", false, "connect to the primary itself, not through the pooler")
 
 	var purgeNow, wait bool
 	drop := &cobra.Command{
@@ -255,6 +269,7 @@ makes a new password: if the answer is lost, rotate again.`,
 				row(w, "id", out.Tenant.ID)
 				row(w, "state", out.Tenant.State)
 				row(w, "dsn", out.DSN)
+				directRow(w, out.DSN, out.DirectDSN)
 				row(w, "password", out.Password+"   (store it now)")
 				row(w, "sessions ended", out.SessionsEnded)
 				if out.Note != "" {
@@ -272,6 +287,14 @@ makes a new password: if the answer is lost, rotate again.`,
 	return cmd
 }
 
+// directRow shows the direct DSN when the tenant's DSN is another (its
+// cluster has a pooler).
+func directRow(w io.Writer, dsn, direct string) {
+	if direct != "" && direct != dsn {
+		row(w, "direct_dsn", direct)
+	}
+}
+
 func tenantDetail(w io.Writer, t api.Tenant) {
 	row(w, "id", t.ID)
 	row(w, "name", t.Name)
@@ -286,6 +309,7 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	row(w, "state", t.State)
 	metricsDetail(w, t.Metrics)
 	row(w, "dsn", t.DSN)
+	directRow(w, t.DSN, t.DirectDSN)
 	row(w, "created", t.CreatedAt.Format("2006-01-02 15:04:05 MST"))
 	if t.PurgeAfter != nil {
 		row(w, "purge_after", t.PurgeAfter.Format("2006-01-02 15:04:05 MST"))

@@ -19,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 )
 
 // upInfo is what `up` prints once the fleet and the daemon run.
@@ -28,6 +29,8 @@ type upInfo struct {
 	TokenFile    string     `json:"token_file"`
 	PasswordFile string     `json:"superuser_password_file"`
 	Nodes        []nodeInfo `json:"nodes"`
+	// Pooler is the PgBouncer tenants connect through (host:port), "" without one.
+	Pooler string `json:"pooler,omitempty"`
 
 	// CredentialsKeyFile seals the passwords kept for retried creates.
 	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
@@ -41,13 +44,16 @@ type nodeInfo struct {
 func newUpCmd(g *globals) *cobra.Command {
 	var listen, cfgPath string
 	var standbys, maxRestarts int
+	var withPooler bool
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local fleet (primary + standbys) and the daemon, in the foreground",
 		Long: `Start a local managed PostgreSQL cluster named "local" (a primary and --standbys
 streaming standbys, made with initdb and pg_basebackup on free loopback ports) under
---data-dir, its catalog, and the pgtenant daemon. Ctrl-C stops the daemon, then the
-primary, then the standbys. Running it again restarts what is there.
+--data-dir, its catalog, a PgBouncer in front of it (the tenants' front door, on a
+loopback port of its own; --pooler=false: none) and the pgtenant daemon. Ctrl-C stops
+the daemon and the pooler, then the primary, then the standbys. Running it again
+restarts what is there.
 
 While it runs, up restarts a server of the cluster that dies (checked every 2 s;
 backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
@@ -67,17 +73,18 @@ As root, PostgreSQL runs as the postgres OS user.`,
 			if cmd.Flags().Changed("listen") || cfgPath == "" {
 				cfg.Listen = listen
 			}
-			return runUp(cmd.Context(), g, cfg, standbys, maxRestarts)
+			return runUp(cmd.Context(), g, cfg, standbys, maxRestarts, withPooler)
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
 	cmd.Flags().IntVar(&standbys, "standbys", 1, "streaming standbys of the local cluster")
 	cmd.Flags().IntVar(&maxRestarts, "max-restarts", 5, "failed restart attempts in a row after which up gives up on a server that died; 0: never restart")
+	cmd.Flags().BoolVar(&withPooler, "pooler", true, "run a PgBouncer in front of the cluster: tenants' DSNs point at it")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
 	return cmd
 }
 
-func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRestarts int) error {
+func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRestarts int, withPooler bool) error {
 	if standbys < 0 || standbys > 5 {
 		return fmt.Errorf("--standbys must be between 0 and 5")
 	}
@@ -130,8 +137,17 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
 	}
 	restarts := restartCounter(fc)
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed},
-		Collectors: []prometheus.Collector{restarts}, Logger: log})
+	opts := daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Collectors: []prometheus.Collector{restarts}, Logger: log}
+	if withPooler {
+		pc, err := localPooler(filepath.Join(dir, "local", "pooler"))
+		if err != nil {
+			return err
+		}
+		opts.Poolers = map[string]config.PoolerConfig{"local": pc}
+	}
+	// The daemon runs the pooler and stops it when it returns, before the
+	// servers stop (keep_running false).
+	d, err := daemon.New(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -140,17 +156,18 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	if cfg.Credentials.RetryWindow > 0 {
 		info.CredentialsKeyFile = cfg.Credentials.KeyFile
 	}
+	if pc, ok := opts.Poolers["local"]; ok {
+		info.Pooler = pc.Listen
+	}
 	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
 		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
 			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
 	}
-	if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
-		return err
-	}
 
 	// Shutdown order, once Ctrl-C cancels ctx (or the daemon fails):
-	//  1. the daemon stops (API, then workers, then pools) while the
-	//     supervisor still keeps the servers up for the work it finishes;
+	//  1. the daemon stops (API, then workers and the pooler, then pools)
+	//     while the supervisor still keeps the servers up for the work it
+	//     finishes;
 	//  2. the supervisor stops; an attempt in progress runs to its end;
 	//  3. the deferred fc.Stop stops the primary, then the standbys.
 	// The supervisor must be done before 3, or it would restart a server
@@ -160,7 +177,9 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 		OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
 	supCtx, stopSup := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSup()
-	eg, ectx := errgroup.WithContext(ctx)
+	runCtx, stopRun := context.WithCancel(ctx)
+	defer stopRun()
+	eg, ectx := errgroup.WithContext(runCtx)
 	eg.Go(func() error {
 		defer stopSup()
 		return d.Run(ectx)
@@ -168,7 +187,38 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	if maxRestarts > 0 {
 		eg.Go(func() error { return sup.Run(supCtx) })
 	}
+	// The info is printed once the pooler serves (its first sync), so that
+	// whoever reads it can connect at once.
+	if f := d.Poolers().Get("local"); f != nil {
+		wctx, cancel := context.WithTimeout(ectx, time.Minute)
+		if err := f.Sync(wctx); err != nil && ectx.Err() == nil {
+			fmt.Fprintln(g.stderr, "pooler:", err)
+		}
+		cancel()
+	}
+	if ectx.Err() == nil {
+		if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
+			stopRun()
+			_ = eg.Wait()
+			return err
+		}
+	}
 	return eg.Wait()
+}
+
+// localPooler is the pooler block of up's cluster: its files under dir, a
+// loopback port kept from one start to the next, stopped with up.
+func localPooler(dir string) (config.PoolerConfig, error) {
+	port, err := pooler.LocalPort(dir)
+	if err != nil {
+		return config.PoolerConfig{}, fmt.Errorf("pooler: %w", err)
+	}
+	pc := config.DefaultPooler()
+	pc.Listen = "127.0.0.1:" + strconv.Itoa(port)
+	pc.Dir = dir
+	stop := false
+	pc.KeepRunning = &stop
+	return pc, nil
 }
 
 // restartCounter counts the supervisor's restart attempts and give-ups,
@@ -193,6 +243,9 @@ func printUp(w io.Writer, in upInfo) {
 		fmt.Fprintf(w, "  %-9s %s\n", n.Name, n.DSN)
 	}
 	fmt.Fprintf(w, "  %-9s superuser password in %s\n", "", in.PasswordFile)
+	if in.Pooler != "" {
+		fmt.Fprintf(w, "  %-9s %s  (PgBouncer: tenants' DSNs point here)\n", "pooler", in.Pooler)
+	}
 	if in.CredentialsKeyFile != "" {
 		fmt.Fprintf(w, "  %-9s credentials key in %s (seals passwords kept for retried creates)\n", "", in.CredentialsKeyFile)
 	}

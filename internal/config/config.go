@@ -117,6 +117,52 @@ type ClusterConfig struct {
 	DSN      string       `yaml:"dsn"`      // admin (superuser or CREATEROLE+CREATEDB) on the primary
 	Standbys []string     `yaml:"standbys"` // optional standby DSNs: a missing one counts as down
 	Pacer    *PacerConfig `yaml:"pacer"`    // overrides the global pacer
+	// Pooler is the PgBouncer in front of the cluster that this daemon
+	// runs on its host (README, "Connections"); nil: tenants connect to
+	// the server directly.
+	Pooler *PoolerConfig `yaml:"pooler"`
+}
+
+// PoolerConfig is a PgBouncer pgtenant runs on this host in front of a
+// cluster (internal/pooler): its files live in Dir, it listens on Listen,
+// and tenants' DSNs name Host (default: Listen's host) and Listen's port.
+type PoolerConfig struct {
+	// Listen is the address PgBouncer listens on, host:port.
+	Listen string `yaml:"listen"`
+	// Host is the host tenants' DSNs name (a DNS name or an address that
+	// reaches Listen); default Listen's host.
+	Host string `yaml:"host"`
+	// Dir holds its config, auth file, HBA file, pid file and log
+	// (absolute; made 0700).
+	Dir string `yaml:"dir"`
+	// Server is the primary's host:port as PgBouncer reaches it (default:
+	// the cluster DSN's).
+	Server string `yaml:"server"`
+	// MaxClientConn bounds the clients of all tenants together; PgBouncer
+	// needs about one open file per client and per server connection.
+	MaxClientConn int `yaml:"max_client_conn"`
+	// ServerIdleTimeout closes server connections idle this long.
+	ServerIdleTimeout Duration `yaml:"server_idle_timeout"`
+	// QueryWaitTimeout bounds a client's wait for a server connection.
+	QueryWaitTimeout Duration `yaml:"query_wait_timeout"`
+	// Coalesce is the least time between two reloads asked for by
+	// lifecycle changes: a burst of creates is batched into few reloads.
+	Coalesce Duration `yaml:"coalesce"`
+	// SyncInterval: the pooler is compared with the catalog this often
+	// (changes made through another daemon, a tenant's own password change).
+	SyncInterval Duration `yaml:"sync_interval"`
+	// KeepRunning leaves PgBouncer running when the daemon stops (serve's
+	// default: tenants keep their connections across a daemon restart);
+	// `up` stops it with its servers.
+	KeepRunning *bool `yaml:"keep_running"`
+}
+
+// DefaultPooler is the pooler block's defaults over which a cluster's
+// pooler block is read.
+func DefaultPooler() PoolerConfig {
+	return PoolerConfig{MaxClientConn: 5000, ServerIdleTimeout: Duration(10 * time.Second),
+		QueryWaitTimeout: Duration(30 * time.Second), Coalesce: Duration(100 * time.Millisecond),
+		SyncInterval: Duration(10 * time.Second)}
 }
 
 // PacerConfig is the budget a cluster gives heavy steps.
@@ -167,6 +213,41 @@ type Tier struct {
 	// whatever statement_timeout the tenant SETs (0 = none: then the
 	// StatementTimeout is enforced from outside instead).
 	StatementCap Duration `yaml:"statement_cap"`
+	// Pooling through the cluster's pooler (when it has one):
+	// PoolMode is session (a client keeps its server connection: every
+	// feature works) or transaction (a server connection per transaction:
+	// many clients on few backends; PgBouncer 1.18 cannot carry
+	// protocol-level prepared statements, README "Connections").
+	PoolMode string `yaml:"pool_mode"`
+	// PoolSize is the server connections the tenant's pool opens.
+	PoolSize int `yaml:"pool_size"`
+	// MaxDBConnections caps the server connections of the tenant's entry:
+	// what admission counts on a cluster with a pooler (at most
+	// connection_limit, which the server enforces on every session).
+	MaxDBConnections int `yaml:"max_db_connections"`
+}
+
+// Pooling is a tier's pooling with its defaults: session mode; a pool of
+// connection_limit (10 for an unlimited tier); max_db_connections of
+// connection_limit, never below the pool.
+func (t Tier) Pooling() (mode string, poolSize, maxDBConnections int) {
+	mode = t.PoolMode
+	if mode == "" {
+		mode = "session"
+	}
+	limit := t.ConnectionLimit
+	if limit < 0 {
+		limit = 10
+	}
+	maxDBConnections = t.MaxDBConnections
+	if maxDBConnections == 0 {
+		maxDBConnections = max(limit, t.PoolSize, 1)
+	}
+	poolSize = t.PoolSize
+	if poolSize == 0 {
+		poolSize = maxDBConnections
+	}
+	return mode, min(poolSize, maxDBConnections), maxDBConnections
 }
 
 // PoolConfig keeps Size spares of a template's current version.
@@ -356,6 +437,9 @@ func Parse(raw []byte) (Config, error) {
 	if err := inheritPacer(&cfg, []byte(expanded)); err != nil {
 		return Config{}, err
 	}
+	if err := poolerDefaults(&cfg, []byte(expanded)); err != nil {
+		return Config{}, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -382,6 +466,30 @@ func inheritPacer(cfg *Config, raw []byte) error {
 			return fmt.Errorf("clusters[%d].pacer: %w", i, err)
 		}
 		cfg.Clusters[i].Pacer = &p
+	}
+	return nil
+}
+
+// poolerDefaults decodes each cluster's pooler block again over
+// DefaultPooler, so that a block sets only the fields it names.
+func poolerDefaults(cfg *Config, raw []byte) error {
+	var nodes struct {
+		Clusters []struct {
+			Pooler yaml.Node `yaml:"pooler"`
+		} `yaml:"clusters"`
+	}
+	if err := yaml.Unmarshal(raw, &nodes); err != nil {
+		return err
+	}
+	for i, n := range nodes.Clusters {
+		if i >= len(cfg.Clusters) || cfg.Clusters[i].Pooler == nil {
+			continue
+		}
+		p := DefaultPooler()
+		if err := n.Pooler.Decode(&p); err != nil {
+			return fmt.Errorf("clusters[%d].pooler: %w", i, err)
+		}
+		cfg.Clusters[i].Pooler = &p
 	}
 	return nil
 }
@@ -435,6 +543,11 @@ func (c Config) Validate() error {
 				bad(f+".pacer."+err.field, "%s", err.msg)
 			}
 		}
+		if cl.Pooler != nil {
+			if err := cl.Pooler.Validate(); err != nil {
+				bad(f+".pooler."+err.field, "%s", err.msg)
+			}
+		}
 	}
 	if err := c.Pacer.validate(); err != nil {
 		bad("pacer."+err.field, "%s", err.msg)
@@ -458,6 +571,21 @@ func (c Config) Validate() error {
 		}
 		if t.StorageWarn < 0 || t.StorageQuota < 0 || t.StorageGrace < 0 || t.StatementCap < 0 {
 			bad(f, "storage_warn, storage_quota, storage_grace and statement_cap must not be negative")
+		}
+		if t.PoolMode != "" && t.PoolMode != "session" && t.PoolMode != "transaction" {
+			bad(f+".pool_mode", "must be session or transaction, not %q", t.PoolMode)
+		}
+		if t.PoolSize < 0 || t.MaxDBConnections < 0 {
+			bad(f, "pool_size and max_db_connections must not be negative (0: the default)")
+		}
+		if t.PoolSize > 0 && t.MaxDBConnections > 0 && t.MaxDBConnections < t.PoolSize {
+			bad(f+".max_db_connections", "%d is below pool_size %d", t.MaxDBConnections, t.PoolSize)
+		}
+		if t.ConnectionLimit == 0 && (t.PoolSize > 0 || t.MaxDBConnections > 0) {
+			bad(f+".connection_limit", "0 lets no session in, not even the pooler's")
+		}
+		if t.ConnectionLimit > 0 && t.MaxDBConnections > t.ConnectionLimit {
+			bad(f+".max_db_connections", "%d is above connection_limit %d: the server refuses the pooler's logins beyond the role's limit", t.MaxDBConnections, t.ConnectionLimit)
 		}
 		if t.StorageQuota > 0 && t.StorageWarn > t.StorageQuota {
 			bad(f+".storage_warn", "%s is above storage_quota %s", t.StorageWarn, t.StorageQuota)
@@ -554,6 +682,37 @@ func (c Config) Validate() error {
 }
 
 type fieldError struct{ field, msg string }
+
+// Validate checks a pooler block; `up` checks the one it builds too.
+func (p PoolerConfig) Validate() *fieldError {
+	host, port, err := net.SplitHostPort(p.Listen)
+	switch {
+	case err != nil || host == "" || port == "" || port == "0":
+		return &fieldError{"listen", fmt.Sprintf("%q is not host:port, e.g. 127.0.0.1:6432", p.Listen)}
+	case p.Dir == "" || !strings.HasPrefix(p.Dir, "/"):
+		return &fieldError{"dir", "required: an absolute directory for PgBouncer's config, auth file and log"}
+	case p.Server != "":
+		if h, pt, err := net.SplitHostPort(p.Server); err != nil || h == "" || pt == "" {
+			return &fieldError{"server", fmt.Sprintf("%q is not host:port", p.Server)}
+		}
+	}
+	switch {
+	case p.MaxClientConn < 1:
+		return &fieldError{"max_client_conn", "must be at least 1"}
+	case p.ServerIdleTimeout.D() < time.Second:
+		return &fieldError{"server_idle_timeout", "must be at least 1s"}
+	case p.QueryWaitTimeout.D() < time.Second:
+		return &fieldError{"query_wait_timeout", "must be at least 1s"}
+	case p.Coalesce < 0 || p.Coalesce.D() > 10*time.Second:
+		return &fieldError{"coalesce", "must be between 0 and 10s"}
+	case p.SyncInterval.D() < time.Second:
+		return &fieldError{"sync_interval", "must be at least 1s"}
+	}
+	return nil
+}
+
+// Error makes a fieldError an error.
+func (e *fieldError) Error() string { return e.field + ": " + e.msg }
 
 func (p PacerConfig) validate() *fieldError {
 	switch {

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -87,6 +88,13 @@ func TestParse_Errors(t *testing.T) {
 		{"negative retry window", "credentials:\n  retry_window: -1h\n", "credentials.retry_window"},
 		{"tiny retry window", "credentials:\n  retry_window: 10ms\n", "credentials.retry_window"},
 		{"unknown credentials field", "credentials:\n  key: abc\n", "field key not found"},
+		{"pooler without listen", "clusters:\n  - name: c1\n    dsn: x\n    pooler: {dir: /var/lib/p}\n", "clusters[0].pooler.listen"},
+		{"pooler with a relative dir", "clusters:\n  - name: c1\n    dsn: x\n    pooler: {listen: '127.0.0.1:6432', dir: p}\n", "clusters[0].pooler.dir"},
+		{"pooler without clients", "clusters:\n  - name: c1\n    dsn: x\n    pooler: {listen: '127.0.0.1:6432', dir: /p, max_client_conn: 0}\n", "clusters[0].pooler.max_client_conn"},
+		{"unknown pooler field", "clusters:\n  - name: c1\n    dsn: x\n    pooler: {listen: '127.0.0.1:6432', dir: /p, admin: x}\n", "field admin not found"},
+		{"bad pool mode of a tier", "tiers:\n  t:\n    connection_limit: 5\n    pool_mode: statement\n", "tiers.t.pool_mode"},
+		{"pool above the role's limit", "tiers:\n  t:\n    connection_limit: 5\n    max_db_connections: 6\n", "tiers.t.max_db_connections"},
+		{"pool above its cap", "tiers:\n  t:\n    connection_limit: 5\n    pool_size: 4\n    max_db_connections: 2\n", "tiers.t.max_db_connections"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := config.Parse([]byte(tc.yaml))
@@ -146,6 +154,32 @@ func TestParse_READMEExample(t *testing.T) {
 	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
+	}
+}
+
+func TestParse_PoolerBlockAndTierPooling(t *testing.T) {
+	cfg, err := config.Parse([]byte(`
+clusters:
+  - name: c1
+    dsn: postgres://a@db1/postgres
+    pooler: {listen: "0.0.0.0:6432", host: pool.example.com, dir: /var/lib/pgtenant/pooler-c1, max_client_conn: 8000}
+tiers:
+  busy: {connection_limit: 20, pool_mode: transaction, pool_size: 3, max_db_connections: 5}
+  plain: {connection_limit: 4}
+  unlimited: {connection_limit: -1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := cfg.Clusters[0].Pooler
+	if p == nil || p.MaxClientConn != 8000 || p.ServerIdleTimeout.D() != 10*time.Second || p.Coalesce.D() != 100*time.Millisecond || p.Host != "pool.example.com" {
+		t.Errorf("pooler block = %+v, want max_client_conn 8000 over the defaults", p)
+	}
+	for name, want := range map[string]string{"busy": "transaction 3 5", "plain": "session 4 4", "unlimited": "session 10 10", "default": "session 10 10"} {
+		mode, size, maxDB := cfg.Tiers[name].Pooling()
+		if got := fmt.Sprintf("%s %d %d", mode, size, maxDB); got != want {
+			t.Errorf("tier %s pooling = %s, want %s", name, got, want)
+		}
 	}
 }
 

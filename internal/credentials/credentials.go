@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 )
 
 // Service keeps, recalls and rotates tenants' passwords.
@@ -30,6 +31,8 @@ type Service struct {
 	// recalled (0: none is kept).
 	Window time.Duration
 	Logger *slog.Logger
+	// Poolers get a rotated password's verifier before Rotate answers.
+	Poolers *pooler.Set
 }
 
 // Errors of Recall.

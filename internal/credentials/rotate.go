@@ -18,7 +18,8 @@ import (
 // Rotated is the answer to Rotate.
 type Rotated struct {
 	Tenant   catalog.Tenant
-	DSN      string // with the new password
+	DSN      string // with the new password; the pooler's when the cluster has one
+	Direct   string // the primary's, with the new password
 	Password string
 	// SessionsEnded counts the tenant's sessions ended, on every node (0
 	// with keepSessions).
@@ -92,7 +93,8 @@ func (s *Service) Rotate(ctx context.Context, id string, keepSessions bool) (Rot
 		if err := s.Store.AddEvent(ctx, tx, t.ID, "password_rotated", map[string]any{"keep_sessions": keepSessions}); err != nil {
 			return err
 		}
-		out = Rotated{Tenant: t, DSN: cl.TenantDSN(t.Database, role, password), Password: password, SessionsEnded: n}
+		out = Rotated{Tenant: t, Password: password, SessionsEnded: n}
+		out.DSN, out.Direct = s.Poolers.DSNs(cl, t, password)
 		return nil
 	})
 	if err != nil {
@@ -100,7 +102,10 @@ func (s *Service) Rotate(ctx context.Context, id string, keepSessions bool) (Rot
 	}
 	// The primary has the new password: from here on the answer carries
 	// it, whatever the standbys say (rotating again is the only way back
-	// in for a client that does not get it).
+	// in for a client that does not get it). The pooler takes the new
+	// verifier before the answer, so that the new password works there
+	// at once.
+	s.Poolers.Sync(ctx, cl.Name(), "password "+id)
 	n, late, err := purge.OnStandbys(ctx, cl, !keepSessions, tenant.PhysicalName(id))
 	out.SessionsEnded += n
 	switch {

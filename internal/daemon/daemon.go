@@ -30,6 +30,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
@@ -47,7 +48,11 @@ type Options struct {
 	// Collectors are registered on /metrics next to the daemon's own
 	// (`pgtenant up`'s supervisor counts its restarts there).
 	Collectors []prometheus.Collector
-	Logger     *slog.Logger
+	// Poolers are the PgBouncers in front of managed clusters, by cluster
+	// name (`up` runs one per cluster); configured clusters have theirs in
+	// their pooler block.
+	Poolers map[string]config.PoolerConfig
+	Logger  *slog.Logger
 }
 
 // Daemon is a running pgtenant server.
@@ -77,6 +82,8 @@ type Daemon struct {
 	// collector measures tenants (and checks quotas); capper enforces statement caps.
 	collector *metrics.Collector
 	capper    *quota.Capper
+	// poolers keep each cluster's PgBouncer in line with the catalog.
+	poolers *pooler.Set
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -113,7 +120,12 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		d.Close()
 		return nil, err
 	}
-	d.creds = &credentials.Service{Store: store, Clusters: d.clusters, Key: key, Window: cfg.Credentials.RetryWindow.D(), Logger: log}
+	if d.poolers, err = d.newPoolers(cfg, opts.Poolers, log); err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.creds = &credentials.Service{Store: store, Clusters: d.clusters, Key: key, Window: cfg.Credentials.RetryWindow.D(), Logger: log,
+		Poolers: d.poolers}
 	if others, err := d.creds.OtherKeys(ctx); err != nil {
 		d.Close()
 		return nil, err
@@ -128,6 +140,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		metrics.NewClusterCollector(d.clusters))
 	reg.MustRegister(metrics.NewTemplateCollector(store))
 	reg.MustRegister(opts.Collectors...)
+	reg.MustRegister(pooler.NewCollector(d.poolers))
 	d.monitor = &cluster.Monitor{Clusters: d.clusters, Interval: 5 * time.Second, Logger: log}
 
 	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)
@@ -135,9 +148,9 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
 	agents := &sandbox.Agents{Store: store}
 	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg,
-		Credentials: d.creds, Logger: log, ColdWait: cfg.Provision.ColdWait.D()}
+		Credentials: d.creds, Logger: log, ColdWait: cfg.Provision.ColdWait.D(), Poolers: d.poolers}
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
-	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log, Poolers: d.poolers}
 	tpl.Spares = pur // a template's delete purges its spares
 	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
 	d.runner.Register(templates.DeleteJob, tpl.DeleteHandler())
@@ -152,15 +165,17 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 
-	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log}
+	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
 	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Quota: quo}
-	reg.MustRegister(metrics.NewTenantCollector(d.collector, cfg.Metrics.TopTenants))
+	tenants := metrics.NewTenantCollector(d.collector, cfg.Metrics.TopTenants)
+	tenants.Pools = d.poolers
+	reg.MustRegister(tenants)
 	d.capper = &quota.Capper{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
 	d.capper.Register(reg)
-	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
+	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers}
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm,
@@ -214,6 +229,42 @@ func loadCredentialsKey(cfg config.Config, log *slog.Logger) (*credentials.Key, 
 	}
 	return key, nil
 }
+
+// newPoolers makes the Front of every cluster with a pooler: configured
+// clusters' pooler blocks and the managed ones `up` passes. Each is
+// started (or adopted, when it runs already) by Run.
+func (d *Daemon) newPoolers(cfg config.Config, managed map[string]config.PoolerConfig, log *slog.Logger) (*pooler.Set, error) {
+	blocks := map[string]config.PoolerConfig{}
+	for _, c := range cfg.Clusters {
+		if c.Pooler != nil {
+			blocks[c.Name] = *c.Pooler
+		}
+	}
+	for name, pc := range managed {
+		if err := pc.Validate(); err != nil {
+			return nil, fmt.Errorf("pooler of cluster %s: %w", name, err)
+		}
+		blocks[name] = pc
+	}
+	src := pooler.CatalogSource{Store: d.store, Clusters: d.clusters, Config: cfg, Logger: log}
+	var fronts []*pooler.Front
+	for name, pc := range blocks {
+		cl, err := d.clusters.Get(name)
+		if err != nil {
+			return nil, err
+		}
+		stop := pc.KeepRunning != nil && !*pc.KeepRunning
+		f, err := pooler.NewFront(cl, pc, src.For(name), stop, log)
+		if err != nil {
+			return nil, err
+		}
+		fronts = append(fronts, f)
+	}
+	return pooler.NewSet(log, fronts...), nil
+}
+
+// Poolers are the clusters' PgBouncers (for tests and `up`).
+func (d *Daemon) Poolers() *pooler.Set { return d.poolers }
 
 // loadTLS reads tls_cert_file and tls_key_file, nil when neither is set.
 // TLS 1.2 is the floor; Go's defaults choose the cipher suites.
@@ -335,7 +386,10 @@ func (d *Daemon) Store() *catalog.Store { return d.store }
 // ones finish (a cold create may still need a worker), then the /metrics
 // listener (it needs no worker, and a scrape during shutdown still sees the
 // figures), then the background workers stop (a job in progress goes back
-// to the queue with its completed steps recorded), and last the pools close.
+// to the queue with its completed steps recorded; the poolers stop with
+// them: a PgBouncer is stopped only with keep_running false, as under
+// `up`, otherwise it goes on serving tenants and the next start adopts
+// it), and last the pools close.
 func (d *Daemon) Run(ctx context.Context) error {
 	defer d.Close()
 	g, gctx := errgroup.WithContext(ctx)
@@ -345,7 +399,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

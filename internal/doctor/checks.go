@@ -87,6 +87,26 @@ type Facts struct {
 	DiskTotal      int64
 	OpenFilesLimit int64  // the postmaster's soft RLIMIT_NOFILE (-1 unknown)
 	StatsTempFS    string // file system type of stats_temp_directory (servers before 15)
+
+	Pooler *PoolerFacts // the cluster's PgBouncer, nil without one
+}
+
+// PoolerFacts are what the pooler check looks at.
+type PoolerFacts struct {
+	Addr    string
+	Running bool      // its process runs on this machine
+	Up      bool      // it answered its last sync
+	Err     string    // the last sync's error
+	At      time.Time // the last successful sync
+	Entries int
+	Skipped int      // tenants left out (no SCRAM verifier)
+	Drift   []string // its databases against the catalog after the last sync
+	// MaxClientConn and ServerConnections (the tenants' max_db_connections
+	// added up) are the file descriptors it may need; OpenFilesLimit is its
+	// soft RLIMIT_NOFILE (-1 unknown).
+	MaxClientConn     int
+	ServerConnections int
+	OpenFilesLimit    int64
 }
 
 // StandbyFacts are one configured standby's settings.
@@ -116,7 +136,59 @@ func Checks(f Facts) []Check {
 	out = append(out, standbySettings(f)...)
 	out = append(out, connections(f))
 	out = append(out, replication(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
+	if f.Pooler != nil {
+		out = append(out, poolerCheck(f))
+	}
 	return out
+}
+
+// poolerCheck: the pooler runs, is in sync with the catalog, and has the
+// clients and files the fleet may need.
+func poolerCheck(f Facts) Check {
+	p := f.Pooler
+	c := Check{Name: "pooler", Why: "Tenants connect through the cluster's PgBouncer: down, nobody gets in; out of sync with " +
+		"the catalog, a new tenant cannot log in or a suspended one still can. Each client and each server connection " +
+		"holds a file descriptor: max_client_conn plus the tenants' max_db_connections must fit under its open-file " +
+		"limit, and max_client_conn is shared by every tenant (PgBouncer 1.18 has no per-tenant client limit)."}
+	c.Got = fmt.Sprintf("%s: running %v, last sync ok %v, %d entries, %d tenants left out, %d differences; max_client_conn=%d, "+
+		"tenants' max_db_connections add up to %d, open-file limit %d", p.Addr, p.Running, p.Up && p.Err == "", p.Entries,
+		p.Skipped, len(p.Drift), p.MaxClientConn, p.ServerConnections, p.OpenFilesLimit)
+	need := int64(p.MaxClientConn + p.ServerConnections + 64)
+	c.Want = fmt.Sprintf("running and in sync; open-file limit >= %d (max_client_conn + server connections + 64); "+
+		"max_client_conn >= %d (every tenant's pool usable at once)", need, p.ServerConnections)
+	var fixes []string
+	c.Status = OK
+	worse := func(s string) {
+		if rank(s) > rank(c.Status) {
+			c.Status = s
+		}
+	}
+	switch {
+	case !p.Running:
+		worse(Fail)
+		fixes = append(fixes, "the pooler is not running: the daemon restarts it (see its log and the pooler's pgbouncer.log)")
+	case !p.Up || p.Err != "":
+		worse(Fail)
+		fixes = append(fixes, "the last sync failed: "+p.Err)
+	}
+	if len(p.Drift) > 0 {
+		worse(Warn)
+		fixes = append(fixes, "differences with the catalog: "+strings.Join(p.Drift, "; ")+" (`pgtenant reconcile --fix` syncs it)")
+	}
+	if p.Skipped > 0 {
+		worse(Warn)
+		fixes = append(fixes, fmt.Sprintf("%d tenants have no SCRAM-SHA-256 password on their role and cannot log in through the pooler: rotate their passwords (`pgtenant tenant password ID`)", p.Skipped))
+	}
+	if p.OpenFilesLimit >= 0 && p.OpenFilesLimit < need {
+		worse(Fail)
+		fixes = append(fixes, fmt.Sprintf("raise the open-file limit of the user running pgbouncer to %d (the soft limit is raised to the hard one at start: raise the hard limit, e.g. LimitNOFILE or /etc/security/limits.conf), or lower the pooler's max_client_conn", need))
+	}
+	if p.MaxClientConn < p.ServerConnections {
+		worse(Warn)
+		fixes = append(fixes, fmt.Sprintf("raise the pooler's max_client_conn to at least %d", p.ServerConnections))
+	}
+	c.Fix = strings.Join(fixes, "; ")
+	return c
 }
 
 func roundUp(n, to int64) int64 { return (n + to - 1) / to * to }

@@ -28,6 +28,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
 )
@@ -38,6 +39,9 @@ type Doctor struct {
 	Clusters *cluster.Registry
 	Config   config.Config
 	Logger   *slog.Logger
+	// Poolers, when a cluster has one, adds the pooler check (and makes
+	// the connections check count each tenant's max_db_connections).
+	Poolers *pooler.Set
 }
 
 // Report is one examination.
@@ -112,8 +116,12 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		WALLogMaxSize: int64(d.Config.Provision.WALLogMaxSize), ConnectionLimits: map[string]int{},
 		Overcommit: d.Config.Provision.ConnectionOvercommit, RolloutConnections: d.Config.Migrate.PerCluster,
 		ReservedConnections: d.Config.Provision.ReservedConnections}
+	front := d.Poolers.Get(cl.Name())
 	for name, t := range d.Config.Tiers {
 		f.ConnectionLimits[name] = t.ConnectionLimit
+		if front != nil {
+			_, _, f.ConnectionLimits[name] = t.Pooling()
+		}
 	}
 	for _, s := range info.Standbys {
 		if s.State != "down" {
@@ -163,7 +171,30 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 	}
 
 	d.local(ctx, admin, &f)
+	if front != nil {
+		f.Pooler = d.poolerFacts(front, f.TenantsByTier)
+	}
 	return f, nil
+}
+
+// poolerFacts reads a pooler's last sync, its settings and its process.
+func (d *Doctor) poolerFacts(front *pooler.Front, byTier map[string]int) *PoolerFacts {
+	s := front.Snapshot()
+	pf := &PoolerFacts{Addr: front.Addr(), Up: s.Up, Err: s.LastError, At: s.At, Entries: s.Entries,
+		Skipped: len(s.Skipped), Drift: s.Drift, MaxClientConn: front.Settings.MaxClientConn, OpenFilesLimit: -1}
+	for tier, n := range byTier {
+		t, ok := d.Config.Tiers[tier]
+		if !ok {
+			t = d.Config.Tiers["default"]
+		}
+		_, _, maxDB := t.Pooling()
+		pf.ServerConnections += n * maxDB
+	}
+	if pid := front.Proc.PID(); pid != 0 {
+		pf.Running = true
+		pf.OpenFilesLimit = openFilesLimit(pid)
+	}
+	return pf
 }
 
 type queryRower interface {

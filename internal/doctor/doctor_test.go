@@ -265,6 +265,24 @@ func TestChecks(t *testing.T) {
 		{"9.6 stats on tmpfs", "stats_temp_directory", doctor.OK, func(f *doctor.Facts) {
 			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "tmpfs"
 		}},
+		{"pooler running and in sync", "pooler", doctor.OK, func(f *doctor.Facts) { f.Pooler = goodPooler() }},
+		{"pooler down", "pooler", doctor.Fail, func(f *doctor.Facts) {
+			f.Pooler = goodPooler()
+			f.Pooler.Running, f.Pooler.Up = false, false
+		}},
+		{"pooler out of sync", "pooler", doctor.Warn, func(f *doctor.Facts) {
+			f.Pooler = goodPooler()
+			f.Pooler.Drift = []string{"t_x: missing from the pooler"}
+		}},
+		{"pooler's open-file limit below its clients", "pooler", doctor.Fail, func(f *doctor.Facts) {
+			f.Pooler = goodPooler()
+			f.Pooler.OpenFilesLimit = 1024
+		}},
+		{"pooler's max_client_conn below the tenants' pools", "pooler", doctor.Warn, func(f *doctor.Facts) {
+			f.Pooler = goodPooler()
+			f.Pooler.ServerConnections = 8000
+			f.Pooler.OpenFilesLimit = 1 << 20
+		}},
 		{"9.6 with many databases and stats on disk: autovacuum storm", "autovacuum", doctor.Fail, func(f *doctor.Facts) {
 			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "ext4"
 		}},
@@ -281,4 +299,9 @@ func TestChecks(t *testing.T) {
 			}
 		})
 	}
+}
+
+func goodPooler() *doctor.PoolerFacts {
+	return &doctor.PoolerFacts{Addr: "127.0.0.1:6432", Running: true, Up: true, Entries: 10, MaxClientConn: 5000,
+		ServerConnections: 100, OpenFilesLimit: 20000}
 }

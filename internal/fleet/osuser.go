@@ -105,3 +105,28 @@ var raiseFileLimit = sync.OnceFunc(func() {
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 	}
 })
+
+// OSUser is who runs the programs pgtenant starts next to the servers (the
+// PgBouncer of internal/pooler): the postgres OS user when pgtenant runs as
+// root (PgBouncer, like PostgreSQL, refuses to run as root), else the
+// current user.
+type OSUser struct{ r runAs }
+
+// ServerUser returns the OS user the servers run as.
+func ServerUser() (OSUser, error) {
+	r, err := serverUser()
+	return OSUser{r}, err
+}
+
+// IsOther reports whether programs run as another user than pgtenant's.
+func (u OSUser) IsOther() bool { return u.r.isOther() }
+
+// Command builds an exec.Cmd running as u, in its own process group, with
+// the soft open-file limit raised to the hard one and a stable environment.
+func (u OSUser) Command(name string, args ...string) *exec.Cmd { return u.r.command(name, args...) }
+
+// Own makes path (recursively) owned by u; a no-op when u is the current user.
+func (u OSUser) Own(path string) error { return u.r.own(path) }
+
+// CheckTraversable says what to do when u cannot reach dir.
+func (u OSUser) CheckTraversable(dir string) error { return u.r.checkTraversable(dir) }

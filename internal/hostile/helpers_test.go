@@ -19,10 +19,12 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -49,6 +51,8 @@ type env struct {
 	store *catalog.Store
 	cfg   config.Config
 	extra []templates.Upload // files pushed after version 1, in order
+	// pooler is the cluster's PgBouncer (startWith pooled), else nil.
+	pooler *pooler.Front
 }
 
 // hostileTier is the tier hostile tenants get: small limits, so that the
@@ -56,6 +60,13 @@ type env struct {
 const hostileTier = "hostile"
 
 func start(t *testing.T, mutate func(*config.Config)) *env {
+	t.Helper()
+	return startWith(t, mutate, false)
+}
+
+// startWith is start, with a PgBouncer in front of the cluster when pooled
+// (its front is e.pooler).
+func startWith(t *testing.T, mutate func(*config.Config), pooled bool) *env {
 	t.Helper()
 	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
@@ -73,7 +84,13 @@ func start(t *testing.T, mutate func(*config.Config)) *env {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	d, c := daemontest.Start(t, pg, cfg)
+	var d *daemon.Daemon
+	var c *api.Client
+	if pooled {
+		d, c = daemontest.StartPooled(t, pg, cfg)
+	} else {
+		d, c = daemontest.Start(t, pg, cfg)
+	}
 	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +98,7 @@ func start(t *testing.T, mutate func(*config.Config)) *env {
 	for _, j := range added.BuildJobs {
 		waitJob(t, c, j.ID, jobs.Succeeded)
 	}
-	return &env{c: c, store: d.Store(), cfg: cfg}
+	return &env{c: c, store: d.Store(), cfg: cfg, pooler: d.Poolers().Get("local")}
 }
 
 // waitJob waits for a job to end and wants it in state want.

@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // TenantCollector exports the collector's in-memory figures on /metrics: a
@@ -18,10 +20,14 @@ import (
 type TenantCollector struct {
 	c    *Collector
 	topN int
+	// Pools, when set, adds each exported tenant's pool figures from its
+	// cluster's pooler (SHOW POOLS of the pooler's last sync).
+	Pools *pooler.Set
 
 	tenants, files, quotaStates, passSeconds, passQueries, passTime, omitted      *prometheus.Desc
 	size, conns, xacts, rowsRead, rowsWritten, blksHit, blksRead, temp, deadlocks *prometheus.Desc
 	activity, quota                                                               *prometheus.Desc
+	poolClients, poolServers, poolMaxWait                                         *prometheus.Desc
 }
 
 // NewTenantCollector exports c's figures with per-tenant series for the topN
@@ -49,13 +55,17 @@ func NewTenantCollector(c *Collector, topN int) *TenantCollector {
 		deadlocks:   prometheus.NewDesc("pgtenant_tenant_deadlocks_total", "Deadlocks detected in a database tenant.", tl, nil),
 		activity:    prometheus.NewDesc("pgtenant_tenant_activity", "Smoothed (rows read + written + transactions) per second plus active sessions: what ranks tenants.", tl, nil),
 		quota:       prometheus.NewDesc("pgtenant_tenant_quota_state", "1 for the tenant's current storage quota state (ok, warning, grace, enforced).", append(tl, "state"), nil),
+		poolClients: prometheus.NewDesc("pgtenant_tenant_pool_clients", "The tenant's clients in its pooler by state: active (cl_active) or waiting for a server connection (cl_waiting).", append(tl, "state"), nil),
+		poolServers: prometheus.NewDesc("pgtenant_tenant_pool_server_connections", "The server connections of the tenant's pool by state: active (sv_active) or idle (sv_idle + sv_used).", append(tl, "state"), nil),
+		poolMaxWait: prometheus.NewDesc("pgtenant_tenant_pool_maxwait_seconds", "How long the tenant's oldest waiting client has waited for a server connection (maxwait).", tl, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (t *TenantCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{t.tenants, t.files, t.quotaStates, t.passSeconds, t.passQueries, t.passTime, t.omitted,
-		t.size, t.conns, t.xacts, t.rowsRead, t.rowsWritten, t.blksHit, t.blksRead, t.temp, t.deadlocks, t.activity, t.quota} {
+		t.size, t.conns, t.xacts, t.rowsRead, t.rowsWritten, t.blksHit, t.blksRead, t.temp, t.deadlocks, t.activity, t.quota,
+		t.poolClients, t.poolServers, t.poolMaxWait} {
 		ch <- d
 	}
 }
@@ -136,6 +146,13 @@ func (t *TenantCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(t.conns, float64(ts.conns.IdleInTransaction), append(l, "idle_in_transaction")...)
 		gauge(t.activity, ts.activity, l...)
 		gauge(t.quota, 1, append(l, ts.meta.Quota)...)
+		if p, ok := t.Pools.TenantPool(r.cluster, tenant.PhysicalName(r.id)); ok {
+			gauge(t.poolClients, float64(p.ClientActive), append(l, "active")...)
+			gauge(t.poolClients, float64(p.ClientWaiting), append(l, "waiting")...)
+			gauge(t.poolServers, float64(p.ServerActive), append(l, "active")...)
+			gauge(t.poolServers, float64(p.ServerIdle), append(l, "idle")...)
+			gauge(t.poolMaxWait, p.MaxWait.Seconds(), l...)
+		}
 		if !ts.hasCur {
 			continue
 		}

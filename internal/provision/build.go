@@ -302,5 +302,11 @@ func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run, t catalog.Tenant
 	if _, err := admin.Exec(ctx, b.s.activationSQL(t, b.a.Activate.Verifier, false)); err != nil {
 		return cluster.Classify(err)
 	}
-	return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateActive, catalog.StateProvisioning)
+	if err := b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateActive, catalog.StateProvisioning); err != nil {
+		return err
+	}
+	// A create still waiting syncs the pooler itself; one answered 202
+	// gets its entry from this.
+	b.s.Poolers.Poke(t.Cluster)
+	return nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -50,6 +51,10 @@ type Service struct {
 	// id for the retry window, and recalls it for a retried create; nil
 	// keeps nothing.
 	Credentials *credentials.Service
+	// Poolers are the clusters' PgBouncers: a new tenant's entry is in its
+	// cluster's pooler before Create answers, and its DSN points there.
+	// nil: tenants connect directly.
+	Poolers *pooler.Set
 
 	placed placement
 }
@@ -81,7 +86,8 @@ type Request struct {
 // Created is the answer to Create.
 type Created struct {
 	Tenant   catalog.Tenant
-	DSN      string    // includes the password when Password is set
+	DSN      string    // includes the password when Password is set; the pooler's when the cluster has one
+	Direct   string    // the DSN of the primary itself, with the password too
 	Password string    // shown at creation, and to a retry within the retry window
 	Existing bool      // an earlier request with the same external id made it
 	Path     string    // pool or cold
@@ -133,7 +139,10 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	t, err := s.claim(ctx, cl, want, password, verifier)
 	if err == nil {
 		s.Pool.Poke()
-		return Created{Tenant: t, Password: password, DSN: s.dsn(cl, t, password), Path: "pool"}, nil
+		s.Poolers.Sync(ctx, cl.Name(), "create "+t.ID)
+		out := Created{Tenant: t, Password: password, Path: "pool"}
+		out.DSN, out.Direct = s.Poolers.DSNs(cl, t, password)
+		return out, nil
 	}
 	if errors.Is(err, catalog.ErrConflict) && req.ExternalID != "" {
 		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
@@ -189,11 +198,13 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 	if err != nil {
 		return Created{}, err
 	}
-	out := Created{Tenant: t, Existing: true, DSN: s.dsn(cl, t, "")}
+	out := Created{Tenant: t, Existing: true}
+	out.DSN, out.Direct = s.Poolers.DSNs(cl, t, "")
 	password, err := s.Credentials.Recall(ctx, t.ID)
 	switch {
 	case err == nil:
-		out.Password, out.DSN = password, s.dsn(cl, t, password)
+		out.Password = password
+		out.DSN, out.Direct = s.Poolers.DSNs(cl, t, password)
 	case errors.Is(err, credentials.ErrNotKept):
 		out.Note = fmt.Sprintf("created earlier with this external id; %v. Rotate it to get a new one: `pgtenant tenant password %s`", err, t.ID)
 	case errors.Is(err, credentials.ErrCannotOpen):
@@ -254,7 +265,7 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 		case overcommit == 0:
 		case !ok:
 			continue // did not answer: not a candidate
-		case !cc.Admits(tenant.Share(s.Config.Tiers[tier].ConnectionLimit, cc.MaxConnections), overcommit):
+		case !cc.Admits(s.share(c.Name(), tier, cc.MaxConnections), overcommit):
 			full = append(full, fmt.Sprintf("%s (limits add up to %d of %d)", c.Name(), cc.Used, cc.Capacity(overcommit)))
 			continue
 		}
@@ -263,7 +274,7 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 	if len(names) == 0 && len(full) > 0 {
 		return nil, fmt.Errorf("%w: a %s tenant needs %d connections; full: %s. Add a cluster, raise max_connections, "+
 			"lower tier %s's connection_limit, or raise provision.connection_overcommit (now %g)", ErrNoCapacity, tier,
-			s.Config.Tiers[tier].ConnectionLimit, strings.Join(full, ", "), tier, overcommit)
+			s.share(name, tier, 0), strings.Join(full, ", "), tier, overcommit)
 	}
 	if len(names) == 0 && len(all) > 0 {
 		return nil, fmt.Errorf("%w: no cluster answered when tenants were last counted; retry when one is up", cluster.ErrUnavailable)
@@ -274,10 +285,23 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 	}
 	p.counts[chosen]++
 	if cc, ok := p.conns[chosen]; ok {
-		cc.Used += tenant.Share(s.Config.Tiers[tier].ConnectionLimit, cc.MaxConnections)
+		cc.Used += s.share(chosen, tier, cc.MaxConnections)
 		p.conns[chosen] = cc
 	}
 	return s.Clusters.Get(chosen)
+}
+
+// share is what a tenant of a tier holds of a cluster's connections: its
+// connection_limit, or with a pooler in front of the cluster the server
+// connections its pool may open (max_db_connections; README,
+// "Connections"). An unlimited tier without a pooler may take them all.
+func (s *Service) share(clusterName, tierName string, maxConnections int) int {
+	tier := s.Config.Tiers[tierName]
+	if s.Poolers.Get(clusterName) != nil {
+		_, _, maxDB := tier.Pooling()
+		return maxDB
+	}
+	return tenant.Share(tier.ConnectionLimit, maxConnections)
 }
 
 // loadPlacement reads the tenants of every cluster from the catalog and,
@@ -301,7 +325,7 @@ func (s *Service) loadPlacement(ctx context.Context, p *placement) error {
 				continue
 			}
 			for t, n := range tiers[cl.Name()] {
-				cc.Used += n * tenant.Share(s.Config.Tiers[t].ConnectionLimit, cc.MaxConnections)
+				cc.Used += n * s.share(cl.Name(), t, cc.MaxConnections)
 			}
 			p.conns[cl.Name()] = cc
 		}
@@ -454,7 +478,8 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	wctx, cancel := context.WithTimeout(ctx, s.ColdWait)
 	defer cancel()
 	job, err = s.Runner.Wait(wctx, job.ID, nil)
-	out := Created{Tenant: want, Password: password, DSN: s.dsn(cl, want, password), Path: "cold"}
+	out := Created{Tenant: want, Password: password, Path: "cold"}
+	out.DSN, out.Direct = s.Poolers.DSNs(cl, want, password)
 	switch {
 	case err != nil && wctx.Err() != nil && ctx.Err() == nil:
 		out.Job = &job // still provisioning: the caller polls the job
@@ -468,6 +493,7 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	if err != nil {
 		return Created{}, err
 	}
+	s.Poolers.Sync(ctx, cl.Name(), "create "+t.ID)
 	out.Tenant = t
 	return out, nil
 }
@@ -481,18 +507,15 @@ func (s *Service) databaseOf(t catalog.Tenant) string {
 	return tenant.PhysicalName(t.ID)
 }
 
-// dsn is the connection string handed to the tenant.
-func (s *Service) dsn(cl *cluster.Cluster, t catalog.Tenant, password string) string {
-	return cl.TenantDSN(t.Database, tenant.PhysicalName(t.ID), password)
-}
-
-// DSN returns a tenant's connection string without its password.
-func (s *Service) DSN(t catalog.Tenant) (string, error) {
+// DSNs returns a tenant's connection strings without its password: the
+// pooler's when its cluster has one (else the primary's), and the primary's.
+func (s *Service) DSNs(t catalog.Tenant) (dsn, direct string, err error) {
 	cl, err := s.Clusters.Get(t.Cluster)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
-	return s.dsn(cl, t, ""), nil
+	dsn, direct = s.Poolers.DSNs(cl, t, "")
+	return dsn, direct, nil
 }
 
 // activationSQL makes a spare usable by its tenant: LOGIN with the new

@@ -25,7 +25,9 @@ type Result struct {
 // purgeNow). Dropping a dropped tenant again is not an error.
 func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, error) {
 	var res Result
+	var clusterName string
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
+		clusterName = t.Cluster
 		switch t.State {
 		case catalog.StateActive, catalog.StateSuspended:
 			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
@@ -58,6 +60,7 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 		return res, err
 	}
 	s.Runner.Poke()
+	s.Poolers.Sync(ctx, clusterName, "drop "+id)
 	res.Tenant, err = s.Store.GetTenant(ctx, nil, id)
 	if errors.Is(err, catalog.ErrNotFound) && res.Job != nil {
 		err = nil // purged already
@@ -85,7 +88,9 @@ func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
 // LOGIN on the cluster in the same catalog transaction. Already in the target
 // state is not an error (retries are idempotent).
 func (s *Service) transition(ctx context.Context, id, from, to, event, login, extraSet string) (Result, error) {
+	var clusterName string
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
+		clusterName = t.Cluster
 		if t.State == to {
 			return nil
 		}
@@ -111,6 +116,7 @@ func (s *Service) transition(ctx context.Context, id, from, to, event, login, ex
 	if err != nil {
 		return Result{}, err
 	}
+	s.Poolers.Sync(ctx, clusterName, event+" "+id)
 	t, err := s.Store.GetTenant(ctx, nil, id)
 	if err == nil && to == catalog.StateActive && s.OnResume != nil {
 		if herr := s.OnResume(ctx, t); herr != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -44,6 +45,10 @@ type Service struct {
 	// OnResume, if set, runs after a tenant is resumed or restored (the
 	// daemon prewarms it). Its error is logged, not returned.
 	OnResume func(ctx context.Context, t catalog.Tenant) error
+	// Poolers take each change before it is answered: a dropped tenant's
+	// entry goes (its clients cut off), a suspended one's is disabled and
+	// its clients killed, a resumed or restored one is let in again.
+	Poolers *pooler.Set
 }
 
 // Handler is the job handler of Job.

@@ -23,6 +23,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -69,6 +70,9 @@ type Reconciler struct {
 	Templates *templates.Service
 	Config    config.Config
 	Logger    *slog.Logger
+	// Poolers: a cluster's PgBouncer's databases (SHOW DATABASES) are
+	// compared with the catalog too; fix syncs it.
+	Poolers *pooler.Set
 }
 
 // Run reconciles one cluster (or all with clusterName "").
@@ -150,7 +154,21 @@ func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool,
 		rep.Checked["schemas"] += len(sc)
 	}
 	rep.Checked["tenant_rows"] += len(rows)
-	for _, f := range s.compare() {
+	found := s.compare()
+	if front := r.Poolers.Get(cl.Name()); front != nil {
+		diffs, err := front.Compare(ctx)
+		if err != nil {
+			return fmt.Errorf("pooler: %w", err)
+		}
+		rep.Checked["pooler_entries"] += len(diffs)
+		for _, d := range diffs {
+			kind := map[string]string{"missing": Missing, "extra": Orphan, "mismatch": Mismatch}[d.Kind]
+			id, _ := tenant.IDFromPhysical(d.Name)
+			found = append(found, finding{Finding: Finding{Kind: kind, Object: "pooler entry " + d.Name, Tenant: id, Detail: d.Detail,
+				Action: "sync the pooler with the catalog"}, repair: front.Sync})
+		}
+	}
+	for _, f := range found {
 		f.Cluster = cl.Name()
 		if fix && f.repair != nil {
 			if err := f.repair(ctx); err != nil {

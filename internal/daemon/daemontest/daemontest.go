@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 )
 
 // Config returns the configuration Start uses before mutate: a fresh catalog
@@ -40,8 +42,40 @@ func Config(t testing.TB, pg *pgtest.Cluster) config.Config {
 // client (over HTTPS, trusting the certificate, when cfg has one).
 func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon, *api.Client) {
 	t.Helper()
+	return start(t, pg, daemon.Options{Config: cfg})
+}
+
+// StartPooled is Start with a PgBouncer in front of the cluster (run by
+// the daemon in a temp dir on a free port, stopped with it).
+func StartPooled(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	return start(t, pg, daemon.Options{Config: cfg, Poolers: map[string]config.PoolerConfig{"local": Pooler(t)}})
+}
+
+// Pooler is a pooler block for a test: a temp dir, a free loopback port,
+// quick syncs, stopped with the daemon.
+func Pooler(t testing.TB) config.PoolerConfig {
+	t.Helper()
+	dir := filepath.Join(pgtest.TempDir(t), "pooler")
+	port, err := pooler.LocalPort(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := config.DefaultPooler()
+	pc.Listen = "127.0.0.1:" + strconv.Itoa(port)
+	pc.Dir = dir
+	pc.SyncInterval = config.Duration(2 * time.Second)
+	stop := false
+	pc.KeepRunning = &stop
+	return pc
+}
+
+func start(t testing.TB, pg *pgtest.Cluster, opts daemon.Options) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	cfg := opts.Config
 	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: pgtest.Logger(t)})
+	opts.Managed, opts.Logger = []catalog.Cluster{managed(pg)}, pgtest.Logger(t)
+	d, err := daemon.New(ctx, opts)
 	if err != nil {
 		cancel()
 		t.Fatal(err)

@@ -1,0 +1,548 @@
+package pooler
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+// Source returns the entries a cluster's pooler must have now (from the
+// catalog and pg_authid), and the tenants left out with why.
+type Source func(ctx context.Context) (entries []Entry, skipped map[string]string, err error)
+
+// Restart outcomes reported through Front.OnRestart.
+const (
+	OutcomeRestarted = "restarted"
+	OutcomeFailed    = "failed"
+)
+
+// Front keeps one cluster's PgBouncer in line with the catalog: it starts
+// it, restarts it when it dies (backoff doubling from 1 s to 1 min), writes
+// its files from Source and RELOADs it when they change, and applies what
+// files cannot say (DISABLE for suspended tenants). Changes are batched: a
+// Sync asked while one runs, or within a window of the last one (Coalesce,
+// widened up to 8 × Coalesce while changes keep coming), is served by the
+// next, so a burst of creates costs a bounded number of reloads.
+type Front struct {
+	Cluster  string
+	Proc     *Process
+	Settings Settings // AdminVerifier is filled in from the admin password
+	Source   Source
+	// PublicHost is the host in tenants' DSNs (default: Settings.ListenHost).
+	PublicHost string
+	// Coalesce is the least time between two syncs asked for by changes
+	// (default 100 ms; widened up to 8× during a burst); SyncInterval the period of the sync that catches
+	// changes made elsewhere (another daemon, a tenant's own ALTER ROLE …
+	// PASSWORD; default 10 s); CheckInterval the period of the process
+	// check (default 1 s).
+	Coalesce, SyncInterval, CheckInterval time.Duration
+	// StopOnExit stops PgBouncer when Run returns (`up`); otherwise it
+	// keeps serving tenants across a daemon restart and is adopted by the
+	// next start.
+	StopOnExit bool
+	Logger     *slog.Logger
+	// OnRestart, when set, is called after each restart attempt of a
+	// pooler found down.
+	OnRestart func(outcome string)
+	// OnReload, when set, is called after each RELOAD.
+	OnReload func()
+
+	once     sync.Once
+	kick     chan struct{}
+	mu       sync.Mutex
+	req      uint64
+	done     uint64
+	doneErr  error
+	doneCh   chan struct{}
+	paused   map[string]bool // PAUSEd by Pause: left paused by syncs
+	snap     Snapshot
+	lastSync time.Time
+	window   time.Duration // the current least time between two syncs asked for by changes
+
+	adminMu sync.Mutex
+	admin   *Admin
+	pwMu    sync.Mutex
+	pw      string
+	down    cluster.Outage
+
+	// supervision
+	started   bool
+	failures  int
+	delay     time.Duration
+	nextStart time.Time
+}
+
+// Snapshot is what the last sync saw: for /metrics, doctor and reconcile.
+type Snapshot struct {
+	Up        bool
+	At        time.Time
+	Entries   int
+	Skipped   map[string]string // tenants left out, with why
+	Databases map[string]Database
+	Pools     map[string]Pool
+	// Drift lists differences between the pooler's databases and the
+	// entries after the sync (should be none).
+	Drift     []string
+	Reloads   int64
+	Restarts  int64
+	LastError string
+}
+
+func (f *Front) init() {
+	f.once.Do(func() {
+		f.kick = make(chan struct{}, 1)
+		f.doneCh = make(chan struct{})
+		f.paused = map[string]bool{}
+		f.Coalesce = cmp.Or(f.Coalesce, 100*time.Millisecond)
+		f.SyncInterval = cmp.Or(f.SyncInterval, 10*time.Second)
+		f.CheckInterval = cmp.Or(f.CheckInterval, time.Second)
+		f.window = f.Coalesce
+		if f.Logger == nil {
+			f.Logger = slog.New(slog.DiscardHandler)
+		}
+		f.Logger = f.Logger.With("component", "pooler", "cluster", f.Cluster)
+		f.down.What = "pooler sync"
+		f.PublicHost = cmp.Or(f.PublicHost, f.Settings.ListenHost)
+	})
+}
+
+// Addr is where the pooler listens.
+func (f *Front) Addr() string { return Addr(f.Settings.ListenHost, f.Settings.ListenPort) }
+
+// PublicAddr is the host:port in tenants' DSNs.
+func (f *Front) PublicAddr() string {
+	f.init()
+	return Addr(f.PublicHost, f.Settings.ListenPort)
+}
+
+// Run keeps the pooler in line until ctx is done.
+func (f *Front) Run(ctx context.Context) error {
+	f.init()
+	defer func() {
+		f.closeAdmin()
+		if f.StopOnExit {
+			if err := f.Proc.Stop(); err != nil {
+				f.Logger.Warn("stop pooler", "err", err)
+			} else {
+				f.Logger.Info("pooler stopped")
+			}
+		}
+	}()
+	f.cycle(ctx)
+	check := time.NewTicker(f.CheckInterval)
+	defer check.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-f.kick:
+			// An isolated change syncs at once. Changes that keep coming
+			// (a burst of creates) widen the window between two syncs,
+			// doubling up to 8 × Coalesce, so that each sync takes more of
+			// them: a burst costs a bounded number of reloads, each of its
+			// changes waits at most the widest window. Calm again (no
+			// change for two windows), it starts over.
+			since := time.Since(f.lastSync)
+			if since > 2*f.window {
+				f.window = f.Coalesce
+			} else {
+				f.window = min(2*f.window, 8*f.Coalesce)
+			}
+			if wait := f.window - since; wait > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(wait):
+				}
+			}
+		case <-check.C:
+			if f.Proc.Running() && time.Since(f.lastSync) < f.SyncInterval {
+				continue
+			}
+		}
+		f.cycle(ctx)
+	}
+}
+
+// cycle runs one sync and answers the Syncs asked before it began.
+func (f *Front) cycle(ctx context.Context) {
+	f.mu.Lock()
+	gen := f.req
+	f.mu.Unlock()
+	err := f.sync(ctx)
+	f.lastSync = time.Now()
+	f.mu.Lock()
+	f.done, f.doneErr = gen, err
+	if err != nil {
+		f.snap.LastError = err.Error()
+	} else {
+		f.snap.LastError = ""
+	}
+	close(f.doneCh)
+	f.doneCh = make(chan struct{})
+	f.mu.Unlock()
+	if ctx.Err() == nil {
+		f.down.Report(f.Logger, err) // once when it starts failing, each minute, and when it works again
+	}
+}
+
+// password returns the admin console's password (read, or made, once).
+func (f *Front) password() (string, error) {
+	f.pwMu.Lock()
+	defer f.pwMu.Unlock()
+	if f.pw == "" {
+		pw, err := f.Proc.AdminPassword()
+		if err != nil {
+			return "", err
+		}
+		f.pw = pw
+	}
+	return f.pw, nil
+}
+
+// Sync asks for a sync and waits until one that began after the call has
+// ended: when it returns nil, the pooler has every change committed before
+// the call. Bounded by ctx.
+func (f *Front) Sync(ctx context.Context) error {
+	f.init()
+	f.mu.Lock()
+	f.req++
+	want := f.req
+	f.mu.Unlock()
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+	for {
+		f.mu.Lock()
+		done, err, ch := f.done, f.doneErr, f.doneCh
+		f.mu.Unlock()
+		if done >= want {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pooler of cluster %s: sync not done in time: %w", f.Cluster, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Poke asks for a sync without waiting for it.
+func (f *Front) Poke() {
+	f.init()
+	f.mu.Lock()
+	f.req++
+	f.mu.Unlock()
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Snapshot returns what the last sync saw.
+func (f *Front) Snapshot() Snapshot {
+	f.init()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.snap
+}
+
+func (f *Front) sync(ctx context.Context) error {
+	if time.Now().Before(f.nextStart) && !f.Proc.Running() {
+		f.setUp(false)
+		return fmt.Errorf("pooler of cluster %s is down; next start attempt in %s", f.Cluster, time.Until(f.nextStart).Round(time.Second))
+	}
+	entries, skipped, err := f.Source(ctx)
+	if err != nil {
+		f.setUp(f.Proc.Running())
+		return fmt.Errorf("read the pooler's entries: %w", err)
+	}
+	password, err := f.password()
+	if err != nil {
+		return err
+	}
+	s := f.Settings
+	s.AdminVerifier = AdminVerifier(password, f.Proc.Dir)
+	files, err := Render(f.Proc.Dir, s, entries)
+	if err != nil {
+		return err
+	}
+	changed, err := f.Proc.Write(files)
+	if err != nil {
+		return err
+	}
+	if !f.Proc.Running() {
+		f.closeAdmin()
+		if err := f.start(ctx); err != nil {
+			f.setUp(false)
+			return err
+		}
+	} else if changed {
+		if err := f.command(ctx, "RELOAD", ""); err != nil {
+			return err
+		}
+		f.mu.Lock()
+		f.snap.Reloads++
+		f.mu.Unlock()
+		if f.OnReload != nil {
+			f.OnReload()
+		}
+	}
+	return f.apply(ctx, entries, skipped)
+}
+
+// start starts the pooler found down, within the backoff.
+func (f *Front) start(ctx context.Context) error {
+	if time.Now().Before(f.nextStart) {
+		return fmt.Errorf("pooler of cluster %s is down; next start attempt in %s", f.Cluster, time.Until(f.nextStart).Round(time.Second))
+	}
+	restart := f.started
+	if restart {
+		f.Logger.Warn("pooler is down; restarting it", "attempt", f.failures+1)
+	}
+	err := f.Proc.Start(ctx, f.Addr())
+	if err == nil {
+		f.started, f.failures, f.delay, f.nextStart = true, 0, 0, time.Time{}
+		if restart {
+			f.Logger.Info("pooler restarted", "outcome", OutcomeRestarted)
+			f.mu.Lock()
+			f.snap.Restarts++
+			f.mu.Unlock()
+			f.report(OutcomeRestarted)
+		} else {
+			f.Logger.Info("pooler running", "addr", f.Addr(), "dir", f.Proc.Dir)
+		}
+		return nil
+	}
+	f.failures++
+	f.delay = min(max(2*f.delay, time.Second), time.Minute)
+	f.nextStart = time.Now().Add(f.delay)
+	if restart {
+		f.report(OutcomeFailed)
+	}
+	return fmt.Errorf("%w (log: %s)", err, f.Proc.LogPath())
+}
+
+func (f *Front) report(outcome string) {
+	if f.OnRestart != nil {
+		f.OnRestart(outcome)
+	}
+}
+
+func (f *Front) setUp(up bool) {
+	f.mu.Lock()
+	f.snap.Up = up
+	f.mu.Unlock()
+}
+
+// apply brings the pooler's runtime state in line with the entries:
+// suspended tenants DISABLEd (their clients cut off with KILL, the pause
+// KILL leaves lifted so that the entry answers "disabled" at once), the
+// others ENABLEd and not paused unless Pause paused them; then records
+// what the pooler has.
+func (f *Front) apply(ctx context.Context, entries []Entry, skipped map[string]string) error {
+	dbs, err := withAdmin(f, ctx, func(a *Admin) (map[string]Database, error) { return a.Databases(ctx) })
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	paused := make(map[string]bool, len(f.paused))
+	for k := range f.paused {
+		paused[k] = true
+	}
+	f.mu.Unlock()
+	var drift []string
+	want := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		want[e.Name] = true
+		d, ok := dbs[e.Name]
+		if !ok {
+			drift = append(drift, e.Name+": missing from the pooler")
+			continue
+		}
+		var cmds []string
+		switch {
+		case e.Disabled && !d.Disabled:
+			cmds = []string{"DISABLE", "KILL"}
+			if !paused[e.Name] {
+				cmds = append(cmds, "RESUME")
+			}
+		case !e.Disabled && d.Disabled:
+			if d.Paused && !paused[e.Name] {
+				cmds = append(cmds, "RESUME")
+			}
+			cmds = append(cmds, "ENABLE")
+		case d.Paused && !paused[e.Name]:
+			cmds = []string{"RESUME"}
+		}
+		for _, c := range cmds {
+			if err := f.command(ctx, c, e.Name); err != nil {
+				return err
+			}
+		}
+		if len(cmds) > 0 {
+			f.Logger.Info("pooler entry state", "tenant", e.Name, "commands", cmds)
+			d.Disabled = e.Disabled
+			dbs[e.Name] = d
+		}
+	}
+	for name := range dbs {
+		if !want[name] {
+			drift = append(drift, name+": in the pooler, not in the catalog")
+		}
+	}
+	sort.Strings(drift)
+	pools, err := withAdmin(f, ctx, func(a *Admin) (map[string]Pool, error) { return a.Pools(ctx) })
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.snap.Up, f.snap.At, f.snap.Entries, f.snap.Skipped = true, time.Now(), len(entries), skipped
+	f.snap.Databases, f.snap.Pools, f.snap.Drift = dbs, pools, drift
+	f.mu.Unlock()
+	return nil
+}
+
+// command runs one console command on the kept admin session.
+func (f *Front) command(ctx context.Context, cmd, db string) error {
+	_, err := withAdmin(f, ctx, func(a *Admin) (struct{}, error) { return struct{}{}, a.Command(ctx, cmd, db) })
+	return err
+}
+
+// withAdmin runs fn on the kept admin session, dialling it (again, once,
+// after a failure: the pooler may have restarted).
+func withAdmin[T any](f *Front, ctx context.Context, fn func(*Admin) (T, error)) (T, error) {
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
+	var zero T
+	for attempt := 0; ; attempt++ {
+		if f.admin == nil {
+			password, err := f.password()
+			if err != nil {
+				return zero, err
+			}
+			a, err := DialAdmin(ctx, f.Addr(), AdminUser, password)
+			if err != nil {
+				return zero, err
+			}
+			f.admin = a
+		}
+		v, err := fn(f.admin)
+		if err == nil || attempt == 1 || ctx.Err() != nil || !f.admin.conn.IsClosed() {
+			return v, err
+		}
+		f.admin.Close()
+		f.admin = nil
+	}
+}
+
+func (f *Front) closeAdmin() {
+	f.adminMu.Lock()
+	defer f.adminMu.Unlock()
+	if f.admin != nil {
+		f.admin.Close()
+		f.admin = nil
+	}
+}
+
+// Pause holds a tenant's clients (PAUSE: new queries queue in the pooler
+// once the pool's server connections are released; in session mode that
+// is when its clients disconnect) until Resume: the building block of an
+// online move, which repoints the entry between the two. Syncs leave a
+// paused entry paused. It runs on a session of its own (PAUSE waits) and
+// gives up with ctx, resuming the entry.
+func (f *Front) Pause(ctx context.Context, name string) error {
+	f.init()
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("pause: bad name %q", name)
+	}
+	f.mu.Lock()
+	f.paused[name] = true
+	f.mu.Unlock()
+	password, err := f.password()
+	if err != nil {
+		return err
+	}
+	a, err := DialAdmin(ctx, f.Addr(), AdminUser, password)
+	if err == nil {
+		err = a.Command(ctx, "PAUSE", name)
+		a.Close()
+	}
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return errors.Join(err, f.Resume(rctx, name))
+	}
+	return nil
+}
+
+// Resume lets a paused tenant's clients go on.
+func (f *Front) Resume(ctx context.Context, name string) error {
+	f.init()
+	f.mu.Lock()
+	delete(f.paused, name)
+	f.mu.Unlock()
+	err := f.command(ctx, "RESUME", name)
+	if err != nil && isNotPaused(err) {
+		return nil
+	}
+	return err
+}
+
+func isNotPaused(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "not paused")
+}
+
+// Difference is one way the running pooler differs from the catalog.
+type Difference struct {
+	Kind   string // missing (an entry the catalog wants), extra (an entry it does not), mismatch
+	Name   string // the entry: t_<id>
+	Detail string
+}
+
+// Compare reads the pooler's databases (SHOW DATABASES) now and compares
+// them with the entries the catalog wants: for reconcile.
+func (f *Front) Compare(ctx context.Context) ([]Difference, error) {
+	f.init()
+	entries, _, err := f.Source(ctx)
+	if err != nil {
+		return nil, err
+	}
+	dbs, err := withAdmin(f, ctx, func(a *Admin) (map[string]Database, error) { return a.Databases(ctx) })
+	if err != nil {
+		return nil, err
+	}
+	var out []Difference
+	want := map[string]bool{}
+	for _, e := range entries {
+		want[e.Name] = true
+		d, ok := dbs[e.Name]
+		switch {
+		case !ok:
+			out = append(out, Difference{"missing", e.Name, "the tenant's entry is not in the pooler: it cannot log in through it"})
+		case d.Database != e.Database:
+			out = append(out, Difference{"mismatch", e.Name, fmt.Sprintf("points at database %s, want %s", d.Database, e.Database)})
+		case d.Disabled != e.Disabled:
+			out = append(out, Difference{"mismatch", e.Name, fmt.Sprintf("disabled %v, want %v (suspended: %v)", d.Disabled, e.Disabled, e.Disabled)})
+		case d.PoolMode != e.PoolMode || d.PoolSize != e.PoolSize || d.MaxConnections != e.MaxDBConnections:
+			out = append(out, Difference{"mismatch", e.Name, fmt.Sprintf("pool %s/%d/%d, want %s/%d/%d (mode/pool_size/max_db_connections)",
+				d.PoolMode, d.PoolSize, d.MaxConnections, e.PoolMode, e.PoolSize, e.MaxDBConnections)})
+		}
+	}
+	for name := range dbs {
+		if !want[name] {
+			out = append(out, Difference{"extra", name, "in the pooler, but no active or suspended tenant of the catalog: it can still be logged in to"})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}

@@ -1,0 +1,198 @@
+// Package pooler runs the PgBouncer in front of a cluster: every tenant
+// connects through it with its own pool. It owns the pooler's files (its
+// config, auth file and HBA file, written atomically and applied with
+// RELOAD), its process (started, supervised and stopped here, as the
+// postgres OS user when pgtenant runs as root) and the admin console client
+// (simple protocol: the console speaks no other). The entries come from the
+// catalog and the tenants' SCRAM verifiers from pg_authid: a restart loses
+// nothing. It never changes a tenant's role or database: purge, provision
+// and credentials do, then ask it to sync.
+package pooler
+
+import (
+	"bytes"
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// AdminUser is the pooler's admin console user (admin_users): only
+// pgtenant has its password, and only from loopback.
+const AdminUser = "pgtenant_pooler"
+
+// Pool modes a tier may choose.
+const (
+	ModeSession     = "session"
+	ModeTransaction = "transaction"
+)
+
+// Entry is one tenant's pool: a [databases] entry named after the tenant's
+// physical name, the only user allowed to reach it (the HBA file), and
+// that user's SCRAM verifier (the auth file). PgBouncer logs in to the
+// server as the client with the client's own SCRAM keys, so the verifier
+// must be the very one PostgreSQL has.
+type Entry struct {
+	Name             string // t_<id>: the entry and the user
+	Database         string // on the server: the tenant's database, or its template's shared database
+	Verifier         string // SCRAM-SHA-256$…, as in pg_authid
+	PoolMode         string // session or transaction
+	PoolSize         int    // server connections of the pool
+	MaxDBConnections int    // cap of the entry's server connections
+	Disabled         bool   // suspended: DISABLE (clients are refused, the entry stays)
+}
+
+// Settings are the pooler-wide settings.
+type Settings struct {
+	ListenHost string
+	ListenPort int
+	// ServerHost and ServerPort locate the cluster's primary.
+	ServerHost string
+	ServerPort int
+	// MaxClientConn bounds the clients of every pool together.
+	MaxClientConn int
+	// ServerIdleTimeout closes a server connection idle this long, so that
+	// thousands of mostly idle tenants hold few backends.
+	ServerIdleTimeout time.Duration
+	// QueryWaitTimeout bounds how long a client waits for a server connection.
+	QueryWaitTimeout time.Duration
+	// AdminVerifier is the admin user's SCRAM verifier.
+	AdminVerifier string
+}
+
+var (
+	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
+	verifierRE = regexp.MustCompile(`^SCRAM-SHA-256\$[0-9]{1,7}:[A-Za-z0-9+/=]{1,100}\$[A-Za-z0-9+/=]{1,100}:[A-Za-z0-9+/=]{1,100}$`)
+	hostRE     = regexp.MustCompile(`^[A-Za-z0-9.:_-]{1,253}$`)
+)
+
+// ValidVerifier reports whether v is a SCRAM-SHA-256 verifier. Anything
+// else (an md5 hash a tenant set on its own role, nothing at all) is never
+// written to the auth file: the tenant cannot log in through the pooler
+// until its password is rotated.
+func ValidVerifier(v string) bool { return verifierRE.MatchString(v) }
+
+// validEntry checks what reaches the files: names and verifiers are
+// written unquoted, so anything but the expected shapes is refused.
+func validEntry(e Entry) error {
+	switch {
+	case !nameRE.MatchString(e.Name):
+		return fmt.Errorf("entry name %q", e.Name)
+	case !nameRE.MatchString(e.Database):
+		return fmt.Errorf("entry %s: database %q", e.Name, e.Database)
+	case !ValidVerifier(e.Verifier):
+		return fmt.Errorf("entry %s: not a SCRAM-SHA-256 verifier", e.Name)
+	case e.PoolMode != ModeSession && e.PoolMode != ModeTransaction:
+		return fmt.Errorf("entry %s: pool mode %q", e.Name, e.PoolMode)
+	case e.PoolSize < 1 || e.MaxDBConnections < 1:
+		return fmt.Errorf("entry %s: pool_size and max_db_connections must be at least 1", e.Name)
+	}
+	return nil
+}
+
+// Files are the pooler's three files, rendered.
+type Files struct {
+	Config, Auth, HBA []byte
+}
+
+// Render writes the files for dir: entries sorted by name, so that the same
+// entries give the same bytes (a sync whose files did not change reloads
+// nothing). An invalid entry is an error: callers filter first.
+func Render(dir string, s Settings, entries []Entry) (Files, error) {
+	if !hostRE.MatchString(s.ListenHost) || !hostRE.MatchString(s.ServerHost) {
+		return Files{}, fmt.Errorf("pooler: bad listen or server host")
+	}
+	if !ValidVerifier(s.AdminVerifier) {
+		return Files{}, fmt.Errorf("pooler: the admin verifier is not SCRAM-SHA-256")
+	}
+	es := append([]Entry(nil), entries...)
+	sort.Slice(es, func(i, j int) bool { return es[i].Name < es[j].Name })
+	var conf, auth, hba bytes.Buffer
+	conf.WriteString(";; Written by pgtenant from its catalog; rewritten on every change. Do not edit.\n[databases]\n")
+	fmt.Fprintf(&auth, "%q %q\n", AdminUser, s.AdminVerifier)
+	// The admin console from loopback only; each tenant to its own entry
+	// only. Nothing else matches: another tenant's entry, the console or an
+	// unknown name is "login rejected".
+	fmt.Fprintf(&hba, "host pgbouncer %s 127.0.0.1/32 scram-sha-256\nhost pgbouncer %s ::1/128 scram-sha-256\n", AdminUser, AdminUser)
+	for _, e := range es {
+		if err := validEntry(e); err != nil {
+			return Files{}, fmt.Errorf("pooler: %w", err)
+		}
+		// No user= and no password=: the server login is the client's own,
+		// with the SCRAM keys of its authentication.
+		fmt.Fprintf(&conf, "%s = host=%s port=%d dbname=%s pool_mode=%s pool_size=%d max_db_connections=%d min_pool_size=0 reserve_pool=0\n",
+			e.Name, s.ServerHost, s.ServerPort, e.Database, e.PoolMode, e.PoolSize, e.MaxDBConnections)
+		fmt.Fprintf(&auth, "%q %q\n", e.Name, e.Verifier)
+		fmt.Fprintf(&hba, "host %s %s 0.0.0.0/0 scram-sha-256\nhost %s %s ::/0 scram-sha-256\n", e.Name, e.Name, e.Name, e.Name)
+	}
+	secs := func(d time.Duration) string { return strconv.Itoa(max(int(d.Seconds()), 1)) }
+	settings := [][2]string{
+		{"listen_addr", s.ListenHost},
+		{"listen_port", strconv.Itoa(s.ListenPort)},
+		{"unix_socket_dir", ""}, // TCP only: no clash over /tmp or /var/run/postgresql
+		{"auth_type", "hba"},
+		{"auth_hba_file", dir + "/" + hbaFile},
+		{"auth_file", dir + "/" + authFile},
+		{"admin_users", AdminUser},
+		{"pidfile", dir + "/" + pidFile},
+		{"logfile", dir + "/" + logFile},
+		{"pool_mode", ModeSession},
+		{"default_pool_size", "1"},
+		{"min_pool_size", "0"},
+		{"reserve_pool_size", "0"},
+		{"max_client_conn", strconv.Itoa(s.MaxClientConn)},
+		{"server_idle_timeout", secs(s.ServerIdleTimeout)},
+		{"server_lifetime", "3600"},
+		// A server login that failed (a tenant suspended at that moment)
+		// is retried soon, not after the default 15 s.
+		{"server_login_retry", "1"},
+		{"query_wait_timeout", secs(s.QueryWaitTimeout)},
+		{"client_login_timeout", "60"},
+		// JDBC sends it; nothing else a client sends at startup (options,
+		// search_path) is accepted: a tenant's session settings come from
+		// its role.
+		{"ignore_startup_parameters", "extra_float_digits"},
+		{"server_reset_query", "DISCARD ALL"},
+		{"log_connections", "0"},
+		{"log_disconnections", "0"},
+		{"log_pooler_errors", "1"},
+		{"stats_period", "60"},
+	}
+	conf.WriteString("\n[pgbouncer]\n")
+	for _, kv := range settings {
+		fmt.Fprintf(&conf, "%s = %s\n", kv[0], kv[1])
+	}
+	return Files{Config: conf.Bytes(), Auth: auth.Bytes(), HBA: hba.Bytes()}, nil
+}
+
+// File names in the pooler's directory.
+const (
+	configFile = "pgbouncer.ini"
+	authFile   = "users.txt"
+	hbaFile    = "hba.conf"
+	pidFile    = "pgbouncer.pid"
+	logFile    = "pgbouncer.log"
+	adminFile  = "admin.password"
+	stateFile  = "pooler.json"
+)
+
+// EntryNames lists the names in a rendered config's [databases] section
+// (for tests and doctor).
+func EntryNames(conf []byte) []string {
+	var out []string
+	in := false
+	for _, line := range strings.Split(string(conf), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "["):
+			in = line == "[databases]"
+		case in && line != "" && !strings.HasPrefix(line, ";"):
+			if name, _, ok := strings.Cut(line, " = "); ok {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,243 @@
+package pooler
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Set is the poolers of a daemon, by cluster. A nil Set, or a cluster
+// without a pooler, answers as "no pooler": tenants connect directly.
+type Set struct {
+	mu     sync.RWMutex
+	fronts map[string]*Front
+	// SyncTimeout bounds how long a lifecycle change waits for its sync.
+	SyncTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// NewSet holds fronts.
+func NewSet(log *slog.Logger, fronts ...*Front) *Set {
+	s := &Set{fronts: map[string]*Front{}, SyncTimeout: 10 * time.Second, Logger: log}
+	for _, f := range fronts {
+		s.fronts[f.Cluster] = f
+	}
+	if s.Logger == nil {
+		s.Logger = slog.New(slog.DiscardHandler)
+	}
+	return s
+}
+
+// Get returns the cluster's pooler, nil without one.
+func (s *Set) Get(clusterName string) *Front {
+	if s == nil {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.fronts[clusterName]
+}
+
+// All returns the poolers by cluster name.
+func (s *Set) All() []*Front {
+	if s == nil {
+		return nil
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*Front, 0, len(s.fronts))
+	for _, f := range s.fronts {
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Cluster < out[j].Cluster })
+	return out
+}
+
+// Sync brings the cluster's pooler to the catalog's state and waits for it
+// (at most SyncTimeout): called after each lifecycle change, once its
+// catalog transaction committed. A pooler that cannot be synced is logged,
+// not an error of the change: the server has the change already (a locked
+// out role, a new password), and the next sync brings the pooler along.
+func (s *Set) Sync(ctx context.Context, clusterName, why string) {
+	f := s.Get(clusterName)
+	if f == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.SyncTimeout)
+	defer cancel()
+	if err := f.Sync(ctx); err != nil {
+		s.Logger.Warn("the pooler did not take a change yet; its next sync will", "component", "pooler", "cluster", clusterName, "change", why, "err", err)
+	}
+}
+
+// Poke asks the cluster's pooler for a sync without waiting.
+func (s *Set) Poke(clusterName string) {
+	if f := s.Get(clusterName); f != nil {
+		f.Poke()
+	}
+}
+
+// Run runs every pooler until ctx is done.
+func (s *Set) Run(ctx context.Context) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, f := range s.All() {
+		g.Go(func() error { return f.Run(gctx) })
+	}
+	return g.Wait()
+}
+
+// DSNs returns the DSN a tenant uses (the pooler's, whose database is the
+// tenant's entry, when its cluster has one) and the direct DSN to the
+// primary. password may be empty.
+func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn, direct string) {
+	role := tenant.PhysicalName(t.ID)
+	direct = cl.TenantDSN(t.Database, role, password)
+	f := s.Get(cl.Name())
+	if f == nil {
+		return direct, direct
+	}
+	u := url.URL{Scheme: "postgres", Host: f.PublicAddr(), Path: "/" + role, RawQuery: "sslmode=disable"}
+	if password != "" {
+		u.User = url.UserPassword(role, password)
+	} else {
+		u.User = url.User(role)
+	}
+	return u.String(), direct
+}
+
+// CatalogSource makes the entries of a cluster's pooler from the catalog
+// (active tenants; suspended ones disabled) and the verifiers of their roles
+// in pg_authid, which the cluster's admin (a superuser) reads.
+type CatalogSource struct {
+	Store    *catalog.Store
+	Clusters *cluster.Registry
+	Config   config.Config
+	Logger   *slog.Logger
+}
+
+// For returns the Source of one cluster.
+func (c CatalogSource) For(clusterName string) Source {
+	var mu sync.Mutex // a sync and a reconcile's Compare may read at once
+	warned := map[string]string{}
+	return func(ctx context.Context) ([]Entry, map[string]string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		var ts []catalog.Tenant
+		for _, state := range []string{catalog.StateActive, catalog.StateSuspended} {
+			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Cluster: clusterName, Limit: 100000})
+			if err != nil {
+				return nil, nil, err
+			}
+			ts = append(ts, part...)
+		}
+		cl, err := c.Clusters.Get(clusterName)
+		if err != nil {
+			return nil, nil, err
+		}
+		roles := make([]string, len(ts))
+		for i, t := range ts {
+			roles[i] = tenant.PhysicalName(t.ID)
+		}
+		verifiers, err := Verifiers(ctx, cl, roles)
+		if err != nil {
+			return nil, nil, err
+		}
+		entries := make([]Entry, 0, len(ts))
+		skipped := map[string]string{}
+		for _, t := range ts {
+			role := tenant.PhysicalName(t.ID)
+			v := verifiers[role]
+			if !ValidVerifier(v) {
+				why := "its role has no SCRAM-SHA-256 password (changed by the tenant itself?): rotate it with `pgtenant tenant password " + t.ID + "`"
+				if v == "" {
+					why = "its role has no password or is missing on the cluster"
+				}
+				skipped[role] = why
+				if warned[role] != why {
+					c.Logger.Warn("tenant left out of the pooler", "component", "pooler", "cluster", clusterName, "tenant", t.ID, "why", why)
+				}
+				continue
+			}
+			tier, ok := c.Config.Tiers[t.Tier]
+			if !ok {
+				tier = c.Config.Tiers["default"]
+			}
+			mode, size, maxDB := tier.Pooling()
+			entries = append(entries, Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
+				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended})
+		}
+		clear(warned)
+		for k, v := range skipped {
+			warned[k] = v
+		}
+		return entries, skipped, nil
+	}
+}
+
+// Verifiers reads the stored passwords of roles from pg_authid
+// (superuser-only), by role name.
+func Verifiers(ctx context.Context, cl *cluster.Cluster, roles []string) (map[string]string, error) {
+	out := make(map[string]string, len(roles))
+	if len(roles) == 0 {
+		return out, nil
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := admin.Query(ctx, `SELECT rolname::text, coalesce(rolpassword, '') FROM pg_catalog.pg_authid WHERE rolname = ANY($1::text[])`, roles)
+	if err != nil {
+		return nil, fmt.Errorf("read tenants' verifiers on cluster %s (the pooler needs the cluster's admin to be a superuser): %w", cl.Name(), cluster.Classify(err))
+	}
+	type kv struct{ k, v string }
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (kv, error) {
+		var x kv
+		return x, r.Scan(&x.k, &x.v)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read tenants' verifiers on cluster %s: %w", cl.Name(), cluster.Classify(err))
+	}
+	for _, x := range got {
+		out[x.k] = x.v
+	}
+	return out, nil
+}
+
+// NewFront builds the Front of a cluster from its pooler block.
+func NewFront(cl *cluster.Cluster, pc config.PoolerConfig, src Source, stopOnExit bool, log *slog.Logger) (*Front, error) {
+	proc, err := NewProcess(pc.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("pooler of cluster %s: %w", cl.Name(), err)
+	}
+	host, portText, err := splitHostPort(pc.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("pooler of cluster %s: listen: %w", cl.Name(), err)
+	}
+	port, _ := strconv.Atoi(portText)
+	serverHost, serverPort := cl.Host(), int(cl.Port())
+	if pc.Server != "" {
+		h, p, err := splitHostPort(pc.Server)
+		if err != nil {
+			return nil, fmt.Errorf("pooler of cluster %s: server: %w", cl.Name(), err)
+		}
+		serverHost = h
+		serverPort, _ = strconv.Atoi(p)
+	}
+	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host,
+		Settings: Settings{ListenHost: host, ListenPort: port, ServerHost: serverHost, ServerPort: serverPort,
+			MaxClientConn: pc.MaxClientConn, ServerIdleTimeout: pc.ServerIdleTimeout.D(), QueryWaitTimeout: pc.QueryWaitTimeout.D()},
+		Coalesce: pc.Coalesce.D(), SyncInterval: pc.SyncInterval.D(), StopOnExit: stopOnExit, Logger: log}, nil
+}
