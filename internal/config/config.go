@@ -123,8 +123,14 @@ type ClusterConfig struct {
 type PacerConfig struct {
 	// MaxReplayLag: heavy steps wait while any standby lags more than this.
 	MaxReplayLag ByteSize `yaml:"max_replay_lag"`
-	// HeavyDDLSlots: heavy DDL steps (CREATE/DROP DATABASE, batches) in flight per cluster.
+	// HeavyDDLSlots: steps that force a checkpoint (CREATE DATABASE …
+	// FILE_COPY, DROP DATABASE) in flight per cluster.
 	HeavyDDLSlots int `yaml:"heavy_ddl_slots"`
+	// WALLogSlots: CREATE DATABASE … STRATEGY WAL_LOG copies in flight per
+	// cluster. They force no checkpoint; what bounds them is the WAL they
+	// send the standbys, so besides this limit they run only while the WAL
+	// of those in flight fits MaxReplayLag.
+	WALLogSlots int `yaml:"wal_log_slots"`
 	// WaitForCheckpoint: wait while a forced checkpoint is running before a
 	// step that forces another (never for a timed one, which the forced
 	// request would speed up anyway).
@@ -279,6 +285,7 @@ func Default() Config {
 		Pacer: PacerConfig{
 			MaxReplayLag:      64 << 20,
 			HeavyDDLSlots:     1,
+			WALLogSlots:       4,
 			WaitForCheckpoint: true,
 			MaxCheckpointWait: Duration(30 * time.Second),
 			StandbyDown:       "proceed",
@@ -559,8 +566,10 @@ func (p PacerConfig) validate() *fieldError {
 	switch {
 	case p.MaxReplayLag <= 0:
 		return &fieldError{"max_replay_lag", "must be positive, e.g. 64MB"}
-	case p.HeavyDDLSlots < 1:
-		return &fieldError{"heavy_ddl_slots", "must be at least 1"}
+	case p.HeavyDDLSlots < 1 || p.HeavyDDLSlots > 16:
+		return &fieldError{"heavy_ddl_slots", "must be between 1 and 16"}
+	case p.WALLogSlots < 1 || p.WALLogSlots > 16:
+		return &fieldError{"wal_log_slots", "must be between 1 and 16"}
 	case p.StandbyDown != "proceed" && p.StandbyDown != "wait":
 		return &fieldError{"standby_down", fmt.Sprintf("must be proceed or wait, not %q", p.StandbyDown)}
 	case p.PollInterval.D() <= 0:

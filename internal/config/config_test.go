@@ -26,6 +26,9 @@ func TestParse_Defaults(t *testing.T) {
 	if got, want := cfg.Credentials.RetryWindow.D(), 24*time.Hour; got != want || cfg.Credentials.KeyFile != "" {
 		t.Errorf("credentials = %v, %q; want retry_window %v and key_file next to the token file", got, cfg.Credentials.KeyFile, want)
 	}
+	if p := cfg.Pacer; p.HeavyDDLSlots != 1 || p.WALLogSlots != 4 {
+		t.Errorf("pacer slots = heavy %d, wal_log %d; want 1 and 4", p.HeavyDDLSlots, p.WALLogSlots)
+	}
 	if cfg.TLSCertFile != "" || cfg.MetricsListen != "" || cfg.MetricsAuth {
 		t.Errorf("defaults: tls_cert_file %q, metrics_listen %q, metrics_auth %v; want plain HTTP with open /metrics on listen",
 			cfg.TLSCertFile, cfg.MetricsListen, cfg.MetricsAuth)
@@ -79,6 +82,9 @@ func TestParse_Errors(t *testing.T) {
 		{"bad pool mode", "pools:\n  - {template: saas, mode: table, size: 1}\n", "pools[0].mode"},
 		{"unquoted DSN in a flow map", "clusters:\n  - {name: c1, dsn: postgres://a@h:5432/p?sslmode=require}\n", "quote values such as DSNs"},
 		{"zero workers", "jobs:\n  workers: 0\n", "jobs.workers"},
+		{"zero wal_log_slots", "pacer:\n  wal_log_slots: 0\n", "pacer.wal_log_slots"},
+		{"too many wal_log_slots", "clusters:\n  - name: c1\n    dsn: x\n    pacer: {wal_log_slots: 17}\n", "clusters[0].pacer.wal_log_slots"},
+		{"too many heavy_ddl_slots", "pacer:\n  heavy_ddl_slots: 17\n", "pacer.heavy_ddl_slots"},
 		{"cert without key", "tls_cert_file: /etc/pgtenant/cert.pem\n", "tls_key_file: required with tls_cert_file"},
 		{"key without cert", "tls_key_file: /etc/pgtenant/key.pem\n", "tls_cert_file: required with tls_key_file"},
 		{"metrics_listen not host:port", "metrics_listen: 9187\n", "metrics_listen"},

@@ -482,11 +482,25 @@ func (r *Run) SaveData(ctx context.Context, v any) error {
 // the function that gives the budget back. While it waits the job is shown
 // as waiting with the reason.
 func (r *Run) Pace(ctx context.Context, cluster string, kind Kind) (release func(), err error) {
+	return r.pace(ctx, func(report func(string)) (func(), error) {
+		return r.runner.pacer.Acquire(ctx, cluster, kind, report)
+	})
+}
+
+// PaceWALLog is Pace for a CREATE DATABASE … STRATEGY WAL_LOG that writes
+// about wal bytes of WAL (Pacer.AcquireWALLog).
+func (r *Run) PaceWALLog(ctx context.Context, cluster string, wal int64) (release func(), err error) {
+	return r.pace(ctx, func(report func(string)) (func(), error) {
+		return r.runner.pacer.AcquireWALLog(ctx, cluster, wal, report)
+	})
+}
+
+func (r *Run) pace(ctx context.Context, acquire func(report func(string)) (func(), error)) (release func(), err error) {
 	if r.runner.pacer == nil {
 		return func() {}, nil
 	}
 	waiting := false
-	release, err = r.runner.pacer.Acquire(ctx, cluster, kind, func(reason string) {
+	release, err = acquire(func(reason string) {
 		waiting = true
 		r.setState(ctx, Waiting, "waiting: "+reason)
 	})
