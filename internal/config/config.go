@@ -199,6 +199,25 @@ type ProvisionConfig struct {
 	ColdWait Duration `yaml:"cold_wait"`
 	// PoolInterval is how often pools are checked (they are also refilled after each claim).
 	PoolInterval Duration `yaml:"pool_interval"`
+	// MaxPoolSize is how far a pool grows with demand: its target is its
+	// recent creates × PoolDemandFactor, at least its configured size and at
+	// most this. A pool configured at or above it, or at 0, does not grow;
+	// 0 turns growth off (README, "Spare pools").
+	MaxPoolSize int `yaml:"max_pool_size"`
+	// PoolDemandWindow: a pool's recent creates (pool claims and cold
+	// creates; a retry makes no tenant) are those within this window
+	// before its latest create.
+	PoolDemandWindow Duration `yaml:"pool_demand_window"`
+	// PoolDemandFactor multiplies those creates into a target size.
+	PoolDemandFactor float64 `yaml:"pool_demand_factor"`
+	// PoolIdleAfter: a pool with no create for this long is idle, and its
+	// spares above the configured size are retired, one purge at a time.
+	PoolIdleAfter Duration `yaml:"pool_idle_after"`
+	// RefillParallel is how many spare builds a pool below its target has
+	// in flight, within the pacer's slots for its copies (database mode:
+	// pacer.wal_log_slots or heavy_ddl_slots); the next ones are enqueued
+	// as those end.
+	RefillParallel int `yaml:"refill_parallel"`
 	// ReservedConnections are a cluster's connections kept out of tenants'
 	// share for pgtenant's own sessions (admin pools, the catalog when it
 	// lives on the cluster, prewarm, metrics), on top of the server's
@@ -304,6 +323,8 @@ func Default() Config {
 		},
 		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
 			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second),
+			MaxPoolSize: 50, PoolDemandWindow: Duration(time.Minute), PoolDemandFactor: 1,
+			PoolIdleAfter: Duration(10 * time.Minute), RefillParallel: 4,
 			ReservedConnections: 20, ConnectionOvercommit: 1},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
@@ -499,6 +520,21 @@ func (c Config) Validate() error {
 	}
 	if c.Provision.DefaultPoolSize < 0 {
 		bad("provision.default_pool_size", "must be 0 or more")
+	}
+	if c.Provision.MaxPoolSize < 0 || c.Provision.MaxPoolSize > 1000 {
+		bad("provision.max_pool_size", "must be between 0 (pools do not grow with demand) and 1000")
+	}
+	if c.Provision.PoolDemandWindow.D() < time.Second {
+		bad("provision.pool_demand_window", "must be at least 1s")
+	}
+	if c.Provision.PoolDemandFactor <= 0 || c.Provision.PoolDemandFactor > 100 {
+		bad("provision.pool_demand_factor", "must be above 0 and at most 100")
+	}
+	if c.Provision.PoolIdleAfter.D() < c.Provision.PoolDemandWindow.D() {
+		bad("provision.pool_idle_after", "must be at least provision.pool_demand_window (%s)", c.Provision.PoolDemandWindow)
+	}
+	if c.Provision.RefillParallel < 1 || c.Provision.RefillParallel > 100 {
+		bad("provision.refill_parallel", "must be between 1 and 100")
 	}
 	if c.Provision.DefaultMode != "database" && c.Provision.DefaultMode != "schema" {
 		bad("provision.default_mode", "must be database or schema")

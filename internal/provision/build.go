@@ -315,7 +315,11 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 
 func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
 	if b.a.Activate == nil {
-		return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding)
+		if err := b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding); err != nil {
+			return err
+		}
+		b.s.Pool.Poke() // a build slot of the pool is free: the next one can start
+		return nil
 	}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
