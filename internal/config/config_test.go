@@ -150,7 +150,7 @@ func TestParse_READMEExample(t *testing.T) {
 	if len(cfg.Clusters) != 1 || len(cfg.Clusters[0].Standbys) != 1 || !strings.HasSuffix(cfg.Clusters[0].Standbys[0], "?sslmode=require") {
 		t.Errorf("README example's cluster = %+v, want one standby DSN with ?sslmode=require", cfg.Clusters)
 	}
-	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || !p.WaitForCheckpoint {
+	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || p.WALLogSlots != 4 || !p.WaitForCheckpoint {
 		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)
 	}
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
@@ -158,6 +158,10 @@ func TestParse_READMEExample(t *testing.T) {
 	}
 	if cfg.Credentials.RetryWindow.D() != 24*time.Hour || cfg.Credentials.KeyFile == "" {
 		t.Errorf("README example: credentials %+v, want retry_window 24h and a key_file", cfg.Credentials)
+	}
+	if p := cfg.Provision; p.MaxPoolSize != 50 || p.PoolDemandWindow.D() != time.Minute || p.PoolDemandFactor != 1 ||
+		p.PoolIdleAfter.D() != 10*time.Minute || p.RefillParallel != 4 {
+		t.Errorf("README example's provision = %+v, want the demand-following defaults", p)
 	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
