@@ -90,11 +90,17 @@ type BurstRow struct {
 	// builds that ran during the burst.
 	ColdBuilds  BuildJobs `json:"cold_builds"`
 	SpareBuilds int       `json:"spare_builds_during_burst"`
-	// Probe is the probe creates served from their pool; ProbeMissed those
-	// that failed or did not find a spare.
+	// Probe is the probe creates served from their pool during the burst,
+	// ProbeIdle the same just before it; ProbeMissed counts those that
+	// failed or did not find a spare.
 	Probe       BurstPath `json:"probe"`
+	ProbeIdle   BurstPath `json:"probe_idle"`
 	ProbeMissed int       `json:"probe_missed"`
 }
+
+// idleProbes are the probe creates sent one at a time before each burst:
+// what a pool create costs on the same fleet when nothing else runs.
+const idleProbes = 10
 
 // BuildJobs summarises build jobs.
 type BuildJobs struct {
@@ -199,11 +205,11 @@ func (e *Env) Burst(ctx context.Context, o BurstOptions) (BurstResult, Table, er
 	}
 	for i, v := range variants {
 		rng := rand.New(rand.NewPCG(o.Seed, o.Seed^uint64(i+1)))
-		row, err := e.burstVariant(ctx, fc, meter, o, v.key, v.name, v.pool, rng)
+		rows, err := e.burstVariant(ctx, fc, meter, o, v.key, v.name, v.pool, i == 0, rng)
+		res.Rows = append(res.Rows, rows...)
 		if err != nil {
 			return res, Table{}, fmt.Errorf("%s: %w", v.name, err)
 		}
-		res.Rows = append(res.Rows, row)
 	}
 	return res, burstTable(res), nil
 }
@@ -226,59 +232,100 @@ func burstConfig(fc *fleet.Cluster, dir, catalogDB, template string, pool int, p
 	return cfg
 }
 
+// burstVariant starts a daemon with the variant's configuration on a
+// catalog of its own, fills its pools and runs the burst; with again, it
+// waits until the pools have grown after it and runs a second burst.
 func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter, o BurstOptions, key, name string, pool int,
-	rng *rand.Rand) (BurstRow, error) {
-	row := BurstRow{Variant: name, PoolSize: pool, Requests: o.Creates, Paths: map[string]BurstPath{}}
-	catalogDB, template, probe := "pgtenant_burst_"+key, "saas_"+key, "probe_"+key
+	again bool, rng *rand.Rand) ([]BurstRow, error) {
+	v := burstSetup{name: name, prefix: "burst-" + key, catalogDB: "pgtenant_burst_" + key, template: "saas_" + key,
+		probe: "probe_" + key, pool: pool}
 	dir := filepath.Join(e.Dir, "burst", key)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return row, err
+		return nil, err
 	}
-	cfg := burstConfig(fc, dir, catalogDB, template, pool, probe, o.Probes)
-	row.MaxPool = max(pool, cfg.Provision.MaxPoolSize)
+	cfg := burstConfig(fc, dir, v.catalogDB, v.template, pool, v.probe, o.Probes+idleProbes)
+	v.maxPool = max(pool, cfg.Provision.MaxPoolSize)
 	d, err := e.startDaemonInProcess(ctx, fc, cfg)
 	if err != nil {
-		return row, err
+		return nil, err
 	}
 	defer d.Stop()
-	e.logf("burst: %s: materialising template %s and filling its pools (%d spares per mode)", name, template, pool)
-	for _, tp := range []string{template, probe} {
+	e.logf("burst: %s: materialising template %s and filling its pools (%d spares per mode)", name, v.template, pool)
+	for _, tp := range []string{v.template, v.probe} {
 		if err := d.createTemplate(ctx, tp, examples.Saas()); err != nil {
-			return row, err
+			return nil, err
 		}
 	}
 	for _, mode := range []string{provision.ModeDatabase, provision.ModeSchema} {
-		if err := waitPool(ctx, d, template, mode, pool); err != nil {
-			return row, err
+		if err := waitPool(ctx, d, v.template, mode, pool); err != nil {
+			return nil, err
 		}
 	}
-	if err := waitPool(ctx, d, probe, provision.ModeDatabase, o.Probes); err != nil {
+	row, err := e.burstRun(ctx, meter, d, o, v, rng)
+	if err != nil || !again {
+		return []BurstRow{row}, err
+	}
+	// The pools grew with the burst's creates: the next burst meets them.
+	const regrow = 5 * time.Minute
+	e.logf("burst: %s: waiting (at most %s) until its pools have grown to %d spares per mode", name, regrow, v.maxPool)
+	wctx, cancel := context.WithTimeout(ctx, regrow)
+	for _, mode := range []string{provision.ModeDatabase, provision.ModeSchema} {
+		if err := waitPool(wctx, d, v.template, mode, v.maxPool); err != nil && ctx.Err() == nil {
+			e.logf("burst: %s: the %s pool did not reach %d within %s (%v)", name, mode, v.maxPool, regrow, err)
+		}
+	}
+	cancel()
+	v.name, v.prefix = name+", 2nd burst", v.prefix+"-2nd"
+	again2, err := e.burstRun(ctx, meter, d, o, v, rng)
+	return []BurstRow{row, again2}, err
+}
+
+// burstSetup is one daemon's burst: its catalog, templates and pools.
+type burstSetup struct {
+	name, prefix, catalogDB, template, probe string
+	pool, maxPool                            int
+}
+
+// burstRun runs one burst on a daemon whose pools are filled: idle probes,
+// then the burst with probes alongside, then the pools are watched.
+func (e *Env) burstRun(ctx context.Context, meter *Meter, d *benchDaemon, o BurstOptions, v burstSetup, rng *rand.Rand) (BurstRow, error) {
+	row := BurstRow{Variant: v.name, PoolSize: v.pool, MaxPool: v.maxPool, Requests: o.Creates, Paths: map[string]BurstPath{}}
+	if err := waitPool(ctx, d, v.probe, provision.ModeDatabase, o.Probes+idleProbes); err != nil {
 		return row, err
 	}
 	if err := d.waitIdle(ctx); err != nil {
 		return row, err
 	}
-	if err := meter.Settle(ctx, catalogDB); err != nil {
+	idle := probeCreates(ctx, d, v.probe, idleProbes, o.ProbeEvery, nil)
+	row.ProbeIdle, _ = probeStats(idle)
+	// The probe pool refills behind them before the burst starts.
+	if err := waitPool(ctx, d, v.probe, provision.ModeDatabase, o.Probes+idleProbes); err != nil {
+		return row, err
+	}
+	if err := d.waitIdle(ctx); err != nil {
+		return row, err
+	}
+	if err := meter.Settle(ctx, v.catalogDB); err != nil {
 		return row, err
 	}
 
-	plan := burstPlan(o.Creates, o.RetryShare, o.SchemaShare, "burst-"+key, rng)
+	plan := burstPlan(o.Creates, o.RetryShare, o.SchemaShare, v.prefix, rng)
 	for _, r := range plan {
 		if r.retry {
 			row.Retries++
 		}
 	}
-	e.logf("burst: %s: %d creates at once (%d new external ids, %d retries sent after %s)", name, len(plan),
+	e.logf("burst: %s: %d creates at once (%d new external ids, %d retries sent after %s)", v.name, len(plan),
 		len(plan)-row.Retries, row.Retries, o.RetryAfter)
 	x, err := meter.Start(ctx)
 	if err != nil {
 		return row, err
 	}
 	start := time.Now()
-	sampler := samplePool(ctx, d.catalog, template, start, o.Sample)
+	sampler := samplePool(ctx, d.catalog, v.template, start, o.Sample)
 	burstDone := make(chan struct{})
 	probed := make(chan []burstAnswer, 1)
-	go func() { probed <- probeCreates(ctx, d, probe, o.Probes, o.ProbeEvery, burstDone) }()
+	go func() { probed <- probeCreates(ctx, d, v.probe, o.Probes, o.ProbeEvery, burstDone) }()
 	answers := make([]burstAnswer, len(plan))
 	var wg sync.WaitGroup
 	for i, r := range plan {
@@ -291,21 +338,13 @@ func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter,
 				case <-time.After(time.Until(start.Add(o.RetryAfter))):
 				}
 			}
-			answers[i] = burstCreate(ctx, d, template, r)
+			answers[i] = burstCreate(ctx, d, v.template, r)
 		}()
 	}
 	wg.Wait()
 	row.Wall = time.Since(start)
 	close(burstDone)
-	var probeLat []time.Duration
-	for _, a := range <-probed {
-		if a.err != nil || a.path != pathPool {
-			row.ProbeMissed++
-			continue
-		}
-		probeLat = append(probeLat, a.latency)
-	}
-	row.Probe = BurstPath{N: len(probeLat), P50: percentile(probeLat, 50), P95: percentile(probeLat, 95), P99: percentile(probeLat, 99)}
+	row.Probe, row.ProbeMissed = probeStats(<-probed)
 	row.PoolAtEnd = sampler.now(ctx)
 	cost, err := x.Stop(ctx)
 	if err != nil {
@@ -313,7 +352,7 @@ func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter,
 		return row, err
 	}
 	row.Cost = cost
-	e.logf("burst: %s: %d answers in %s; watching the pools for %s", name, len(answers), row.Wall.Round(time.Millisecond), o.Observe)
+	e.logf("burst: %s: %d answers in %s; watching the pools for %s", v.name, len(answers), row.Wall.Round(time.Millisecond), o.Observe)
 	select {
 	case <-ctx.Done():
 	case <-time.After(time.Until(start.Add(row.Wall + o.Observe))):
@@ -334,7 +373,7 @@ func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter,
 	if row.Wall > 0 {
 		row.PerSec = float64(row.Answered) / row.Wall.Seconds()
 	}
-	wrong, tenants, err := checkBurst(ctx, fc, answers)
+	wrong, tenants, err := checkBurst(ctx, answers)
 	if err != nil {
 		return row, err
 	}
@@ -342,19 +381,19 @@ func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter,
 	row.Correct = len(answers) - len(wrong)
 	row.Wrong = wrong[:min(len(wrong), 5)]
 	for _, w := range row.Wrong {
-		e.logf("burst: %s: wrong answer: %s", name, w)
+		e.logf("burst: %s: wrong answer: %s", v.name, w)
 	}
 	if err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM (SELECT external_id FROM tenants
-		WHERE external_id LIKE $1 GROUP BY external_id HAVING count(*) > 1) d`, "burst-"+key+"-%").Scan(&row.Duplicates); err != nil {
+		WHERE external_id LIKE $1 GROUP BY external_id HAVING count(*) > 1) d`, v.prefix+"-%").Scan(&row.Duplicates); err != nil {
 		return row, err
 	}
 	if row.ColdBuilds, row.SpareBuilds, err = burstBuilds(ctx, d, start, start.Add(row.Wall)); err != nil {
 		return row, err
 	}
-	e.logf("burst: %s: cold builds: %d, queued p50 %s (max %s), ran p50 %s, p95 %s; %d spare builds ran during the burst", name,
+	e.logf("burst: %s: cold builds: %d, queued p50 %s (max %s), ran p50 %s, p95 %s; %d spare builds ran during the burst", v.name,
 		row.ColdBuilds.N, ms(row.ColdBuilds.QueuedP50), ms(row.ColdBuilds.QueuedMax), ms(row.ColdBuilds.RunP50), ms(row.ColdBuilds.RunP95), row.SpareBuilds)
 	e.logf("burst: %s: %d/%d correct, %d tenants, %d duplicates, pool %d → %d ready spares, peak lag %s",
-		name, row.Correct, row.Requests, row.Tenants, row.Duplicates, row.PoolAtEnd.Ready(), lastReady(row.Pool), kb(row.Cost.PeakLagBytes))
+		v.name, row.Correct, row.Requests, row.Tenants, row.Duplicates, row.PoolAtEnd.Ready(), lastReady(row.Pool), kb(row.Cost.PeakLagBytes))
 	return row, nil
 }
 
@@ -415,8 +454,23 @@ func burstCreate(ctx context.Context, d *benchDaemon, template string, r burstRe
 	return a
 }
 
+// probeStats are the latencies of the probe creates served from their
+// pool, and how many were not.
+func probeStats(as []burstAnswer) (BurstPath, int) {
+	var lat []time.Duration
+	missed := 0
+	for _, a := range as {
+		if a.err != nil || a.path != pathPool {
+			missed++
+			continue
+		}
+		lat = append(lat, a.latency)
+	}
+	return BurstPath{N: len(lat), P50: percentile(lat, 50), P95: percentile(lat, 95), P99: percentile(lat, 99)}, missed
+}
+
 // probeCreates sends n pool creates of the probe template one at a time,
-// one every interval, until done is closed: what a sign-up that finds a
+// one every interval, until done is closed (never, if nil): what a sign-up that finds a
 // spare gets while the burst runs, without queueing behind the burst's own
 // claims.
 func probeCreates(ctx context.Context, d *benchDaemon, template string, n int, every time.Duration, done <-chan struct{}) []burstAnswer {
@@ -457,7 +511,7 @@ func pollJob(ctx context.Context, c *api.Client, id int64) (jobs.Job, error) {
 // the same password and DSN, and exactly one of them made it (not
 // existing); that tenant logs in with that DSN. It returns what was wrong
 // and the number of distinct tenants.
-func checkBurst(ctx context.Context, fc *fleet.Cluster, answers []burstAnswer) ([]string, int, error) {
+func checkBurst(ctx context.Context, answers []burstAnswer) ([]string, int, error) {
 	var wrong []string
 	bad := map[int]bool{}
 	fail := func(i int, format string, args ...any) {
@@ -627,7 +681,9 @@ func burstTable(r BurstResult) Table {
 			t.Rows = append(t.Rows, []string{"", p, fmt.Sprint(s.N), ms(s.P50), ms(s.P95), ms(s.P99), "", "", "", "", "", "", ""})
 		}
 		t.Rows = append(t.Rows, []string{"", pathProbe, fmt.Sprint(x.Probe.N), ms(x.Probe.P50), ms(x.Probe.P95), ms(x.Probe.P99),
-			"", "", "", "", "", "", ""})
+			"", "", "", "", "", "", ""},
+			[]string{"", "probe, before the burst", fmt.Sprint(x.ProbeIdle.N), ms(x.ProbeIdle.P50), ms(x.ProbeIdle.P95), ms(x.ProbeIdle.P99),
+				"", "", "", "", "", "", ""})
 		if x.ProbeMissed > 0 {
 			t.Notes = append(t.Notes, fmt.Sprintf("%s: %d probe creates failed or found no spare", x.Variant, x.ProbeMissed))
 		}
@@ -661,7 +717,8 @@ func burstTable(r BurstResult) Table {
 	}
 	t.Notes = append(t.Notes,
 		fmt.Sprintf("all new external ids are sent at once; the retries (the same create again, same external id and mode) %s later, as a client whose request timed out would.", o.RetryAfter),
-		fmt.Sprintf("probe: a template of its own (saas files, a database pool of %d) gets one create every %s from the burst's start until its end (at most %d): the latency of a sign-up that finds a spare while the burst runs, not queued behind the burst's own simultaneous claims.", o.Probes, o.ProbeEvery, o.Probes),
+		fmt.Sprintf("probe: a template of its own (saas files, a database pool of %d) gets one create every %s from the burst's start until its end (at most %d): the latency of a sign-up that finds a spare while the burst runs, not queued behind the burst's own simultaneous claims; probe, before the burst: %d such creates on the same daemon just before, with nothing else running.", o.Probes+idleProbes, o.ProbeEvery, o.Probes, idleProbes),
+		"default settings, 2nd burst: the same daemon and catalog once its pools have grown after the first burst (or after 5 minutes), a second burst of the same shape with new external ids.",
 		"latency: from a request to a usable tenant; an answer with a build job still running (202 after provision.cold_wait, or a retry of a tenant still being built) is followed until the job ends. path: pool (a spare claimed), cold (built for the request), retry (the answer of an earlier request with that external id: existing).",
 		"correct: no error, a tenant of the mode asked for with its password; every answer for an external id names the same tenant, password and DSN, exactly one says it made it, and that DSN logs in as the tenant. duplicates: external ids with more than one tenant row in the catalog.",
 		"each variant has its own catalog database and template (saas_<variant>), so they share no spares; the daemon runs in this process with the shipped defaults except pools (variant b), and admission, the reconciler, metrics and prewarm off as in every bench.",
