@@ -44,7 +44,7 @@ type Tenant struct {
 	Database   string     `json:"database"`
 	CreatedAt  time.Time  `json:"created_at"`
 	UpdatedAt  time.Time  `json:"updated_at"`
-	ClaimedAt  *time.Time `json:"claimed_at,omitempty"`
+	ClaimedAt  *time.Time `json:"claimed_at,omitempty"` // asked for: claimed from the pool, or a cold create's request; nil for spares
 	DroppedAt  *time.Time `json:"dropped_at,omitempty"`
 	PurgeAfter *time.Time `json:"purge_after,omitempty"`
 }
@@ -66,10 +66,12 @@ func nullIfEmpty(s string) *string {
 	return &s
 }
 
-// InsertTenant adds a tenant row. A duplicate external id is ErrConflict.
+// InsertTenant adds a tenant row. A duplicate external id is ErrConflict. A
+// tenant inserted provisioning (a cold create) is asked for now: its
+// claimed_at is set, as a pool claim sets it, so that pools count it as demand.
 func (s *Store) InsertTenant(ctx context.Context, q Querier, t Tenant) error {
-	_, err := q.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, tier, state, database)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+	_, err := q.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, tier, state, database, claimed_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, CASE WHEN $9 = 'provisioning' THEN now() END)`,
 		t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Mode, t.Cluster, t.Template, t.Version, t.Tier, t.State, t.Database)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -165,12 +167,66 @@ func (s *Store) DeleteTenant(ctx context.Context, q Querier, id string) error {
 	return err
 }
 
-// CountPool counts a pool's spares: ready and being built.
-func (s *Store) CountPool(ctx context.Context, q Querier, cluster, template string, version int, mode string) (ready, building int, err error) {
-	err = q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'spare'), count(*) FILTER (WHERE state = 'building')
-		FROM tenants WHERE cluster = $1 AND template = $2 AND version = $3 AND mode = $4 AND state IN ('spare', 'building')`,
-		cluster, template, version, mode).Scan(&ready, &building)
-	return ready, building, err
+// PoolCount is a pool's spares by state.
+type PoolCount struct {
+	Ready    int // spare
+	Building int // being built
+	Retiring int // never claimed, being purged (retired above the pool's size)
+}
+
+// CountPool counts a pool's spares: ready, being built, and being retired.
+func (s *Store) CountPool(ctx context.Context, q Querier, cluster, template string, version int, mode string) (PoolCount, error) {
+	var c PoolCount
+	err := q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'spare'), count(*) FILTER (WHERE state = 'building'),
+		count(*) FILTER (WHERE state = 'purging' AND claimed_at IS NULL)
+		FROM tenants WHERE cluster = $1 AND template = $2 AND version = $3 AND mode = $4 AND state IN ('spare', 'building', 'purging')`,
+		cluster, template, version, mode).Scan(&c.Ready, &c.Building, &c.Retiring)
+	return c, err
+}
+
+// PoolKey names a pool: its cluster, template and mode (of any version).
+type PoolKey struct {
+	Cluster, Template, Mode string
+}
+
+// PoolDemand is what a pool was asked for lately.
+type PoolDemand struct {
+	Recent int       // creates within the window that ends at the latest one
+	Last   time.Time // the latest create
+}
+
+// PoolDemands reads, in one query for every pool, the latest create (a
+// tenant claimed from the pool or created cold, by claimed_at) within
+// lookback, and the creates within window before it. Counting back from the
+// latest create rather than from now keeps a burst's size while its cold
+// builds are still being served (a pool cannot grow until they are) and
+// until the pool goes idle. A pool with no create within lookback is absent.
+func (s *Store) PoolDemands(ctx context.Context, window, lookback time.Duration) (map[PoolKey]PoolDemand, error) {
+	rows, err := s.pool.Query(ctx, `SELECT cluster, template, mode,
+		count(*) FILTER (WHERE claimed_at > last - make_interval(secs => $1)), last
+		FROM (SELECT cluster, template, mode, claimed_at, max(claimed_at) OVER (PARTITION BY cluster, template, mode) AS last
+		      FROM tenants WHERE claimed_at > now() - make_interval(secs => $2)) recent
+		GROUP BY cluster, template, mode, last`, window.Seconds(), max(window, lookback).Seconds())
+	if err != nil {
+		return nil, err
+	}
+	out := map[PoolKey]PoolDemand{}
+	var k PoolKey
+	var d PoolDemand
+	_, err = pgx.ForEachRow(rows, []any{&k.Cluster, &k.Template, &k.Mode, &d.Recent, &d.Last}, func() error {
+		out[k] = d
+		return nil
+	})
+	return out, err
+}
+
+// NewestSpare returns a pool's most recently built ready spare, or
+// ErrNotFound.
+func (s *Store) NewestSpare(ctx context.Context, cluster, template string, version int, mode string) (Tenant, error) {
+	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants
+		WHERE state = 'spare' AND cluster = $1 AND template = $2 AND version = $3 AND mode = $4
+		ORDER BY created_at DESC LIMIT 1`, cluster, template, version, mode))
+	return t, notFound(err, "spare")
 }
 
 // StaleSpares lists ready spares of versions older than the template's

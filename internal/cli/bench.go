@@ -55,6 +55,7 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchMigrateCmd(g, env))
 	cmd.AddCommand(newBenchIdleIOCmd(g, env))
 	cmd.AddCommand(newBenchPoolerCmd(g, env))
+	cmd.AddCommand(newBenchBurstCmd(g, env))
 	return cmd
 }
 
@@ -93,6 +94,51 @@ target is not met.`,
 	c.Flags().IntVar(&opts.Busy, "busy", 20, "busy clients (pgbench and density)")
 	c.Flags().DurationVar(&opts.Duration, "duration", 15*time.Second, "each pgbench run and the density's busy phase")
 	c.Flags().IntVar(&opts.Burst, "burst", 200, "creates in the burst whose reloads are counted")
+	return c
+}
+
+func newBenchBurstCmd(g *globals, env *bench.Env) *cobra.Command {
+	opts := bench.BurstOptions{Sample: 250 * time.Millisecond}
+	c := &cobra.Command{
+		Use:   "burst",
+		Short: "Issue 13: a burst of concurrent creates (mixed modes, with retries) against the default settings and a pool of 50",
+		Long: `On one primary with a streaming standby, the same burst of --creates concurrent
+tenant creates through the API (both modes, --retries of them the same create again
+with an external id sent earlier in the burst) against (a) the shipped defaults and
+(b) pools of --big-pool spares per mode, each with its own catalog and template. For
+each: every answer checked (same tenant, password and DSN for an external id, one
+tenant per external id in the catalog, a login with the DSN), wall time, creates/s,
+p50/p95/p99 by path (pool, cold, retry), peak standby replay lag, and the pool's
+ready spares sampled every --sample during the burst and for --observe after it.
+Meanwhile --probes creates of a template with a pool of its own, one every
+--probe-every, measure what a sign-up that finds a spare gets during the burst.
+Exits non-zero if a target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			if opts.Seed == 0 {
+				opts.Seed = uint64(time.Now().UnixNano())
+			}
+			_, table, err := env.Burst(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.Creates, "creates", 200, "creates in the burst, all sent at once (the retries after --retry-after)")
+	c.Flags().Float64Var(&opts.RetryShare, "retries", 0.4, "share of the creates that retry an external id sent earlier in the burst")
+	c.Flags().Float64Var(&opts.SchemaShare, "schema-share", 0.5, "share of the new tenants in schema mode (the others: database mode)")
+	c.Flags().DurationVar(&opts.RetryAfter, "retry-after", time.Second, "the retries are sent this long after the burst starts")
+	c.Flags().IntVar(&opts.BigPool, "big-pool", 50, "pool size per mode of the second variant")
+	c.Flags().DurationVar(&opts.Observe, "observe", 30*time.Second, "how long the pools are watched after the burst")
+	c.Flags().DurationVar(&opts.Sample, "sample", 250*time.Millisecond, "pool size sampling period")
+	c.Flags().IntVar(&opts.Probes, "probes", 40, "pool creates of a template of their own sent one at a time during the burst (its pool holds as many)")
+	c.Flags().DurationVar(&opts.ProbeEvery, "probe-every", 250*time.Millisecond, "interval between two probe creates")
+	c.Flags().Uint64Var(&opts.Seed, "seed", 0, "random seed of the burst's order (default: from the clock)")
 	return c
 }
 

@@ -11,11 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Execer runs a statement: a pool, a connection or a transaction.
-type Execer interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
-
 // DDL helpers shared by the workflows. Names are quoted here; callers pass
 // validated physical names.
 
@@ -88,9 +83,14 @@ const (
 	FileCopy = "FILE_COPY" // copies files: tiny WAL, but a checkpoint before and after
 )
 
+// Execer runs a statement: a pool, a connection or a transaction.
+type Execer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
 // CreateDatabase runs CREATE DATABASE. An existing database is ErrDuplicate.
 // strategy "" leaves the server's default; on servers before 15 it is ignored.
-func CreateDatabase(ctx context.Context, q *pgxpool.Pool, name, template, owner, strategy string) error {
+func CreateDatabase(ctx context.Context, q Execer, name, template, owner, strategy string) error {
 	sql := "CREATE DATABASE " + Ident(name) + " TEMPLATE " + Ident(template)
 	if owner != "" {
 		sql += " OWNER " + Ident(owner)

@@ -169,8 +169,14 @@ func DefaultPooler() PoolerConfig {
 type PacerConfig struct {
 	// MaxReplayLag: heavy steps wait while any standby lags more than this.
 	MaxReplayLag ByteSize `yaml:"max_replay_lag"`
-	// HeavyDDLSlots: heavy DDL steps (CREATE/DROP DATABASE, batches) in flight per cluster.
+	// HeavyDDLSlots: steps that force a checkpoint (CREATE DATABASE …
+	// FILE_COPY, DROP DATABASE) in flight per cluster.
 	HeavyDDLSlots int `yaml:"heavy_ddl_slots"`
+	// WALLogSlots: CREATE DATABASE … STRATEGY WAL_LOG copies in flight per
+	// cluster. They force no checkpoint; what bounds them is the WAL they
+	// send the standbys, so besides this limit they run only while the WAL
+	// of those in flight fits MaxReplayLag.
+	WALLogSlots int `yaml:"wal_log_slots"`
 	// WaitForCheckpoint: wait while a forced checkpoint is running before a
 	// step that forces another (never for a timed one, which the forced
 	// request would speed up anyway).
@@ -274,6 +280,25 @@ type ProvisionConfig struct {
 	ColdWait Duration `yaml:"cold_wait"`
 	// PoolInterval is how often pools are checked (they are also refilled after each claim).
 	PoolInterval Duration `yaml:"pool_interval"`
+	// MaxPoolSize is how far a pool grows with demand: its target is its
+	// recent creates × PoolDemandFactor, at least its configured size and at
+	// most this. A pool configured at or above it, or at 0, does not grow;
+	// 0 turns growth off (README, "Spare pools").
+	MaxPoolSize int `yaml:"max_pool_size"`
+	// PoolDemandWindow: a pool's recent creates (pool claims and cold
+	// creates; a retry makes no tenant) are those within this window
+	// before its latest create.
+	PoolDemandWindow Duration `yaml:"pool_demand_window"`
+	// PoolDemandFactor multiplies those creates into a target size.
+	PoolDemandFactor float64 `yaml:"pool_demand_factor"`
+	// PoolIdleAfter: a pool with no create for this long is idle, and its
+	// spares above the configured size are retired, one purge at a time.
+	PoolIdleAfter Duration `yaml:"pool_idle_after"`
+	// RefillParallel is how many spare builds a pool below its target has
+	// in flight, within the pacer's slots for its copies (database mode:
+	// pacer.wal_log_slots or heavy_ddl_slots); the next ones are enqueued
+	// as those end.
+	RefillParallel int `yaml:"refill_parallel"`
 	// ReservedConnections are a cluster's connections kept out of tenants'
 	// share for pgtenant's own sessions (admin pools, the catalog when it
 	// lives on the cluster, prewarm, metrics), on top of the server's
@@ -360,6 +385,7 @@ func Default() Config {
 		Pacer: PacerConfig{
 			MaxReplayLag:      64 << 20,
 			HeavyDDLSlots:     1,
+			WALLogSlots:       4,
 			WaitForCheckpoint: true,
 			MaxCheckpointWait: Duration(30 * time.Second),
 			StandbyDown:       "proceed",
@@ -378,6 +404,8 @@ func Default() Config {
 		},
 		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
 			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second),
+			MaxPoolSize: 50, PoolDemandWindow: Duration(time.Minute), PoolDemandFactor: 1,
+			PoolIdleAfter: Duration(10 * time.Minute), RefillParallel: 4,
 			ReservedConnections: 20, ConnectionOvercommit: 1},
 		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
@@ -621,6 +649,21 @@ func (c Config) Validate() error {
 	if c.Provision.DefaultPoolSize < 0 {
 		bad("provision.default_pool_size", "must be 0 or more")
 	}
+	if c.Provision.MaxPoolSize < 0 || c.Provision.MaxPoolSize > 1000 {
+		bad("provision.max_pool_size", "must be between 0 (pools do not grow with demand) and 1000")
+	}
+	if c.Provision.PoolDemandWindow.D() < time.Second {
+		bad("provision.pool_demand_window", "must be at least 1s")
+	}
+	if c.Provision.PoolDemandFactor <= 0 || c.Provision.PoolDemandFactor > 100 {
+		bad("provision.pool_demand_factor", "must be above 0 and at most 100")
+	}
+	if c.Provision.PoolIdleAfter.D() < c.Provision.PoolDemandWindow.D() {
+		bad("provision.pool_idle_after", "must be at least provision.pool_demand_window (%s)", c.Provision.PoolDemandWindow)
+	}
+	if c.Provision.RefillParallel < 1 || c.Provision.RefillParallel > 100 {
+		bad("provision.refill_parallel", "must be between 1 and 100")
+	}
 	if c.Provision.DefaultMode != "database" && c.Provision.DefaultMode != "schema" {
 		bad("provision.default_mode", "must be database or schema")
 	}
@@ -718,8 +761,10 @@ func (p PacerConfig) validate() *fieldError {
 	switch {
 	case p.MaxReplayLag <= 0:
 		return &fieldError{"max_replay_lag", "must be positive, e.g. 64MB"}
-	case p.HeavyDDLSlots < 1:
-		return &fieldError{"heavy_ddl_slots", "must be at least 1"}
+	case p.HeavyDDLSlots < 1 || p.HeavyDDLSlots > 16:
+		return &fieldError{"heavy_ddl_slots", "must be between 1 and 16"}
+	case p.WALLogSlots < 1 || p.WALLogSlots > 16:
+		return &fieldError{"wal_log_slots", "must be between 1 and 16"}
 	case p.StandbyDown != "proceed" && p.StandbyDown != "wait":
 		return &fieldError{"standby_down", fmt.Sprintf("must be proceed or wait, not %q", p.StandbyDown)}
 	case p.PollInterval.D() <= 0:

@@ -27,6 +27,13 @@ func TestParse_Defaults(t *testing.T) {
 	if got, want := cfg.Credentials.RetryWindow.D(), 24*time.Hour; got != want || cfg.Credentials.KeyFile != "" {
 		t.Errorf("credentials = %v, %q; want retry_window %v and key_file next to the token file", got, cfg.Credentials.KeyFile, want)
 	}
+	if p := cfg.Pacer; p.HeavyDDLSlots != 1 || p.WALLogSlots != 4 {
+		t.Errorf("pacer slots = heavy %d, wal_log %d; want 1 and 4", p.HeavyDDLSlots, p.WALLogSlots)
+	}
+	if p := cfg.Provision; p.MaxPoolSize != 50 || p.PoolDemandWindow.D() != time.Minute || p.PoolDemandFactor != 1 ||
+		p.PoolIdleAfter.D() != 10*time.Minute || p.RefillParallel != 4 || p.DefaultPoolSize != 5 {
+		t.Errorf("provision pools = %+v, want size 5 growing to 50 with a minute's creates, idle after 10m, 4 builds in flight", p)
+	}
 	if cfg.TLSCertFile != "" || cfg.MetricsListen != "" || cfg.MetricsAuth {
 		t.Errorf("defaults: tls_cert_file %q, metrics_listen %q, metrics_auth %v; want plain HTTP with open /metrics on listen",
 			cfg.TLSCertFile, cfg.MetricsListen, cfg.MetricsAuth)
@@ -80,6 +87,14 @@ func TestParse_Errors(t *testing.T) {
 		{"bad pool mode", "pools:\n  - {template: saas, mode: table, size: 1}\n", "pools[0].mode"},
 		{"unquoted DSN in a flow map", "clusters:\n  - {name: c1, dsn: postgres://a@h:5432/p?sslmode=require}\n", "quote values such as DSNs"},
 		{"zero workers", "jobs:\n  workers: 0\n", "jobs.workers"},
+		{"zero wal_log_slots", "pacer:\n  wal_log_slots: 0\n", "pacer.wal_log_slots"},
+		{"too many wal_log_slots", "clusters:\n  - name: c1\n    dsn: x\n    pacer: {wal_log_slots: 17}\n", "clusters[0].pacer.wal_log_slots"},
+		{"too many heavy_ddl_slots", "pacer:\n  heavy_ddl_slots: 17\n", "pacer.heavy_ddl_slots"},
+		{"negative max_pool_size", "provision:\n  max_pool_size: -1\n", "provision.max_pool_size"},
+		{"zero demand factor", "provision:\n  pool_demand_factor: 0\n", "provision.pool_demand_factor"},
+		{"tiny demand window", "provision:\n  pool_demand_window: 10ms\n", "provision.pool_demand_window"},
+		{"idle before the window ends", "provision:\n  pool_demand_window: 5m\n  pool_idle_after: 1m\n", "provision.pool_idle_after"},
+		{"zero refill_parallel", "provision:\n  refill_parallel: 0\n", "provision.refill_parallel"},
 		{"cert without key", "tls_cert_file: /etc/pgtenant/cert.pem\n", "tls_key_file: required with tls_cert_file"},
 		{"key without cert", "tls_key_file: /etc/pgtenant/key.pem\n", "tls_cert_file: required with tls_key_file"},
 		{"metrics_listen not host:port", "metrics_listen: 9187\n", "metrics_listen"},
@@ -143,7 +158,7 @@ func TestParse_READMEExample(t *testing.T) {
 	if len(cfg.Clusters) != 1 || len(cfg.Clusters[0].Standbys) != 1 || !strings.HasSuffix(cfg.Clusters[0].Standbys[0], "?sslmode=require") {
 		t.Errorf("README example's cluster = %+v, want one standby DSN with ?sslmode=require", cfg.Clusters)
 	}
-	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || !p.WaitForCheckpoint {
+	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || p.WALLogSlots != 4 || !p.WaitForCheckpoint {
 		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)
 	}
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
@@ -151,6 +166,10 @@ func TestParse_READMEExample(t *testing.T) {
 	}
 	if cfg.Credentials.RetryWindow.D() != 24*time.Hour || cfg.Credentials.KeyFile == "" {
 		t.Errorf("README example: credentials %+v, want retry_window 24h and a key_file", cfg.Credentials)
+	}
+	if p := cfg.Provision; p.MaxPoolSize != 50 || p.PoolDemandWindow.D() != time.Minute || p.PoolDemandFactor != 1 ||
+		p.PoolIdleAfter.D() != 10*time.Minute || p.RefillParallel != 4 {
+		t.Errorf("README example's provision = %+v, want the demand-following defaults", p)
 	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
 		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)

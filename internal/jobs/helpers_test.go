@@ -32,7 +32,8 @@ func testCtx(t *testing.T) context.Context {
 //
 // test_exec has one row per execution of a step (or cleanup), written when
 // the step starts, so that a step run twice shows twice even if it never
-// completed. test_slot records when a step held a heavy DDL slot.
+// completed. test_slot records when a step held a heavy DDL slot (kind
+// heavy) or a WAL_LOG copy slot (kind wal_log).
 type harness struct {
 	db       string
 	pool     *pgxpool.Pool // the test's own view of the catalog
@@ -54,7 +55,8 @@ func newHarness(t *testing.T) *harness {
 	if _, err := store.Pool().Exec(ctx, `
 		CREATE TABLE test_exec (job_id bigint NOT NULL, step text NOT NULL, worker text NOT NULL,
 			at timestamptz NOT NULL DEFAULT clock_timestamp());
-		CREATE TABLE test_slot (job_id bigint NOT NULL, held_from timestamptz NOT NULL, held_until timestamptz NOT NULL)`); err != nil {
+		CREATE TABLE test_slot (job_id bigint NOT NULL, kind text NOT NULL DEFAULT 'heavy',
+			held_from timestamptz NOT NULL, held_until timestamptz NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, logger)
@@ -183,6 +185,14 @@ func (h *harness) enqueue(t *testing.T, s jobs.Spec) jobs.Job {
 		t.Fatal(err)
 	}
 	return j
+}
+
+// maxOverlap is the most holdings of a kind in test_slot at one moment.
+func (h *harness) maxOverlap(t *testing.T, kind string) int {
+	t.Helper()
+	return h.count(t, `SELECT coalesce(max(n), 0)::int FROM (
+		SELECT (SELECT count(*) FROM test_slot y WHERE y.kind = x.kind AND y.held_from <= x.held_from AND x.held_from < y.held_until) AS n
+		FROM test_slot x WHERE x.kind = $1) m`, kind)
 }
 
 // waitJob waits until cond holds for the job and returns it.

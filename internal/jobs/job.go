@@ -46,6 +46,7 @@ type Job struct {
 	Attempts        int             `json:"attempts"`
 	MaxAttempts     int             `json:"max_attempts"`
 	RunAfter        time.Time       `json:"run_after"`
+	Priority        int             `json:"priority,omitempty"`
 	LeaseOwner      string          `json:"lease_owner,omitempty"`
 	LeaseExpires    *time.Time      `json:"lease_expires,omitempty"`
 	CancelRequested bool            `json:"cancel_requested,omitempty"`
@@ -87,6 +88,10 @@ type Spec struct {
 	Args        any
 	MaxAttempts int // 0: the runner's default
 	RunAfter    time.Time
+	// Priority: among due jobs, higher ones are claimed first (a cold
+	// create's build, which a request waits for, before spare builds);
+	// equal ones in order of run_after.
+	Priority int
 }
 
 // Querier is a pool or a transaction: Enqueue can run inside a caller's
@@ -100,13 +105,13 @@ var ErrNotFound = errors.New("job not found")
 var ErrWrongState = errors.New("job is in the wrong state")
 
 const jobColumns = `id, type, coalesce(key, ''), target_kind, target, coalesce(cluster, ''), args, data, state,
-	attempts, max_attempts, run_after, coalesce(lease_owner, ''), lease_expires, cancel_requested,
+	attempts, max_attempts, run_after, priority, coalesce(lease_owner, ''), lease_expires, cancel_requested,
 	progress_done, progress_total, progress_msg, last_error, created_at, updated_at, started_at, finished_at`
 
 func scanJob(row pgx.Row) (Job, error) {
 	var j Job
 	err := row.Scan(&j.ID, &j.Type, &j.Key, &j.TargetKind, &j.Target, &j.Cluster, &j.Args, &j.Data, &j.State,
-		&j.Attempts, &j.MaxAttempts, &j.RunAfter, &j.LeaseOwner, &j.LeaseExpires, &j.CancelRequested,
+		&j.Attempts, &j.MaxAttempts, &j.RunAfter, &j.Priority, &j.LeaseOwner, &j.LeaseExpires, &j.CancelRequested,
 		&j.ProgressDone, &j.ProgressTotal, &j.ProgressMsg, &j.LastError, &j.CreatedAt, &j.UpdatedAt, &j.StartedAt, &j.FinishedAt)
 	return j, err
 }
@@ -135,10 +140,10 @@ func Enqueue(ctx context.Context, q Querier, s Spec, defaultAttempts int) (Job, 
 		cluster = &s.Cluster
 	}
 	j, err := scanJob(q.QueryRow(ctx, `
-		INSERT INTO jobs (type, key, target_kind, target, cluster, args, max_attempts, run_after)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+		INSERT INTO jobs (type, key, target_kind, target, cluster, args, max_attempts, run_after, priority)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'paused') DO NOTHING
-		RETURNING `+jobColumns, s.Type, key, s.TargetKind, s.Target, cluster, args, s.MaxAttempts, s.RunAfter))
+		RETURNING `+jobColumns, s.Type, key, s.TargetKind, s.Target, cluster, args, s.MaxAttempts, s.RunAfter, s.Priority))
 	if errors.Is(err, pgx.ErrNoRows) && key != nil {
 		return scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs
 			WHERE key = $1 AND state IN ('queued', 'running', 'waiting', 'paused')`, *key))

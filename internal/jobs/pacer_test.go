@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -35,6 +36,124 @@ func paced(h *harness, hold time.Duration) func(owner string) map[string]jobs.Ha
 				r.Job.ID, from, time.Now())
 			return err
 		}))}
+	}
+}
+
+// walLogPaced returns handlers of a job ("wal_log") whose one step ("copy")
+// asks the pacer for a WAL_LOG copy slot on cluster local for a copy of
+// about wal bytes, holds it for hold and records when it held it.
+func walLogPaced(h *harness, hold time.Duration, wal int64) func(owner string) map[string]jobs.Handler {
+	return func(owner string) map[string]jobs.Handler {
+		return map[string]jobs.Handler{"wal_log": h.handler(owner, h.step(owner, "copy", func(ctx context.Context, r *jobs.Run) error {
+			release, err := r.PaceWALLog(ctx, "local", wal)
+			if err != nil {
+				return err
+			}
+			defer release()
+			from := time.Now()
+			time.Sleep(hold)
+			_, err = h.pool.Exec(ctx, `INSERT INTO test_slot (job_id, kind, held_from, held_until) VALUES ($1, 'wal_log', $2, $3)`,
+				r.Job.ID, from, time.Now())
+			return err
+		}))}
+	}
+}
+
+// both is the handlers of paced and walLogPaced.
+func both(h *harness, hold time.Duration, wal int64) func(owner string) map[string]jobs.Handler {
+	return func(owner string) map[string]jobs.Handler {
+		hs := paced(h, hold)(owner)
+		maps.Copy(hs, walLogPaced(h, hold, wal)(owner))
+		return hs
+	}
+}
+
+// waitAll waits until every job is finished, and reports whether any was
+// seen waiting with a progress line containing reason.
+func (h *harness) waitAll(t *testing.T, ids []int64, reason string) bool {
+	t.Helper()
+	saw := false
+	deadline := time.Now().Add(45 * time.Second)
+	for {
+		done := 0
+		for _, id := range ids {
+			j := h.get(t, id)
+			if j.State == jobs.Waiting && strings.Contains(j.ProgressMsg, reason) {
+				saw = true
+			}
+			if jobs.Finished(j.State) {
+				if j.State != jobs.Succeeded {
+					t.Fatalf("job %d: %s (%s)", id, j.State, j.LastError)
+				}
+				done++
+			}
+		}
+		if done == len(ids) {
+			return saw
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d jobs finished after 45s", done, len(ids))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPacer_WALLogCopiesInParallel: WAL_LOG copies of two daemons run
+// several at once, never more than pacer.wal_log_slots, while heavy steps
+// (FILE_COPY, DROP DATABASE) keep one heavy DDL slot and never overlap: the
+// two kinds have slots of their own.
+func TestPacer_WALLogCopiesInParallel(t *testing.T) {
+	h := newHarness(t)
+	h.pacerCfg.HeavyDDLSlots = 1
+	h.pacerCfg.WALLogSlots = 3
+	var ids []int64
+	for range 7 {
+		ids = append(ids, h.enqueue(t, jobs.Spec{Type: "wal_log", Cluster: "local"}).ID)
+	}
+	for range 3 {
+		ids = append(ids, h.enqueue(t, jobs.Spec{Type: "heavy", Cluster: "local"}).ID)
+	}
+	// 10 workers over two daemons: every job is taken at once and only the
+	// pacer holds them back. A small copy: the lag budget leaves room for many.
+	h.startDaemon(t, 5, both(h, 700*time.Millisecond, 1<<20))
+	h.startDaemon(t, 5, both(h, 700*time.Millisecond, 1<<20))
+
+	if !h.waitAll(t, ids, "WAL_LOG copies already in flight") {
+		t.Error("no WAL_LOG copy was seen waiting for a slot")
+	}
+	if got := h.maxOverlap(t, "wal_log"); got != 3 {
+		t.Errorf("WAL_LOG copies in flight at once: at most %d, want 3 (pacer.wal_log_slots)", got)
+	}
+	if got := h.maxOverlap(t, "heavy"); got != 1 {
+		t.Errorf("heavy steps in flight at once: at most %d, want 1 (pacer.heavy_ddl_slots)", got)
+	}
+	if got := h.count(t, `SELECT count(*) FROM test_slot`); got != 10 {
+		t.Errorf("slot holdings = %d, want 10", got)
+	}
+	if got := h.count(t, `SELECT count(*) FROM test_slot x JOIN test_slot y ON x.kind = 'heavy' AND y.kind = 'wal_log'
+		AND x.held_from < y.held_until AND y.held_from < x.held_until`); got == 0 {
+		t.Error("no WAL_LOG copy ran while a heavy step held its slot: the kinds share a limit")
+	}
+}
+
+// TestPacer_WALLogCopiesWithinLagBudget: copies too big for two of them to
+// fit the replay lag budget at once run one after another, whatever the
+// slots, and the waiting one says why.
+func TestPacer_WALLogCopiesWithinLagBudget(t *testing.T) {
+	h := newHarness(t)
+	h.pacerCfg.WALLogSlots = 4
+	h.pacerCfg.MaxReplayLag = 64 << 20
+	var ids []int64
+	for range 3 {
+		ids = append(ids, h.enqueue(t, jobs.Spec{Type: "wal_log", Cluster: "local"}).ID)
+	}
+	h.startDaemon(t, 3, walLogPaced(h, 500*time.Millisecond, 40<<20))
+
+	if !h.waitAll(t, ids, "would put standby replay lag") {
+		t.Error("no copy was seen waiting for the lag budget")
+	}
+	if got := h.maxOverlap(t, "wal_log"); got != 1 {
+		t.Errorf("40 MB copies in flight at once: at most %d, want 1 (two would be 80 MB of a 64 MB budget)", got)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,7 @@ type Runner struct {
 	handlers map[string]Handler
 	poke     chan struct{}
 	claims   atomic.Int64 // numbers this runner's leases
+	ends     jobEnds      // wakes waiters when this daemon's workers end a job
 
 	finished *prometheus.CounterVec
 	stepTime *prometheus.HistogramVec
@@ -114,26 +116,90 @@ func (r *Runner) Poke() {
 }
 
 // Wait polls a job until it is finished or paused, calling onChange when its
-// progress changes.
+// progress changes. Without onChange only the end matters: the job is read
+// again when a worker of this daemon ends it, and otherwise every
+// waitPoll (a job another daemon runs), so that a burst of requests
+// waiting for their builds does not poll the catalog every 20 ms each.
 func (r *Runner) Wait(ctx context.Context, id int64, onChange func(Job)) (Job, error) {
+	poll := 20 * time.Millisecond
+	if onChange == nil {
+		poll = waitPoll
+	}
 	var last string
+	var j Job
 	for {
-		j, err := Get(ctx, r.pool, id)
+		ended, unwatch := r.ends.watch(id)
+		cur, err := Get(ctx, r.pool, id)
 		if err != nil {
-			return Job{}, err
+			unwatch()
+			return j, err // the last job read, if any
 		}
+		j = cur
 		if sig := fmt.Sprint(j.State, j.ProgressDone, j.ProgressTotal, j.ProgressMsg); sig != last && onChange != nil {
 			onChange(j)
 			last = sig
 		}
 		if Finished(j.State) || j.State == Paused {
+			unwatch()
 			return j, nil
 		}
 		select {
 		case <-ctx.Done():
+			unwatch()
 			return j, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
+		case <-ended:
+		case <-time.After(poll):
 		}
+		unwatch()
+	}
+}
+
+// waitPoll is how often Wait reads a job that no worker of this daemon has
+// ended yet.
+const waitPoll = 500 * time.Millisecond
+
+// jobEnds wakes the waiters of a job when a worker of this daemon finishes
+// or pauses it.
+type jobEnds struct {
+	mu sync.Mutex
+	m  map[int64]*jobEnd
+}
+
+type jobEnd struct {
+	ch      chan struct{} // closed when the job ends
+	waiters int
+}
+
+// watch returns a channel closed when the job next ends on this daemon, and
+// the function to call once the caller no longer waits on it.
+func (e *jobEnds) watch(id int64) (<-chan struct{}, func()) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.m == nil {
+		e.m = map[int64]*jobEnd{}
+	}
+	w := e.m[id]
+	if w == nil {
+		w = &jobEnd{ch: make(chan struct{})}
+		e.m[id] = w
+	}
+	w.waiters++
+	return w.ch, func() {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if w.waiters--; w.waiters == 0 && e.m[id] == w {
+			delete(e.m, id)
+		}
+	}
+}
+
+// ended wakes the job's waiters.
+func (e *jobEnds) ended(id int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if w := e.m[id]; w != nil {
+		close(w.ch)
+		delete(e.m, id)
 	}
 }
 
@@ -176,7 +242,8 @@ func (r *Runner) Run(ctx context.Context) error {
 }
 
 // claim takes the next runnable job: queued and due, or running with an
-// expired lease (its worker died). The lease is this claim's own, not the
+// expired lease (its worker died); of those, the highest priority first,
+// then the earliest due. The lease is this claim's own, not the
 // daemon's: if the lease expires under a live worker and another worker of
 // the same daemon takes the job over, the old worker must lose it too.
 // j.LeaseOwner is the lease.
@@ -190,7 +257,7 @@ func (r *Runner) claim(ctx context.Context, types []string) (Job, error) {
 			WHERE type = ANY($3)
 			  AND ((state = 'queued' AND run_after <= now())
 			    OR (state IN ('running', 'waiting') AND lease_expires < now()))
-			ORDER BY run_after, id
+			ORDER BY priority DESC, run_after, id
 			LIMIT 1 FOR UPDATE SKIP LOCKED)
 		RETURNING `+jobColumns, lease, r.cfg.Lease.D().Seconds(), types))
 	return j, err
@@ -359,6 +426,7 @@ func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
 	if err != nil {
 		r.log.Error("record job end", "job", run.Job.ID, "state", state, "err", err)
 	}
+	r.ends.ended(run.Job.ID)
 	r.finished.WithLabelValues(run.Job.Type, state).Inc()
 }
 
@@ -429,6 +497,7 @@ func (r *Runner) pause(ctx context.Context, id int64, lease string) {
 	if err != nil {
 		r.log.Error("pause job", "job", id, "err", err)
 	}
+	r.ends.ended(id)
 }
 
 func firstLine(s string) string {
@@ -489,11 +558,25 @@ func (r *Run) SaveData(ctx context.Context, v any) error {
 // the function that gives the budget back. While it waits the job is shown
 // as waiting with the reason.
 func (r *Run) Pace(ctx context.Context, cluster string, kind Kind) (release func(), err error) {
+	return r.pace(ctx, func(report func(string)) (func(), error) {
+		return r.runner.pacer.Acquire(ctx, cluster, kind, report)
+	})
+}
+
+// PaceWALLog is Pace for a CREATE DATABASE … STRATEGY WAL_LOG that writes
+// about wal bytes of WAL (Pacer.AcquireWALLog).
+func (r *Run) PaceWALLog(ctx context.Context, cluster string, wal int64) (release func(), err error) {
+	return r.pace(ctx, func(report func(string)) (func(), error) {
+		return r.runner.pacer.AcquireWALLog(ctx, cluster, wal, report)
+	})
+}
+
+func (r *Run) pace(ctx context.Context, acquire func(report func(string)) (func(), error)) (release func(), err error) {
 	if r.runner.pacer == nil {
 		return func() {}, nil
 	}
 	waiting := false
-	release, err = r.runner.pacer.Acquire(ctx, cluster, kind, func(reason string) {
+	release, err = acquire(func(reason string) {
 		waiting = true
 		r.setState(ctx, Waiting, "waiting: "+reason)
 	})

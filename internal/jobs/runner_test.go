@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
@@ -704,5 +706,70 @@ func TestCancel_StartedJobCleansUp(t *testing.T) {
 	}
 	if got, want := h.execs(t, paused.ID), []string{"one", "approve", "cleanup"}; !slices.Equal(got, want) {
 		t.Errorf("paused job executed %v, want %v", got, want)
+	}
+}
+
+// TestRunner_HigherPriorityFirst: a job of higher priority enqueued after
+// others is run before them (a cold create's build before spare builds);
+// equal ones run in the order they were enqueued.
+func TestRunner_HigherPriorityFirst(t *testing.T) {
+	h := newHarness(t)
+	var low []int64
+	for range 3 {
+		low = append(low, h.enqueue(t, jobs.Spec{Type: "one"}).ID)
+	}
+	high := h.enqueue(t, jobs.Spec{Type: "one", Priority: 10})
+	if got := h.get(t, high.ID).Priority; got != 10 {
+		t.Fatalf("priority = %d, want 10", got)
+	}
+	// One worker: the order of claims is the order of execution.
+	h.startDaemon(t, 1, func(owner string) map[string]jobs.Handler {
+		return map[string]jobs.Handler{"one": h.handler(owner, h.step(owner, "only", nil))}
+	})
+	for _, id := range append(low, high.ID) {
+		h.waitFinished(t, id)
+	}
+	rows, err := h.pool.Query(testCtx(t), `SELECT job_id FROM test_exec ORDER BY at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append([]int64{high.ID}, low...); !slices.Equal(got, want) {
+		t.Errorf("jobs ran in order %v, want %v (the high-priority one first)", got, want)
+	}
+}
+
+// TestRunner_WaitSeesTheEnd: Wait without a progress callback returns as
+// soon as a worker of its daemon ends the job, with the job's final state.
+func TestRunner_WaitSeesTheEnd(t *testing.T) {
+	h := newHarness(t)
+	release := make(chan struct{})
+	r := h.startDaemon(t, 1, func(owner string) map[string]jobs.Handler {
+		return map[string]jobs.Handler{"gated": h.handler(owner, h.step(owner, "gate", func(ctx context.Context, _ *jobs.Run) error {
+			select {
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}))}
+	})
+	j := h.enqueue(t, jobs.Spec{Type: "gated"})
+	r.Poke()
+	h.waitExec(t, j.ID, "gate", 1)
+	done := make(chan jobs.Job, 1)
+	go func() {
+		got, err := r.Wait(testCtx(t), j.ID, nil)
+		if err != nil {
+			t.Errorf("wait: %v", err)
+		}
+		done <- got
+	}()
+	close(release)
+	if got := <-done; got.State != jobs.Succeeded || got.ID != j.ID {
+		t.Errorf("Wait = job %d %s, want job %d succeeded", got.ID, got.State, j.ID)
 	}
 }

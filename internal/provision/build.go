@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -183,19 +184,19 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		}
 		strategy := tenant.CreateStrategy(build.SizeBytes, len(h.Standbys), int64(b.s.Config.Provision.WALLogMaxSize))
 		r.Progress(ctx, 0, 2, fmt.Sprintf("copying template %s v%d (%s)", t.Template, t.Version, strategy))
-		kind := jobs.Heavy // FILE_COPY forces two checkpoints
+		// FILE_COPY forces two checkpoints: one at a time (a heavy DDL
+		// slot). WAL_LOG sends about the template's size through the WAL:
+		// several at once, within the replay lag budget.
+		var release func()
 		if strategy == cluster.WALLog {
-			kind = jobs.HeavyNoCheckpoint
+			release, err = r.PaceWALLog(ctx, t.Cluster, build.SizeBytes)
+		} else {
+			release, err = r.Pace(ctx, t.Cluster, jobs.Heavy)
 		}
-		release, err := r.Pace(ctx, t.Cluster, kind)
 		if err != nil {
 			return err
 		}
-		// Owned by the admin role, never by the tenant: the owner of a
-		// database can set its IS_TEMPLATE, ALLOW_CONNECTIONS, CONNECTION
-		// LIMIT and the settings every session in it starts with, which
-		// would reach the control plane (docs/SECURITY.md).
-		err = cluster.CreateDatabase(ctx, admin, name, build.Database, "", strategy)
+		err = b.copyTemplate(ctx, cl, t, build.Database, strategy)
 		release()
 		if err != nil && !errors.Is(err, cluster.ErrDuplicate) {
 			return err
@@ -230,6 +231,28 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		REVOKE ALL ON SCHEMA %[3]s FROM PUBLIC;
 		COMMENT ON SCHEMA %[3]s IS %[4]s`, role, agent, cluster.Ident(tenant.MarkerSchema), cluster.Literal(schemaMarker(t.Version))))
 	return cluster.Classify(err)
+}
+
+// copyTemplate runs the tenant's CREATE DATABASE on a session of its own: a
+// copy takes from a fraction of a second to minutes, and on the cluster's
+// admin pool the copies in flight (pacer.wal_log_slots of them) would hold
+// every connection that pool claims need for their few milliseconds.
+func (b *tenantBuilder) copyTemplate(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, template, strategy string) error {
+	conn, err := cl.Connect(ctx, cl.MaintenanceDB())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// Owned by the admin role, never by the tenant: the owner of a
+	// database can set its IS_TEMPLATE, ALLOW_CONNECTIONS, CONNECTION
+	// LIMIT and the settings every session in it starts with, which
+	// would reach the control plane (docs/SECURITY.md).
+	from := time.Now()
+	if err := cluster.CreateDatabase(ctx, conn, tenant.PhysicalName(t.ID), template, "", strategy); err != nil {
+		return err
+	}
+	b.s.Logger.Debug("template copied", "tenant", t.ID, "cluster", t.Cluster, "strategy", strategy, "from", from, "took", time.Since(from))
+	return nil
 }
 
 // buildSchema creates the tenant's schema in the shared database and replays
@@ -292,7 +315,11 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 
 func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
 	if b.a.Activate == nil {
-		return b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding)
+		if err := b.s.Store.SetTenantState(ctx, b.s.Store.Pool(), t.ID, catalog.StateSpare, catalog.StateBuilding); err != nil {
+			return err
+		}
+		b.s.Pool.Poke() // a build slot of the pool is free: the next one can start
+		return nil
 	}
 	admin, err := cl.Admin(ctx)
 	if err != nil {

@@ -3,22 +3,29 @@ package provision
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Pool keeps, for each (cluster, template, mode), Size spares of the version
-// new tenants get there (templates.ProvisionVersion): it starts builds of
-// template versions that are missing on a cluster, enqueues spare builds (paced jobs) for each
-// missing spare, and retires spares of older versions. One daemon at a time
-// refills (an advisory lock), so several daemons never overfill a pool.
+// Pool keeps, for each (cluster, template, mode), spares of the version new
+// tenants get there (templates.ProvisionVersion): it starts builds of template versions
+// that are missing on a cluster, enqueues spare builds (paced jobs) for
+// missing spares, and retires spares of older versions. A pool follows
+// demand: its target is its configured size, grown with its recent creates
+// (those within provision.pool_demand_window before its latest one) up to
+// provision.max_pool_size, and its spares above the configured size are
+// retired once it has been idle for provision.pool_idle_after. One daemon at a time refills (an advisory
+// lock), so several daemons never overfill a pool.
 type Pool struct {
 	Svc      *Service
 	Interval time.Duration
@@ -63,8 +70,9 @@ func (p *Pool) Run(ctx context.Context) error {
 // poolLockKey is the advisory lock one refill holds ("pgt\x02").
 const poolLockKey = 0x70677402
 
-// Size returns how many spares a pool keeps: the configured pools of the
-// template, or, when none is configured for it, the default size in both modes.
+// Size returns how many spares a pool keeps at least: the configured pools
+// of the template, or, when none is configured for it, the default size in
+// both modes.
 func (p *Pool) Size(clusterName, template, mode string) int {
 	listed, size := false, 0
 	for _, pc := range p.Svc.Config.Pools {
@@ -80,6 +88,18 @@ func (p *Pool) Size(clusterName, template, mode string) int {
 		return p.Svc.Config.Provision.DefaultPoolSize
 	}
 	return size
+}
+
+// Target is how many spares a pool of the given size wants after recent
+// creates (PoolDemand.Recent): recent × pool_demand_factor, at least size
+// and at most max_pool_size. A pool of size 0 is off and stays so; a
+// pool configured at or above the maximum keeps its size.
+func Target(cfg config.ProvisionConfig, size, recent int) int {
+	if size <= 0 || size >= cfg.MaxPoolSize {
+		return max(size, 0)
+	}
+	want := int(math.Ceil(float64(recent) * cfg.PoolDemandFactor))
+	return max(size, min(want, cfg.MaxPoolSize))
 }
 
 // Refill runs one pass over every pool.
@@ -100,6 +120,13 @@ func (p *Pool) Refill(ctx context.Context) error {
 	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(poolLockKey))
 
 	tpls, err := s.Store.Templates(ctx)
+	if err != nil {
+		return err
+	}
+	// One query for the demand of every pool: the catalog's claim times
+	// are every daemon's creates.
+	pc := s.Config.Provision
+	demand, err := s.Store.PoolDemands(ctx, pc.PoolDemandWindow.D(), pc.PoolIdleAfter.D())
 	if err != nil {
 		return err
 	}
@@ -137,7 +164,8 @@ func (p *Pool) Refill(ctx context.Context) error {
 				continue
 			}
 			for _, mode := range []string{ModeDatabase, ModeSchema} {
-				if err := p.fill(ctx, cl.Name(), tp.Name, version, mode); err != nil {
+				d := demand[catalog.PoolKey{Cluster: cl.Name(), Template: tp.Name, Mode: mode}]
+				if err := p.fill(ctx, cl.Name(), tp.Name, version, mode, d); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -149,14 +177,34 @@ func (p *Pool) Refill(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode string) error {
+// fill brings one pool towards its target: it enqueues spare builds, a few
+// in flight at a time, and retires one spare above the configured size when
+// the pool is idle.
+func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode string, d catalog.PoolDemand) error {
 	s := p.Svc
-	want := p.Size(clusterName, template, mode)
-	ready, building, err := s.Store.CountPool(ctx, s.Store.Pool(), clusterName, template, version, mode)
+	pc := s.Config.Provision
+	size := p.Size(clusterName, template, mode)
+	target := Target(pc, size, d.Recent)
+	n, err := s.Store.CountPool(ctx, s.Store.Pool(), clusterName, template, version, mode)
 	if err != nil {
 		return err
 	}
-	for i := ready + building; i < want; i++ {
+	idle := d.Last.IsZero() || time.Since(d.Last) >= pc.PoolIdleAfter.D()
+	if idle && n.Ready+n.Building > size && n.Retiring == 0 && n.Ready > 0 {
+		return p.shrink(ctx, clusterName, template, version, mode, size)
+	}
+	if n.Ready+n.Building >= target {
+		return nil // full, or above its target until it is idle
+	}
+	// Several builds in flight, within what the pacer lets run at once:
+	// the rest are enqueued as those end (each pokes the pool), so that a
+	// big pool does not queue hundreds of builds ahead of other jobs.
+	inFlight, err := p.parallel(ctx, clusterName, template, version, mode)
+	if err != nil {
+		return err
+	}
+	start := min(target-n.Ready-n.Building, inFlight-n.Building)
+	for range start {
 		t := catalog.Tenant{ID: tenant.NewID(), Mode: mode, Cluster: clusterName, Template: template, Version: version,
 			Tier: "default", State: catalog.StateBuilding}
 		t.Database = s.databaseOf(t)
@@ -171,10 +219,63 @@ func (p *Pool) fill(ctx context.Context, clusterName, template string, version i
 			return err
 		}
 	}
-	if ready+building < want {
+	if start > 0 {
 		s.Runner.Poke()
 	}
 	return nil
+}
+
+// parallel is how many spare builds a pool may have in flight:
+// provision.refill_parallel, within the pacer's slots for its copies
+// (database mode: WAL_LOG copies run pacer.wal_log_slots at once, FILE_COPY
+// ones one heavy DDL slot each). More would only wait in the pacer, each
+// holding a job worker.
+func (p *Pool) parallel(ctx context.Context, clusterName, template string, version int, mode string) (int, error) {
+	s := p.Svc
+	n := s.Config.Provision.RefillParallel
+	if mode != ModeDatabase {
+		return n, nil
+	}
+	build, err := s.Store.GetBuild(ctx, template, version, clusterName)
+	if err != nil {
+		return 0, err
+	}
+	budget := s.Config.PacerFor(clusterName)
+	// The strategy as if the cluster had standbys (tenant.CreateStrategy):
+	// without, a build may copy with WAL_LOG where this counted FILE_COPY.
+	if tenant.CreateStrategy(build.SizeBytes, 1, int64(s.Config.Provision.WALLogMaxSize)) == cluster.WALLog {
+		return min(n, budget.WALLogSlots), nil
+	}
+	return min(n, budget.HeavyDDLSlots), nil
+}
+
+// shrink retires the pool's newest spare (a paced purge job), one per pass
+// and only when no other retirement of the pool is in flight: spares above
+// the configured size go back gradually, so that a DROP DATABASE (a forced
+// checkpoint each) at a time is all an idle pool costs.
+func (p *Pool) shrink(ctx context.Context, clusterName, template string, version int, mode string, size int) error {
+	s := p.Svc
+	t, err := s.Store.NewestSpare(ctx, clusterName, template, version, mode)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		if err := s.Store.SetTenantState(ctx, tx, t.ID, catalog.StatePurging, catalog.StateSpare); err != nil {
+			return err
+		}
+		_, err := jobs.Enqueue(ctx, tx, purge.Spec(t, fmt.Sprintf("spare above the pool's size %d, idle", size)), s.Config.Jobs.MaxAttempts)
+		return err
+	})
+	if errors.Is(err, catalog.ErrConflict) {
+		return nil // claimed meanwhile
+	}
+	if err == nil {
+		s.Runner.Poke()
+	}
+	return err
 }
 
 // retire purges ready spares of versions older than the template's newest

@@ -453,6 +453,11 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	if err := s.Store.InsertTenant(ctx, tx, want); err != nil {
+		// Give the aborted transaction's connection back first: answering
+		// the retry reads the catalog again, and a burst of creates with
+		// one external id must not hold every catalog connection while
+		// waiting for one.
+		tx.Rollback(context.WithoutCancel(ctx))
 		if errors.Is(err, catalog.ErrConflict) {
 			if t, err := s.Store.TenantByExternalID(ctx, want.ExternalID); err == nil {
 				return s.existing(ctx, t)
@@ -466,7 +471,11 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	if err := s.keep(ctx, tx, want, password); err != nil {
 		return Created{}, err
 	}
-	job, err := jobs.Enqueue(ctx, tx, buildSpec(want, &activation{Verifier: verifier, Tier: want.Tier}), s.Config.Jobs.MaxAttempts)
+	// Someone waits for this build: it goes before spare builds queued
+	// earlier (which only someone later would use).
+	spec := buildSpec(want, &activation{Verifier: verifier, Tier: want.Tier})
+	spec.Priority = coldPriority
+	enqueued, err := jobs.Enqueue(ctx, tx, spec, s.Config.Jobs.MaxAttempts)
 	if err != nil {
 		return Created{}, err
 	}
@@ -477,12 +486,17 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	s.Pool.Poke()
 	wctx, cancel := context.WithTimeout(ctx, s.ColdWait)
 	defer cancel()
-	job, err = s.Runner.Wait(wctx, job.ID, nil)
+	job, err := s.Runner.Wait(wctx, enqueued.ID, nil)
 	out := Created{Tenant: want, Password: password, Path: "cold"}
 	out.DSN, out.Direct = s.Poolers.DSNs(cl, want, password)
 	switch {
 	case err != nil && wctx.Err() != nil && ctx.Err() == nil:
-		out.Job = &job // still provisioning: the caller polls the job
+		// Still provisioning: the caller polls the job. The wait may have
+		// ended in the middle of reading it.
+		if job.ID == 0 {
+			job = enqueued
+		}
+		out.Job = &job
 		return out, nil
 	case err != nil:
 		return Created{}, err
@@ -497,6 +511,10 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	out.Tenant = t
 	return out, nil
 }
+
+// coldPriority is the job priority of a cold create's build (spare builds
+// have 0).
+const coldPriority = 10
 
 // databaseOf is where a tenant lives: its own database, or its template's
 // shared database.

@@ -3,6 +3,7 @@ package provision_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -544,5 +545,109 @@ func TestCreate_ConcurrentClaims(t *testing.T) {
 	}
 	if n != 8 {
 		t.Errorf("%d of 8 concurrent creates succeeded", n)
+	}
+}
+
+// TestCreate_BurstWithRetriesOneTenantEach: a burst of concurrent creates
+// in both modes, each external id sent several times at once (the pool
+// holds far fewer spares), makes exactly one tenant per external id, and
+// every answer for an id carries that tenant and its password.
+func TestCreate_BurstWithRetriesOneTenantEach(t *testing.T) {
+	c, catDB := startWithCatalog(t, 2)
+	ctx := pgtest.Context(t)
+	createTemplate(t, c, "tiny", tiny())
+	waitSpares(t, catDB, "tiny", "database", 2)
+	waitSpares(t, catDB, "tiny", "schema", 2)
+
+	type answer struct {
+		ext string
+		r   api.CreateTenantResponse
+	}
+	const ids, sends = 12, 3
+	answers := make(chan answer, ids*sends)
+	var wg sync.WaitGroup
+	for i := range ids * sends {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ext := fmt.Sprintf("burst-%d", i%ids)
+			mode := []string{"database", "schema"}[i%ids%2]
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: mode, ExternalID: ext})
+			if err != nil {
+				t.Errorf("create %s: %v", ext, err)
+				return
+			}
+			if r.Job != nil { // answered before its build ended: follow it, as the CLI does
+				j, err := c.WaitJob(ctx, r.Job.ID, nil)
+				if err != nil || j.State != "succeeded" {
+					t.Errorf("create %s: build job %d %s %v: %s", ext, j.ID, j.State, err, j.LastError)
+				}
+			}
+			answers <- answer{ext, r}
+		}()
+	}
+	wg.Wait()
+	close(answers)
+	byExt := map[string][]api.CreateTenantResponse{}
+	for a := range answers {
+		byExt[a.ext] = append(byExt[a.ext], a.r)
+	}
+	if len(byExt) != ids {
+		t.Fatalf("answers for %d external ids, want %d", len(byExt), ids)
+	}
+	for ext, rs := range byExt {
+		made := 0
+		for _, r := range rs {
+			if !r.Existing {
+				made++
+			}
+			if r.Tenant.ID != rs[0].Tenant.ID || r.Password == "" || r.Password != rs[0].Password {
+				t.Errorf("%s: answers name tenants %s and %s (passwords equal: %v), want one tenant and its password",
+					ext, rs[0].Tenant.ID, r.Tenant.ID, r.Password == rs[0].Password)
+			}
+		}
+		if made != 1 {
+			t.Errorf("%s: %d of %d answers say they made the tenant, want 1", ext, made, len(rs))
+		}
+		conn := tenantConn(t, rs[0].DSN)
+		var user string
+		if err := conn.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil || user != "t_"+rs[0].Tenant.ID {
+			t.Errorf("%s: log in with the answered DSN: %q, %v", ext, user, err)
+		}
+	}
+	var dup, rows int
+	if err := pg.Conn(t, catDB).QueryRow(ctx, `SELECT count(*) - count(DISTINCT external_id), count(*) FROM tenants
+		WHERE external_id LIKE 'burst-%'`).Scan(&dup, &rows); err != nil {
+		t.Fatal(err)
+	}
+	if dup != 0 || rows != ids {
+		t.Errorf("catalog: %d tenants for %d external ids (%d duplicates), want one each", rows, ids, dup)
+	}
+}
+
+// TestCreate_ColdWaitEndsWithTheJob: a cold create still building when
+// provision.cold_wait ends is answered with its build job, which the
+// caller follows to the end.
+func TestCreate_ColdWaitEndsWithTheJob(t *testing.T) {
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Provision.ColdWait = 1 // ends during the first read of the job
+	_, c := daemontest.Start(t, pg, cfg)
+	ctx := pgtest.Context(t)
+	createTemplate(t, c, "tiny", tiny())
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "tiny", ExternalID: "slow-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Job == nil || r.Job.ID == 0 || r.Job.Target != r.Tenant.ID || r.Password == "" {
+		t.Fatalf("answer = %+v, want the tenant with its password and its build job", r)
+	}
+	j, err := c.WaitJob(ctx, r.Job.ID, nil)
+	if err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("build job %d: %s %v: %s", r.Job.ID, j.State, err, j.LastError)
+	}
+	var user string
+	if err := tenantConn(t, r.DSN).QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil || user != "t_"+r.Tenant.ID {
+		t.Errorf("log in with the answered DSN: %q, %v", user, err)
 	}
 }

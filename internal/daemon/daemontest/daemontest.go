@@ -35,6 +35,10 @@ func Config(t testing.TB, pg *pgtest.Cluster) config.Config {
 	// Tests create more tenants than a test cluster (100 connections)
 	// admits at the default tier's limit; admission has tests of its own.
 	cfg.Provision.ConnectionOvercommit = 0
+	// Pools keep the size a test gives them: growing with the test's
+	// creates would build spares behind every test (provision's pool tests
+	// turn it on).
+	cfg.Provision.MaxPoolSize = 0
 	return cfg
 }
 
