@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
@@ -108,13 +111,21 @@ func TestCLI_FiltersValidated(t *testing.T) {
 		want string
 	}{
 		{[]string{"tenant", "list", "--state", "bogus"}, "provisioning, active, suspended, dropped, purging, purged, failed"},
-		{[]string{"tenant", "list", "--mode", "bogus"}, "database or schema"},
+		{[]string{"tenant", "list", "--mode", "bogus"}, "one of database, schema"},
 		{[]string{"job", "list", "--state", "bogus"}, "queued, running, waiting, paused, succeeded, failed, cancelled, active"},
 	} {
 		out, err := e.run(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: %v (printed %q), want an error naming %s", c.args, err, out, c.want)
 		}
+	}
+	// The daemon checks them too, for every client.
+	c := api.NewClient(e.d.URL(), e.d.Token())
+	if _, err := c.Tenants(pgtest.Context(t), url.Values{"state": {"bogus"}}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "purged") {
+		t.Errorf("GET /v1/tenants?state=bogus: %v, want invalid naming the states", err)
+	}
+	if _, err := c.Jobs(pgtest.Context(t), url.Values{"state": {"bogus"}}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "cancelled") {
+		t.Errorf("GET /v1/jobs?state=bogus: %v, want invalid naming the states", err)
 	}
 	if _, err := e.run(t, "template", "create", "saas", "--from", "../../examples/templates/saas", "--wait"); err != nil {
 		t.Fatal(err)

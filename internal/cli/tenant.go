@@ -99,6 +99,12 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 	list := &cobra.Command{
 		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := oneOf("--state", q.state, catalog.ListedStates...); err != nil {
+				return err
+			}
+			if err := oneOf("--mode", q.mode, "database", "schema"); err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
