@@ -170,6 +170,24 @@ func TestCLI_ReadableOutput(t *testing.T) {
 		t.Errorf("template show:\n%s\nwant the file's checksum (%s)", out, want)
 	}
 
+	// drop --purge-now --wait shows the tenant as the purge left it.
+	out, err = e.run(t, "-o", "json", "tenant", "create", "--template", "saas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := regexp.MustCompile(`"id": "([a-z0-9]+)"`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("tenant create printed no id:\n%s", out)
+	}
+	out, err = e.run(t, "tenant", "drop", id[1], "--purge-now", "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^state +purged$`).MatchString(out) || !regexp.MustCompile(`(?m)^purge job +\d+ \(succeeded\)$`).MatchString(out) ||
+		!strings.Contains(out, "purged {") {
+		t.Errorf("tenant drop --purge-now --wait printed\n%s\nwant state purged, the purge job succeeded and the purged event", out)
+	}
+
 	out, err = e.run(t, "reconcile")
 	if err != nil {
 		t.Fatal(err)
