@@ -74,12 +74,23 @@ func drawChart(title string, pts []point, window time.Duration, now time.Time, f
 		fmt.Fprintf(&b, `<polyline class="line" points="%s"/>`, strings.TrimSpace(pl.String()))
 	}
 	fmt.Fprintf(&b, `<text class="label" x="2" y="10">max %s</text>`, template.HTMLEscapeString(format(top)))
-	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">-%s</text>`, chartH+12, window)
+	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">%s ago</text>`, chartH+12, span(window))
 	fmt.Fprintf(&b, `<text class="label end" x="%.0f" y="%.0f">now</text>`, chartW-2, chartH+12)
 	b.WriteString(`</svg>`)
 	c.SVG = template.HTML(b.String()) // built here from numbers and escaped text only
 	c.Latest = format(in[len(in)-1].v)
 	return c
+}
+
+// span writes a window as 7d, 6h or 15m.
+func span(d time.Duration) string {
+	switch {
+	case d >= 24*time.Hour && d%(24*time.Hour) == 0:
+		return fmt.Sprintf("%dd", d/(24*time.Hour))
+	case d >= time.Hour && d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	}
+	return fmt.Sprintf("%dm", d/time.Minute)
 }
 
 func formatBytes(f float64) string { return humanBytes(int64(f)) }

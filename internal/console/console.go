@@ -115,6 +115,8 @@ func (c *Console) routes() {
 	m.HandleFunc("POST /tenants/{id}/{action}", c.action(c.tenantAction))
 	m.HandleFunc("GET /jobs", c.page(c.jobs))
 	m.HandleFunc("GET /jobs/{id}", c.page(c.job))
+	m.HandleFunc("GET /jobs/{id}/{action}", c.page(c.confirmJob))
+	m.HandleFunc("POST /jobs/{id}/{action}", c.action(c.jobAction))
 	m.HandleFunc("GET /templates/{name}", c.page(c.template))
 	m.HandleFunc("GET /templates/{name}/rollout", c.page(c.confirmStartRollout))
 	m.HandleFunc("POST /templates/{name}/rollout", c.action(c.startRollout))

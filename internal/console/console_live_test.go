@@ -138,6 +138,7 @@ func TestConsole_Pages(t *testing.T) {
 		"/":                                {"<h2>Clusters</h2>", "saas"},
 		"/tenants/" + f.acme.ID:            {"Acme Corp", "acme-42", `id="action-suspend"`, `id="action-drop"`, "buffer hit ratio", "<h2>Events</h2>", "<h2>Prewarm</h2>", "Quota"},
 		"/jobs":                            {"template.build"},
+		"/jobs/1":                          {"Job 1: template.build", "Steps done", "succeeded"},
 		"/rollouts":                        {"no rollout yet"},
 		"/templates/saas":                  {"Start a rollout"},
 		"/clusters":                        {"local", "Steps held by the pacer now"},

@@ -68,7 +68,7 @@ func TestCharts_Draw(t *testing.T) {
 		t.Errorf("latest = %q, want %q", got, want)
 	}
 	// 30 minutes into the hour: x = 180; 100 of a 200 top: y = 90 - 86/2 = 47.
-	for _, want := range []string{`points="180.0,47.0 354.0,4.0"`, "max 200", "-1h0m0s"} {
+	for _, want := range []string{`points="180.0,47.0 354.0,4.0"`, "max 200", "1h ago"} {
 		if !strings.Contains(svg, want) {
 			t.Errorf("chart lacks %q:\n%s", want, svg)
 		}
@@ -82,6 +82,31 @@ func TestCharts_Draw(t *testing.T) {
 	hist := tenantCharts([]catalog.Rollup{{Minute: now.Add(-time.Minute), BlksHit: 3, BlksRead: 1, Connections: 2}}, time.Hour, now)
 	if got, want := hist[3].Latest, "75.0%"; got != want {
 		t.Errorf("hit ratio = %q, want %q", got, want)
+	}
+}
+
+// TestClusterCharts: the samples Run keeps become each cluster's charts of
+// the last hour (largest replay lag, WAL/s, steps held by the pacer);
+// samples older than the hour are not drawn.
+func TestClusterCharts(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	c := &Console{}
+	c.history.samples = map[string][]sample{
+		"b": {{at: now.Add(-2 * time.Hour), lag: 1 << 30}, {at: now.Add(-time.Minute), lag: 2 << 20, walPerS: 4096, waiting: 3}},
+		"a": {{at: now.Add(-time.Minute)}},
+	}
+	got := c.clusterCharts(now)
+	if len(got) != 2 || got[0].Cluster != "a" || got[1].Cluster != "b" {
+		t.Fatalf("charts for %+v, want a then b", got)
+	}
+	b := got[1].Charts
+	for i, want := range []string{"2.0 MB", "4.0 kB/s", "3"} {
+		if b[i].Latest != want || b[i].Empty {
+			t.Errorf("b %s: latest %q, want %q", b[i].Title, b[i].Latest, want)
+		}
+	}
+	if strings.Contains(string(b[0].SVG), "1024.0 MB") {
+		t.Error("a sample older than the hour was drawn")
 	}
 }
 

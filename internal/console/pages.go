@@ -210,6 +210,7 @@ var historyWindows = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Ho
 var doneMessages = map[string]string{
 	"suspend": "Suspended.", "resume": "Resumed.", "drop": "Dropped: restorable until its purge.",
 	"restore": "Restored.", "purge": "Purge started.", "continue": "The rollout goes on.", "retry": "Failed tenants queued again.",
+	"cancel-job": "Cancel asked: the job stops at its next step.", "retry-job": "The job is queued again.",
 }
 
 func contains(list []string, s string) bool {
@@ -318,7 +319,51 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, v view) error {
 		v["Refresh"] = refreshSeconds
 	}
 	v["Job"] = j
+	v["CanCancel"] = !jobs.Finished(j.State) && !j.CancelRequested
+	v["CanRetry"] = j.State == jobs.Failed || j.State == jobs.Cancelled
+	v["Done"] = doneMessages[r.URL.Query().Get("done")]
 	c.render(w, http.StatusOK, "job.html", v)
+	return nil
+}
+
+var jobActions = map[string][2]string{
+	"cancel": {"Cancel the job", "The job stops at its next step and cleans up after itself; a cancelled job can be retried."},
+	"retry":  {"Retry the job", "The job is queued again and resumes after its last completed step."},
+}
+
+func (c *Console) confirmJob(w http.ResponseWriter, r *http.Request, v view) error {
+	a, ok := jobActions[r.PathValue("action")]
+	if !ok {
+		http.NotFound(w, r)
+		return nil
+	}
+	v["Title"], v["Says"], v["Action"] = a[0], a[1], r.URL.Path
+	v["What"] = "job " + r.PathValue("id")
+	v["Back"] = "/jobs/" + r.PathValue("id")
+	v["Danger"] = r.PathValue("action") == "cancel"
+	c.render(w, http.StatusOK, "confirm.html", v)
+	return nil
+}
+
+func (c *Console) jobAction(w http.ResponseWriter, r *http.Request, v view) error {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		http.NotFound(w, r)
+		return nil
+	}
+	switch r.PathValue("action") {
+	case "cancel":
+		_, err = c.client().CancelJob(r.Context(), id)
+	case "retry":
+		_, err = c.client().RetryJob(r.Context(), id)
+	default:
+		http.NotFound(w, r)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	http.Redirect(w, r, fmt.Sprintf("/jobs/%d?done=%s-job", id, r.PathValue("action")), http.StatusSeeOther)
 	return nil
 }
 

@@ -58,14 +58,8 @@ func (s *sessions) create(now time.Time, ttl time.Duration) string {
 	return id
 }
 
-// valid reports whether id is a live session; an expired one is deleted.
-// Expiry is absolute: using a session does not extend it.
-func (s *sessions) valid(id string, now time.Time) bool {
-	_, ok := s.get(id, now)
-	return ok
-}
-
-// get returns a live session; an expired one is deleted.
+// get returns a live session; an expired one is deleted. Expiry is
+// absolute: using a session does not extend it.
 func (s *sessions) get(id string, now time.Time) (session, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
