@@ -155,6 +155,29 @@ func TestConsole_Pages(t *testing.T) {
 			}
 		}
 	}
+	// Paged one by one, by id and by size: each page has one tenant and
+	// links to the next or previous page, keeping the filters.
+	for _, first := range []string{"/tenants?per=1&state=active", "/tenants?per=1&state=active&sort=size"} {
+		_, p1 := b.get(first)
+		next := regexp.MustCompile(`href="([^"]+)" id="next"`).FindStringSubmatch(p1)
+		if next == nil {
+			t.Fatalf("%s: no next link:\n%s", first, p1)
+		}
+		nextURL := html.UnescapeString(next[1])
+		if !strings.Contains(nextURL, "state=active") || !strings.Contains(nextURL, "per=1") {
+			t.Errorf("%s: next link %s drops the filters", first, nextURL)
+		}
+		_, p2 := b.get(nextURL)
+		for _, tn := range []api.Tenant{f.acme, f.globex} {
+			in1, in2 := strings.Contains(p1, tn.ID), strings.Contains(p2, tn.ID)
+			if in1 == in2 {
+				t.Errorf("%s: tenant %s on page 1 %v, page 2 %v: want exactly one", first, tn.ID, in1, in2)
+			}
+		}
+		if strings.Contains(p2, `id="next"`) || !strings.Contains(p2, `id="prev"`) {
+			t.Errorf("%s: the last page has a next link or no previous one", first)
+		}
+	}
 	if status, page := b.get("/tenants/abcdefghijkl"); status != 404 || !strings.Contains(page, "not found") {
 		t.Errorf("missing tenant: %d\n%s", status, page)
 	}

@@ -15,8 +15,9 @@ import (
 	"github.com/pgtenant/pgtenant/internal/migrate"
 )
 
-// pageSize is the tenants on one page of the list.
-const pageSize = 50
+// pageSize is the tenants on one page of the list unless ?per= (up to
+// maxPageSize) says otherwise.
+const pageSize, maxPageSize = 50, 500
 
 // refreshSeconds is how often a page with work in flight reloads itself
 // (<meta http-equiv="refresh">: live progress without JavaScript).
@@ -87,40 +88,48 @@ func (c *Console) tenants(w http.ResponseWriter, r *http.Request, v view) error 
 			q.Set(k, s)
 		}
 	}
+	per := pageSize
+	if n, err := strconv.Atoi(in.Get("per")); err == nil && n > 0 {
+		per = min(n, maxPageSize)
+		if per != pageSize {
+			q.Set("per", strconv.Itoa(per))
+		}
+	}
 	page := 0
 	if q.Get("sort") != "" {
 		page, _ = strconv.Atoi(in.Get("page"))
 		page = max(page, 0)
-		q.Set("limit", strconv.Itoa((page+1)*pageSize+1))
+		q.Set("limit", strconv.Itoa((page+1)*per+1))
 	} else {
-		q.Set("limit", strconv.Itoa(pageSize+1))
+		q.Set("limit", strconv.Itoa(per+1))
 		if a := in.Get("after"); a != "" {
 			q.Set("after", a)
 		}
 	}
-	cl := c.client()
-	ts, err := cl.Tenants(r.Context(), q)
-	if err != nil {
-		return err
-	}
-	filters := url.Values{}
+	filters := url.Values{} // what the page's links keep
 	for k, vs := range q {
 		if k != "limit" && k != "after" {
 			filters[k] = vs
 		}
 	}
+	q.Del("per")
+	cl := c.client()
+	ts, err := cl.Tenants(r.Context(), q)
+	if err != nil {
+		return err
+	}
 	if q.Get("sort") != "" {
-		ts = ts[min(page*pageSize, len(ts)):]
-		if len(ts) > pageSize {
+		ts = ts[min(page*per, len(ts)):]
+		if len(ts) > per {
 			v["Next"] = "/tenants?" + withValues(filters, "page", strconv.Itoa(page+1))
-			ts = ts[:pageSize]
+			ts = ts[:per]
 		}
 		if page > 0 {
 			v["Prev"] = "/tenants?" + withValues(filters, "page", strconv.Itoa(page-1))
 		}
 	} else {
-		if len(ts) > pageSize {
-			ts = ts[:pageSize]
+		if len(ts) > per {
+			ts = ts[:per]
 			v["Next"] = "/tenants?" + withValues(filters, "after", ts[len(ts)-1].ID)
 		}
 		if q.Get("after") != "" {
