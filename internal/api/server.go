@@ -72,6 +72,8 @@ type Server struct {
 	Deps
 	mux *http.ServeMux
 	log *slog.Logger
+	// routes are the /v1 patterns registered, for the OpenAPI test.
+	routes []string
 }
 
 // NewServer builds the routes.
@@ -81,6 +83,8 @@ func NewServer(d Deps) *Server {
 	if !d.MetricsElsewhere {
 		s.mux.Handle("GET /metrics", s.metrics())
 	}
+	s.mux.HandleFunc("GET /v1/openapi.json", s.serveOpenAPI)
+	s.routes = append(s.routes, "GET /v1/openapi.json")
 	s.handle("GET /v1/clusters", s.listClusters)
 	s.handle("POST /v1/clusters", s.addCluster)
 	s.handle("GET /v1/clusters/{name}", s.showCluster)
@@ -111,9 +115,9 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/rollouts/{id}/continue", s.continueRollout)
 	s.handle("POST /v1/rollouts/{id}/retry", s.retryRollout)
 	s.metricsRoutes()
-	s.handle("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
+	s.mux.HandleFunc("GET /v1/", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
-	})
+	}))
 	if d.Console != nil {
 		s.mux.Handle("/", d.Console)
 	}
@@ -177,9 +181,16 @@ func refuse(w http.ResponseWriter) {
 	writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
 }
 
-// handle wraps a /v1 handler with token auth and error mapping.
+// handle registers a /v1 route, wrapped with token auth and error mapping.
+// Each one must be described in openapi.go (TestOpenAPI_DescribesEveryRoute).
 func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
-	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	s.routes = append(s.routes, pattern)
+	s.mux.HandleFunc(pattern, s.wrap(h))
+}
+
+// wrap adds token auth and error mapping to a handler.
+func (s *Server) wrap(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.authorized(r) {
 			refuse(w)
 			return
@@ -193,7 +204,7 @@ func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Reques
 			}
 			writeError(w, err)
 		}
-	})
+	}
 }
 
 func (s *Server) authorized(r *http.Request) bool {

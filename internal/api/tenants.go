@@ -105,7 +105,7 @@ func (s *Server) tenantView(t catalog.Tenant) (Tenant, error) {
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	f := catalog.TenantFilter{State: q.Get("state"), Cluster: q.Get("cluster"), Template: q.Get("template"),
-		Mode: q.Get("mode"), After: q.Get("after")}
+		Mode: q.Get("mode"), Tier: q.Get("tier"), Search: strings.TrimSpace(q.Get("q")), After: q.Get("after")}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -121,8 +122,12 @@ type TenantFilter struct {
 	Cluster  string
 	Template string
 	Mode     string
-	Limit    int
-	After    string // id cursor
+	Tier     string
+	// Search matches the id exactly, or part of the name or external id
+	// (case-insensitive; % and _ are literal).
+	Search string
+	Limit  int
+	After  string // id cursor
 }
 
 // ListTenants returns tenants ordered by id.
@@ -136,12 +141,18 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
 		WHERE (($1 = '' AND `+notSpare+`) OR (state = $1 AND NOT (state = 'purging' AND claimed_at IS NULL)))
 		  AND ($2 = '' OR cluster = $2) AND ($3 = '' OR template = $3) AND ($4 = '' OR mode = $4)
-		  AND id > $5
-		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit)
+		  AND id > $5 AND ($7 = '' OR tier = $7)
+		  AND ($8 = '' OR id = $8 OR name ILIKE '%' || $9 || '%' OR external_id ILIKE '%' || $9 || '%')
+		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit, f.Tier, f.Search, likeEscape(f.Search))
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// likeEscape makes s match itself in a LIKE pattern (escape character \).
+func likeEscape(s string) string {
+	return strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(s)
 }
 
 // ClaimSpare locks the oldest ready spare of a pool in tx, or returns

@@ -1,22 +1,34 @@
-// Package console is pgtenant's small read-only web console: clusters with
-// their standbys, templates, tenants and recent jobs, from the same catalog
-// and probes the API uses. It asks for the API token once and answers with
-// a server-side session: the cookie holds a random session id, never the
-// token. It changes nothing in the fleet.
+// Package console is pgtenant's web console, rendered on the server (no
+// JavaScript): clusters with their standbys' lag and the pacer over time,
+// tenants searched and paged, a tenant's events, quota, prewarm state and
+// metrics charts, jobs and rollouts refreshing while they run, and the
+// operator's actions (suspend, resume, drop, restore, purge now, password,
+// start, continue and retry a rollout), each confirmed on a page of its own.
+//
+// It reads and acts only through the API's own handlers, called in-process
+// with the token (inprocess.go): there is no second implementation of a
+// rule, and what the console shows is what the API answers. It asks for the
+// token once and answers with a server-side session: the cookie holds a
+// random session id, never the token. Its forms post only with the
+// session's CSRF token and from the console's own origin.
 package console
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"embed"
+	"errors"
 	"fmt"
 	"html/template"
 	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -31,11 +43,7 @@ var files embed.FS
 //go:embed static/console.css
 var stylesheet []byte
 
-var pages = template.Must(template.New("").Funcs(template.FuncMap{
-	"bytes": humanBytes,
-	"rate":  func(f float64) string { return humanBytes(int64(f)) + "/s" },
-	"ago":   func(t time.Time) string { return time.Since(t).Round(time.Second).String() + " ago" },
-}).ParseFS(files, "templates/*.html"))
+var pages = template.Must(template.New("").Funcs(funcs).ParseFS(files, "templates/*.html"))
 
 func humanBytes(n int64) string {
 	switch {
@@ -51,7 +59,10 @@ func humanBytes(n int64) string {
 type Console struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
-	Token    string
+	// API is the API server: every page reads, and every action acts,
+	// through its handlers (inprocess.go).
+	API   http.Handler
+	Token string
 	// SessionTTL is how long a login lasts, from the login (absolute expiry:
 	// a session in use is not extended, so a stolen cookie is good for at
 	// most this long); 0 means 12h.
@@ -60,6 +71,10 @@ type Console struct {
 
 	sessions sessions
 	now      func() time.Time // tests move the clock; nil is time.Now
+	history  history          // clusters over time (Run)
+
+	muxOnce sync.Once
+	mux     *http.ServeMux
 }
 
 const (
@@ -72,34 +87,96 @@ const (
 	failDelay = time.Second
 )
 
-// ServeHTTP routes /, /login, /logout and the stylesheet.
+// ServeHTTP routes the console's pages.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if _, err := r.Cookie(legacyCookie); err == nil {
 		http.SetCookie(w, &http.Cookie{Name: legacyCookie, Path: "/", MaxAge: -1, HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	}
-	switch {
-	case r.URL.Path == "/static/console.css" && r.Method == http.MethodGet:
+	c.muxOnce.Do(c.routes)
+	c.mux.ServeHTTP(w, r)
+}
+
+// routes builds the console's mux. Pages need a session; a page asked for
+// without one shows the login form. Every POST but login and logout also
+// needs the session's CSRF token (action).
+func (c *Console) routes() {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /static/console.css", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/css; charset=utf-8")
 		w.Header().Set("Cache-Control", "max-age=3600") // no data in it
 		_, _ = w.Write(stylesheet)
-	case (r.URL.Path == "/login" || r.URL.Path == "/logout") && r.Method == http.MethodPost:
+	})
+	m.HandleFunc("POST /login", c.sameOriginOnly(c.login))
+	m.HandleFunc("POST /logout", c.sameOriginOnly(c.logout))
+	m.HandleFunc("GET /{$}", c.page(c.overview))
+	m.HandleFunc("GET /tenants", c.page(c.tenants))
+	m.HandleFunc("GET /tenants/{id}", c.page(c.tenant))
+	m.HandleFunc("GET /tenants/{id}/{action}", c.page(c.confirmTenant))
+	m.HandleFunc("POST /tenants/{id}/{action}", c.action(c.tenantAction))
+	m.HandleFunc("GET /jobs", c.page(c.jobs))
+	m.HandleFunc("GET /jobs/{id}", c.page(c.job))
+	m.HandleFunc("GET /jobs/{id}/{action}", c.page(c.confirmJob))
+	m.HandleFunc("POST /jobs/{id}/{action}", c.action(c.jobAction))
+	m.HandleFunc("GET /templates/{name}", c.page(c.template))
+	m.HandleFunc("GET /templates/{name}/rollout", c.page(c.confirmStartRollout))
+	m.HandleFunc("POST /templates/{name}/rollout", c.action(c.startRollout))
+	m.HandleFunc("GET /rollouts", c.page(c.rollouts))
+	m.HandleFunc("GET /rollouts/{id}", c.page(c.rollout))
+	m.HandleFunc("GET /rollouts/{id}/{action}", c.page(c.confirmRollout))
+	m.HandleFunc("POST /rollouts/{id}/{action}", c.action(c.rolloutAction))
+	m.HandleFunc("GET /clusters", c.page(c.clusters))
+	c.mux = m
+}
+
+// sameOriginOnly refuses a POST from another site.
+func (c *Console) sameOriginOnly(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
 		if !sameOrigin(r) {
 			http.Error(w, "cross-origin request refused", http.StatusForbidden)
 			return
 		}
-		if r.URL.Path == "/login" {
-			c.login(w, r)
-		} else {
-			c.logout(w, r)
-		}
-	case r.URL.Path == "/" && r.Method == http.MethodGet:
-		if !c.authorized(r) {
-			c.render(w, "login.html", map[string]any{"Failed": r.URL.Query().Has("failed")})
+		h(w, r)
+	}
+}
+
+// view is what every page's layout needs; pages add their own fields.
+type view map[string]any
+
+// page serves a GET page to a logged-in operator; others get the login form.
+func (c *Console) page(h func(w http.ResponseWriter, r *http.Request, v view) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ss, ok := c.session(r)
+		if !ok {
+			c.render(w, http.StatusOK, "login.html", view{"Failed": r.URL.Query().Has("failed") && r.URL.Path == "/"})
 			return
 		}
-		c.overview(w, r)
-	default:
-		http.NotFound(w, r)
+		v := view{"LoggedIn": true, "CSRF": ss.csrf, "Now": c.clock(), "Path": r.URL.Path}
+		if err := h(w, r, v); err != nil {
+			c.fail(w, r, v, err)
+		}
+	}
+}
+
+// action serves a POST that changes something: a session, a form from the
+// console's own origin and the session's CSRF token are all required.
+func (c *Console) action(h func(w http.ResponseWriter, r *http.Request, v view) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ss, ok := c.session(r)
+		if !ok || !sameOrigin(r) {
+			http.Error(w, "refused: log in to the console first, from its own pages", http.StatusForbidden)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, 16<<10)
+		if subtle.ConstantTimeCompare([]byte(r.PostFormValue("csrf")), []byte(ss.csrf)) != 1 {
+			c.Logger.Warn("console form without its CSRF token refused", "component", "console", "remote", r.RemoteAddr, "path", r.URL.Path)
+			http.Error(w, "refused: the form's CSRF token is missing or stale; reload the page and try again", http.StatusForbidden)
+			return
+		}
+		v := view{"LoggedIn": true, "CSRF": ss.csrf, "Now": c.clock(), "Path": r.URL.Path}
+		c.Logger.Info("console action", "component", "console", "path", r.URL.Path, "remote", r.RemoteAddr)
+		if err := h(w, r, v); err != nil {
+			c.fail(w, r, v, err)
+		}
 	}
 }
 
@@ -119,8 +196,17 @@ func (c *Console) ttl() time.Duration {
 
 // authorized reports whether the request carries a live session's id.
 func (c *Console) authorized(r *http.Request) bool {
+	_, ok := c.session(r)
+	return ok
+}
+
+// session returns the request's live session.
+func (c *Console) session(r *http.Request) (session, bool) {
 	ck, err := r.Cookie(cookieName)
-	return err == nil && c.sessions.valid(ck.Value, c.clock())
+	if err != nil {
+		return session{}, false
+	}
+	return c.sessions.get(ck.Value, c.clock())
 }
 
 // sameOrigin reports whether a POST comes from the console's own pages:
@@ -191,13 +277,11 @@ type clusterRow struct {
 	Health                    cluster.Health
 }
 
-func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
+func (c *Console) overview(w http.ResponseWriter, r *http.Request, v view) error {
 	ctx := r.Context()
-	data := map[string]any{"Now": time.Now(), "LoggedIn": true}
 	cls, err := c.Store.Clusters(ctx)
 	if err != nil {
-		c.fail(w, err)
-		return
+		return err
 	}
 	var rows []clusterRow
 	for _, cr := range cls {
@@ -211,35 +295,45 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) {
 		}
 		rows = append(rows, row)
 	}
-	data["Clusters"] = rows
-	if data["Templates"], err = c.Store.Templates(ctx); err != nil {
-		c.fail(w, err)
-		return
+	v["Clusters"] = rows
+	if v["Templates"], err = c.Store.Templates(ctx); err != nil {
+		return err
 	}
-	if data["Tenants"], err = c.Store.ListTenants(ctx, catalog.TenantFilter{Limit: 200}); err != nil {
-		c.fail(w, err)
-		return
+	if v["Jobs"], err = jobs.List(ctx, c.Store.Pool(), jobs.Filter{Limit: 10}); err != nil {
+		return err
 	}
-	if data["Jobs"], err = jobs.List(ctx, c.Store.Pool(), jobs.Filter{Limit: 30}); err != nil {
-		c.fail(w, err)
-		return
-	}
-	c.render(w, "overview.html", data)
+	c.render(w, http.StatusOK, "overview.html", v)
+	return nil
 }
 
-func (c *Console) render(w http.ResponseWriter, name string, data any) {
+func (c *Console) render(w http.ResponseWriter, status int, name string, data any) {
+	var b bytes.Buffer
+	if err := pages.ExecuteTemplate(&b, name, data); err != nil {
+		c.Logger.Error("render console page", "component", "console", "page", name, "err", err)
+		http.Error(w, "the page could not be rendered (a bug, logged)", http.StatusInternalServerError)
+		return
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	// Not no-referrer: with it browsers send "Origin: null" on the page's
 	// own form posts (Fetch standard), which the Origin check must refuse.
 	// same-origin sends nothing to other sites either.
 	w.Header().Set("Referrer-Policy", "same-origin")
 	w.Header().Set("Cache-Control", "no-store")
-	if err := pages.ExecuteTemplate(w, name, data); err != nil {
-		c.Logger.Error("render console page", "component", "console", "page", name, "err", err)
-	}
+	w.WriteHeader(status)
+	_, _ = w.Write(b.Bytes())
 }
 
-func (c *Console) fail(w http.ResponseWriter, err error) {
-	c.Logger.Error("console", "component", "console", "err", err)
-	http.Error(w, "the catalog could not be read: "+err.Error(), http.StatusServiceUnavailable)
+// fail shows an error page: the API's message and status (a refused
+// action says why, e.g. "tenant … is dropped"), or 503 for the catalog.
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, v view, err error) {
+	status, msg := http.StatusServiceUnavailable, "the catalog could not be read: "+err.Error()
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		status, msg = ae.Status, ae.Message
+	}
+	if status >= 500 {
+		c.Logger.Error("console", "component", "console", "path", r.URL.Path, "err", err)
+	}
+	v["Status"], v["Error"] = status, msg
+	c.render(w, status, "error.html", v)
 }

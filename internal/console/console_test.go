@@ -13,13 +13,16 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
-// TestPages_Render renders both pages with representative data, so a
-// template error is a test failure, not a blank page in production.
+// TestPages_Render renders the login page and the overview with
+// representative data, so a template error is a test failure, not a blank
+// page in production (the other pages render in TestConsole_Pages, on a
+// real daemon).
 func TestPages_Render(t *testing.T) {
 	var b strings.Builder
-	if err := pages.ExecuteTemplate(&b, "login.html", map[string]any{"Failed": true}); err != nil {
+	if err := pages.ExecuteTemplate(&b, "login.html", view{"Failed": true}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(b.String(), "not right") {
@@ -29,26 +32,81 @@ func TestPages_Render(t *testing.T) {
 		t.Errorf("login page offers to log out")
 	}
 	b.Reset()
-	data := map[string]any{
+	data := view{
 		"Now": time.Now(),
 		"Clusters": []clusterRow{{Name: "local", Kind: "managed", Status: "up", Health: cluster.Health{ServerVersion: "15.18",
 			WALBytesPerSec: 2048, Standbys: []cluster.StandbyState{{Name: "local/standby1", State: "streaming", ReplayLagBytes: 3 << 20}}}}},
-		"Templates": []catalog.Template{{Name: "saas", CurrentVersion: 2, CreatedAt: time.Now()}},
-		"Tenants":   []catalog.Tenant{{ID: "abcdefghijkl", Name: "<script>alert(1)</script>", Mode: "schema", Template: "saas", Version: 2}},
-		"Jobs":      nil,
+		"Templates": []catalog.Template{{Name: "<script>alert(1)</script>", CurrentVersion: 2, CreatedAt: time.Now()}},
+		"Jobs":      []jobs.Job{{ID: 7, Type: "purge", State: "running", ProgressDone: 1, ProgressTotal: 4, ProgressMsg: "dropping"}},
 		"LoggedIn":  true,
+		"CSRF":      "tok",
 	}
 	if err := pages.ExecuteTemplate(&b, "overview.html", data); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"local/standby1", "3.0 MB", "2.0 kB/s", "saas v2", "&lt;script&gt;", `<form method="post" action="/logout">`} {
+	for _, want := range []string{"local/standby1", "3.0 MB", "2.0 kB/s", "&lt;script&gt;", `<form method="post" action="/logout">`,
+		`<progress max="100" value="25">`, `href="/jobs/7"`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("overview lacks %q", want)
 		}
 	}
 	if strings.Contains(out, "<script>alert") {
-		t.Error("a tenant's display name reached the page unescaped")
+		t.Error("a name reached the page unescaped")
+	}
+}
+
+// TestCharts_Draw: a series becomes a polyline scaled to its largest value
+// within the window; points before the window are left out; no series
+// says so instead of drawing an empty frame.
+func TestCharts_Draw(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	pts := []point{{now.Add(-2 * time.Hour), 1e9}, {now.Add(-30 * time.Minute), 100}, {now.Add(-time.Minute), 200}}
+	c := drawChart("size", pts, time.Hour, now, formatCount)
+	svg := string(c.SVG)
+	if got, want := c.Latest, "200"; got != want {
+		t.Errorf("latest = %q, want %q", got, want)
+	}
+	// 30 minutes into the hour: x = 180; 100 of a 200 top: y = 90 - 86/2 = 47.
+	for _, want := range []string{`points="180.0,47.0 354.0,4.0"`, "max 200", "1h ago"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("chart lacks %q:\n%s", want, svg)
+		}
+	}
+	if inlineRE.MatchString(svg) {
+		t.Errorf("chart has what the CSP blocks:\n%s", svg)
+	}
+	if e := drawChart("size", nil, time.Hour, now, formatCount); !e.Empty || e.SVG != "" {
+		t.Errorf("empty series drawn: %+v", e)
+	}
+	hist := tenantCharts([]catalog.Rollup{{Minute: now.Add(-time.Minute), BlksHit: 3, BlksRead: 1, Connections: 2}}, time.Hour, now)
+	if got, want := hist[3].Latest, "75.0%"; got != want {
+		t.Errorf("hit ratio = %q, want %q", got, want)
+	}
+}
+
+// TestClusterCharts: the samples Run keeps become each cluster's charts of
+// the last hour (largest replay lag, WAL/s, steps held by the pacer);
+// samples older than the hour are not drawn.
+func TestClusterCharts(t *testing.T) {
+	now := time.Date(2025, 1, 1, 12, 0, 0, 0, time.UTC)
+	c := &Console{}
+	c.history.samples = map[string][]sample{
+		"b": {{at: now.Add(-2 * time.Hour), lag: 1 << 30}, {at: now.Add(-time.Minute), lag: 2 << 20, walPerS: 4096, waiting: 3}},
+		"a": {{at: now.Add(-time.Minute)}},
+	}
+	got := c.clusterCharts(now)
+	if len(got) != 2 || got[0].Cluster != "a" || got[1].Cluster != "b" {
+		t.Fatalf("charts for %+v, want a then b", got)
+	}
+	b := got[1].Charts
+	for i, want := range []string{"2.0 MB", "4.0 kB/s", "3"} {
+		if b[i].Latest != want || b[i].Empty {
+			t.Errorf("b %s: latest %q, want %q", b[i].Title, b[i].Latest, want)
+		}
+	}
+	if strings.Contains(string(b[0].SVG), "1024.0 MB") {
+		t.Error("a sample older than the hour was drawn")
 	}
 }
 

@@ -12,14 +12,21 @@ import (
 // against a script that logs in in a loop, not against strangers.
 const maxSessions = 1000
 
+// session is one login: its expiry and the token its pages' forms carry
+// (CSRF: a form posted from elsewhere cannot know it).
+type session struct {
+	exp  time.Time
+	csrf string
+}
+
 // sessions are the console's logins: a random id (the cookie's only
-// content) mapped to its expiry. They live in this daemon's memory only:
+// content) mapped to its expiry and CSRF token. They live in this daemon's memory only:
 // a restart logs everyone out, and daemons sharing a catalog do not share
 // them (a load balancer in front of several needs sticky sessions). The
 // zero value is ready to use.
 type sessions struct {
 	mu   sync.Mutex
-	byID map[string]time.Time
+	byID map[string]session
 }
 
 // newSessionID returns 256 random bits, URL-safe.
@@ -36,32 +43,32 @@ func (s *sessions) create(now time.Time, ttl time.Duration) string {
 	defer s.mu.Unlock()
 	s.pruneLocked(now)
 	if s.byID == nil {
-		s.byID = map[string]time.Time{}
+		s.byID = map[string]session{}
 	}
 	if len(s.byID) >= maxSessions {
 		var oldest string
 		for k, exp := range s.byID {
-			if oldest == "" || exp.Before(s.byID[oldest]) {
+			if oldest == "" || exp.exp.Before(s.byID[oldest].exp) {
 				oldest = k
 			}
 		}
 		delete(s.byID, oldest)
 	}
-	s.byID[id] = now.Add(ttl)
+	s.byID[id] = session{exp: now.Add(ttl), csrf: newSessionID()}
 	return id
 }
 
-// valid reports whether id is a live session; an expired one is deleted.
-// Expiry is absolute: using a session does not extend it.
-func (s *sessions) valid(id string, now time.Time) bool {
+// get returns a live session; an expired one is deleted. Expiry is
+// absolute: using a session does not extend it.
+func (s *sessions) get(id string, now time.Time) (session, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	exp, ok := s.byID[id]
-	if ok && !now.Before(exp) {
+	ss, ok := s.byID[id]
+	if ok && !now.Before(ss.exp) {
 		delete(s.byID, id)
-		return false
+		return session{}, false
 	}
-	return ok
+	return ss, ok
 }
 
 // delete ends a session (logout); an unknown id is no error.
@@ -79,8 +86,8 @@ func (s *sessions) len() int {
 }
 
 func (s *sessions) pruneLocked(now time.Time) {
-	for id, exp := range s.byID {
-		if !now.Before(exp) {
+	for id, ss := range s.byID {
+		if !now.Before(ss.exp) {
 			delete(s.byID, id)
 		}
 	}

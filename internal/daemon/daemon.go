@@ -84,6 +84,7 @@ type Daemon struct {
 	// collector measures tenants (and checks quotas); capper enforces statement caps.
 	collector *metrics.Collector
 	capper    *quota.Capper
+	console   *console.Console // samples the clusters for its charts
 	// poolers keep each cluster's PgBouncer in line with the catalog.
 	poolers *pooler.Set
 }
@@ -180,10 +181,12 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.capper.Register(reg)
 	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers}
 
+	d.console = &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm,
-		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}, Migrate: mig,
+		Console: d.console, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
+	d.console.API = srv // the console reads and acts through the API's handlers
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -407,7 +410,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

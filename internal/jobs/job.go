@@ -145,19 +145,27 @@ func Enqueue(ctx context.Context, q Querier, s Spec, defaultAttempts int) (Job, 
 	if s.Cluster != "" {
 		cluster = &s.Cluster
 	}
-	j, err := scanJob(q.QueryRow(ctx, `
+	// A few rounds: under read committed each statement sees the jobs
+	// committed before it, so a key freed between the two is taken by the
+	// next insert.
+	for round := 0; ; round++ {
+		j, err := scanJob(q.QueryRow(ctx, `
 		INSERT INTO jobs (type, key, target_kind, target, cluster, args, max_attempts, run_after, priority)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
 		ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'paused') DO NOTHING
 		RETURNING `+jobColumns, s.Type, key, s.TargetKind, s.Target, cluster, args, s.MaxAttempts, s.RunAfter, s.Priority))
-	if errors.Is(err, pgx.ErrNoRows) && key != nil {
-		return scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs
+		if errors.Is(err, pgx.ErrNoRows) && key != nil {
+			j, err = scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs
 			WHERE key = $1 AND state IN ('queued', 'running', 'waiting', 'paused')`, *key))
+			if errors.Is(err, pgx.ErrNoRows) && round < 5 {
+				continue // the job that held the key ended in between: insert again
+			}
+		}
+		if err != nil {
+			return Job{}, fmt.Errorf("enqueue %s job: %w", s.Type, err)
+		}
+		return j, nil
 	}
-	if err != nil {
-		return Job{}, fmt.Errorf("enqueue %s job: %w", s.Type, err)
-	}
-	return j, nil
 }
 
 // Get returns a job with its completed steps.

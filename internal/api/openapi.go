@@ -1,0 +1,301 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/doctor"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/prewarm"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+// The OpenAPI 3.1 document of /v1 (GET /v1/openapi.json). Its operations
+// are the table below; its schemas are built from the wire types
+// themselves, so that a field is described exactly as encoding/json writes
+// it. TestOpenAPI_* check the table against the router (every route
+// described, nothing described that is not routed), the schemas against
+// answers of a real daemon, and the README's API table against the document.
+
+// operation is one route as the document describes it.
+type operation struct {
+	method, path string
+	summary      string
+	query        []param
+	request      any // a value of the JSON body's type; nil: no body
+	optionalBody bool
+	status       int // the success status
+	response     any // a value of the answer's type
+	public       bool
+}
+
+type param struct{ name, typ, desc string }
+
+var (
+	limitParam = param{"limit", "integer", "at most this many"}
+	// operations is every /v1 route, in the README's order.
+	operations = []operation{
+		{method: "GET", path: "/v1/openapi.json", summary: "this document (no token needed)", status: 200, response: map[string]any{}, public: true},
+		{method: "GET", path: "/v1/clusters", summary: "list clusters, probed now", status: 200, response: []Cluster{}},
+		{method: "POST", path: "/v1/clusters", summary: "register an external cluster", request: AddClusterRequest{}, status: 201, response: Cluster{}},
+		{method: "GET", path: "/v1/clusters/{name}", summary: "show a cluster with its server's settings", status: 200, response: ClusterDetail{}},
+		{method: "GET", path: "/v1/templates", summary: "list templates", status: 200, response: []TemplateSummary{}},
+		{method: "POST", path: "/v1/templates", summary: "create a template (version 1) and start its builds", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
+		{method: "GET", path: "/v1/templates/{name}", summary: "show a template: versions, builds, tenants by version", status: 200, response: TemplateDetail{}},
+		{method: "POST", path: "/v1/templates/{name}/versions", summary: "push the next version of a template", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
+		{method: "DELETE", path: "/v1/templates/{name}", summary: "delete a template without tenants", status: 202, response: templates.Deleted{}},
+		{method: "POST", path: "/v1/tenants", summary: "create a tenant (201; 200 for a known external id; 202 while a cold build outlasts provision.cold_wait)", request: provision.Request{}, status: 201, response: CreateTenantResponse{}},
+		{method: "GET", path: "/v1/tenants", summary: "list tenants (spares are never listed)", query: []param{
+			{"q", "string", "search: the id, or part of the name or external id (case-insensitive)"},
+			{"state", "string", "active, suspended, dropped, provisioning, purging"},
+			{"template", "string", "template name"}, {"mode", "string", "database or schema"},
+			{"cluster", "string", "cluster name"}, {"tier", "string", "tier name"},
+			{"sort", "string", "size or activity: largest or busiest first (not paged)"},
+			limitParam, {"after", "string", "the last id of the previous page"}}, status: 200, response: []Tenant{}},
+		{method: "GET", path: "/v1/tenants/{id}", summary: "show a tenant with its events, metrics and prewarm state", status: 200, response: Tenant{}},
+		{method: "DELETE", path: "/v1/tenants/{id}", summary: "drop a tenant (restorable until its purge)", query: []param{{"purge_now", "boolean", "purge at once"}}, status: 200, response: LifecycleResponse{}},
+		{method: "POST", path: "/v1/tenants/{id}/restore", summary: "restore a dropped tenant", status: 200, response: LifecycleResponse{}},
+		{method: "POST", path: "/v1/tenants/{id}/suspend", summary: "suspend a tenant: no logins, sessions ended", status: 200, response: LifecycleResponse{}},
+		{method: "POST", path: "/v1/tenants/{id}/resume", summary: "resume a suspended tenant", status: 200, response: LifecycleResponse{}},
+		{method: "POST", path: "/v1/tenants/{id}/password", summary: "rotate a tenant's password", request: RotatePasswordRequest{}, optionalBody: true, status: 200, response: RotatePasswordResponse{}},
+		{method: "GET", path: "/v1/jobs", summary: "list jobs, newest first", query: []param{
+			{"state", "string", "a state, or active"}, {"type", "string", "job type"},
+			{"target_kind", "string", "tenant, template, cluster …"}, {"target", "string", "target id"}, limitParam}, status: 200, response: []jobs.Job{}},
+		{method: "GET", path: "/v1/jobs/{id}", summary: "show a job with its steps", status: 200, response: jobs.Job{}},
+		{method: "POST", path: "/v1/jobs/{id}/cancel", summary: "cancel a job", status: 200, response: jobs.Job{}},
+		{method: "POST", path: "/v1/jobs/{id}/retry", summary: "requeue a failed or cancelled job", status: 200, response: jobs.Job{}},
+		{method: "POST", path: "/v1/reconcile", summary: "compare the catalog with the clusters (and repair with fix)", request: ReconcileRequest{}, status: 200, response: reconcile.Report{}},
+		{method: "POST", path: "/v1/prewarm", summary: "start prewarm jobs for a tenant, a cluster or all", request: PrewarmRequest{}, status: 202, response: []jobs.Job{}},
+		{method: "POST", path: "/v1/tenants/{id}/prewarm", summary: "prewarm a tenant on every node", status: 202, response: []jobs.Job{}},
+		{method: "POST", path: "/v1/prewarm/capture", summary: "capture hot sets now", request: CaptureRequest{}, status: 200, response: []prewarm.CaptureResult{}},
+		{method: "POST", path: "/v1/templates/{name}/rollouts", summary: "start a rollout (201), or plan one with dry_run (200)", request: migrate.Request{}, status: 201, response: migrate.Started{}},
+		{method: "GET", path: "/v1/rollouts", summary: "list rollouts, newest first", query: []param{{"template", "string", "template name"}, limitParam}, status: 200, response: []migrate.Status{}},
+		{method: "GET", path: "/v1/rollouts/{id}", summary: "show a rollout with its tenants", query: []param{
+			{"state", "string", "tenants in these states (comma-separated: pending, running, done, failed, skipped) or all; default all but done"}, limitParam}, status: 200, response: migrate.Status{}},
+		{method: "POST", path: "/v1/rollouts/{id}/continue", summary: "let a rollout paused after its canary go on", status: 200, response: migrate.Status{}},
+		{method: "POST", path: "/v1/rollouts/{id}/retry", summary: "rerun a rollout's failed tenants (or one)", request: RetryRolloutRequest{}, optionalBody: true, status: 200, response: migrate.Status{}},
+		{method: "GET", path: "/v1/tenants/{id}/metrics", summary: "a tenant's figures, quota state and minute history", query: []param{{"history", "string", "a duration such as 1h or 7d"}}, status: 200, response: TenantMetrics{}},
+		{method: "PUT", path: "/v1/tenants/{id}/metrics/export", summary: "always export (or stop exporting) a tenant's series on /metrics", request: MetricsExportRequest{}, status: 200, response: TenantMetrics{}},
+		{method: "GET", path: "/v1/doctor", summary: "the doctor's report", query: []param{{"cluster", "string", "one cluster (default all)"}}, status: 200, response: doctor.Report{}},
+	}
+)
+
+var (
+	openAPIOnce sync.Once
+	openAPIJSON []byte
+)
+
+// OpenAPI returns the document, built once.
+func OpenAPI() []byte {
+	openAPIOnce.Do(func() {
+		b, err := json.MarshalIndent(buildOpenAPI(), "", "  ")
+		if err != nil {
+			panic(err) // maps and strings only
+		}
+		openAPIJSON = b
+	})
+	return openAPIJSON
+}
+
+// serveOpenAPI answers GET /v1/openapi.json without a token: it describes
+// the routes, not the fleet.
+func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(OpenAPI())
+}
+
+func buildOpenAPI() map[string]any {
+	sch := &schemas{defs: map[string]any{}, names: map[reflect.Type]string{}}
+	paths := map[string]any{}
+	errResp := map[string]any{"description": "an error: code and message", "content": map[string]any{
+		"application/json": map[string]any{"schema": sch.of(reflect.TypeFor[ErrorBody]())}}}
+	for _, op := range operations {
+		o := map[string]any{"summary": op.summary, "operationId": operationID(op)}
+		var params []any
+		for _, seg := range strings.Split(op.path, "/") {
+			if name, ok := strings.CutPrefix(seg, "{"); ok {
+				params = append(params, map[string]any{"name": strings.TrimSuffix(name, "}"), "in": "path", "required": true,
+					"schema": map[string]any{"type": "string"}})
+			}
+		}
+		for _, p := range op.query {
+			params = append(params, map[string]any{"name": p.name, "in": "query", "description": p.desc, "schema": map[string]any{"type": p.typ}})
+		}
+		if params != nil {
+			o["parameters"] = params
+		}
+		if op.request != nil {
+			o["requestBody"] = map[string]any{"required": !op.optionalBody, "content": map[string]any{
+				"application/json": map[string]any{"schema": sch.of(reflect.TypeOf(op.request))}}}
+		}
+		o["responses"] = map[string]any{
+			fmt.Sprint(op.status): map[string]any{"description": "success", "content": map[string]any{
+				"application/json": map[string]any{"schema": sch.of(reflect.TypeOf(op.response))}}},
+			"default": errResp,
+		}
+		if op.public {
+			o["security"] = []any{}
+		}
+		item, _ := paths[op.path].(map[string]any)
+		if item == nil {
+			item = map[string]any{}
+			paths[op.path] = item
+		}
+		item[strings.ToLower(op.method)] = o
+	}
+	return map[string]any{
+		"openapi": "3.1.0",
+		"info": map[string]any{"title": "pgtenant", "version": Version,
+			"description": "pgtenant's control-plane API. Every route but this document needs `Authorization: Bearer $PGTENANT_TOKEN`. A request body is exactly one JSON object with known fields."},
+		"paths":    paths,
+		"security": []any{map[string]any{"token": []any{}}},
+		"components": map[string]any{
+			"securitySchemes": map[string]any{"token": map[string]any{"type": "http", "scheme": "bearer"}},
+			"schemas":         sch.defs,
+		},
+	}
+}
+
+// operationID is e.g. "post_tenants_id_suspend".
+func operationID(op operation) string {
+	p := strings.NewReplacer("/v1/", "", "{", "", "}", "", "/", "_", ".", "_").Replace(op.path)
+	return strings.ToLower(op.method) + "_" + p
+}
+
+// schemas builds JSON Schemas (draft 2020-12, as OpenAPI 3.1 uses) from Go
+// types the way encoding/json marshals them; each struct becomes a named
+// component.
+type schemas struct {
+	defs  map[string]any
+	names map[reflect.Type]string
+}
+
+var (
+	timeType = reflect.TypeFor[time.Time]()
+	rawType  = reflect.TypeFor[json.RawMessage]()
+)
+
+func (s *schemas) of(t reflect.Type) map[string]any {
+	switch {
+	case t == timeType:
+		return map[string]any{"type": "string", "format": "date-time"}
+	case t == rawType:
+		return map[string]any{} // any JSON value
+	case t.Kind() == reflect.Pointer:
+		return map[string]any{"anyOf": []any{s.of(t.Elem()), map[string]any{"type": "null"}}}
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return map[string]any{"type": "string"}
+	case reflect.Bool:
+		return map[string]any{"type": "boolean"}
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return map[string]any{"type": "integer"}
+	case reflect.Float32, reflect.Float64:
+		return map[string]any{"type": "number"}
+	case reflect.Slice, reflect.Array:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return map[string]any{"type": "string", "contentEncoding": "base64"}
+		}
+		// A nil slice is written as null.
+		return map[string]any{"type": []any{"array", "null"}, "items": s.of(t.Elem())}
+	case reflect.Map:
+		return map[string]any{"type": []any{"object", "null"}, "additionalProperties": s.of(t.Elem())}
+	case reflect.Interface:
+		return map[string]any{}
+	case reflect.Struct:
+		return map[string]any{"$ref": "#/components/schemas/" + s.component(t)}
+	}
+	panic(fmt.Sprintf("openapi: no schema for %v", t))
+}
+
+// component defines t's schema once and returns its name.
+func (s *schemas) component(t reflect.Type) string {
+	if name, ok := s.names[t]; ok {
+		return name
+	}
+	name := t.Name()
+	if pkg := t.PkgPath(); !strings.HasSuffix(pkg, "/internal/api") {
+		name = pkg[strings.LastIndex(pkg, "/")+1:] + "." + name
+	}
+	s.names[t] = name
+	props, required := map[string]any{}, []any{}
+	for _, f := range jsonFields(t) {
+		props[f.name] = s.of(f.typ)
+		if !f.omitEmpty {
+			required = append(required, f.name)
+		}
+	}
+	def := map[string]any{"type": "object", "properties": props, "additionalProperties": false}
+	if len(required) > 0 {
+		def["required"] = required
+	}
+	s.defs[name] = def
+	return name
+}
+
+// field is one JSON member of a struct.
+type field struct {
+	name      string
+	typ       reflect.Type
+	omitEmpty bool
+}
+
+// jsonFields lists the members encoding/json writes for struct t: exported
+// fields by their tag's name, "-" skipped, untagged embedded structs
+// flattened (an outer field wins over an embedded one of the same name).
+func jsonFields(t reflect.Type) []field {
+	var out []field
+	seen := map[string]bool{}
+	var walk func(t reflect.Type, depth int)
+	var embedded []reflect.Type
+	walk = func(t reflect.Type, depth int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag := f.Tag.Get("json")
+			if tag == "-" {
+				continue
+			}
+			name, opts, _ := strings.Cut(tag, ",")
+			if f.Anonymous && name == "" {
+				et := f.Type
+				if et.Kind() == reflect.Pointer {
+					et = et.Elem()
+				}
+				if et.Kind() == reflect.Struct {
+					embedded = append(embedded, et)
+					continue
+				}
+			}
+			if !f.IsExported() {
+				continue
+			}
+			if name == "" {
+				name = f.Name
+			}
+			if seen[name] {
+				continue
+			}
+			seen[name] = true
+			out = append(out, field{name: name, typ: f.Type, omitEmpty: strings.Contains(","+opts+",", ",omitempty,") || strings.Contains(","+opts+",", ",omitzero,")})
+		}
+	}
+	walk(t, 0)
+	for len(embedded) > 0 {
+		next := embedded
+		embedded = nil
+		for _, et := range next {
+			walk(et, 1)
+		}
+	}
+	return out
+}
