@@ -32,11 +32,15 @@ const (
 
 // Tenant is one row of tenants (spares included).
 type Tenant struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	ExternalID string     `json:"external_id,omitempty"`
-	Mode       string     `json:"mode"`
-	Cluster    string     `json:"cluster"`
+	ID         string `json:"id"`
+	Name       string `json:"name"`
+	ExternalID string `json:"external_id,omitempty"`
+	Mode       string `json:"mode"`
+	Cluster    string `json:"cluster"`
+	// Front is the cluster whose pooler holds the tenant's entry (its DSN)
+	// when that is not its own cluster: a tenant moved keeps the front
+	// door it had. "" for every tenant that never moved.
+	Front      string     `json:"front,omitempty"`
 	Template   string     `json:"template"`
 	Version    int        `json:"version"`
 	Tier       string     `json:"tier"`
@@ -49,14 +53,44 @@ type Tenant struct {
 	PurgeAfter *time.Time `json:"purge_after,omitempty"`
 }
 
-const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, template, version, tier, state, database,
+const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, coalesce(front, ''), template, version, tier, state, database,
 	created_at, updated_at, claimed_at, dropped_at, purge_after`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
-	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Template, &t.Version, &t.Tier, &t.State,
+	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Front, &t.Template, &t.Version, &t.Tier, &t.State,
 		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter)
 	return t, err
+}
+
+// UnfinishedJob reports whether a job of a type on a target is queued,
+// running, waiting or paused (a tenant's move, for a rollout).
+func (s *Store) UnfinishedJob(ctx context.Context, typ, target string) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND target = $2
+		AND state IN ('queued', 'running', 'waiting', 'paused'))`, typ, target).Scan(&ok)
+	return ok, err
+}
+
+// FrontCluster is the cluster whose pooler serves the tenant's DSN.
+func (t Tenant) FrontCluster() string {
+	if t.Front != "" {
+		return t.Front
+	}
+	return t.Cluster
+}
+
+// MoveTenant records a tenant on cluster to (it was on from), keeping the
+// front door it had: the switch of a move, in the caller's transaction.
+// ErrConflict if the tenant is no longer on from.
+func (s *Store) MoveTenant(ctx context.Context, q Querier, id, from, to string) error {
+	tag, err := q.Exec(ctx, `UPDATE tenants SET cluster = $3,
+		front = CASE WHEN coalesce(front, cluster) = $3 THEN NULL ELSE coalesce(front, cluster) END, updated_at = now()
+		WHERE id = $1 AND cluster = $2`, id, from, to)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = fmt.Errorf("%w: tenant %s is not on cluster %s", ErrConflict, id, from)
+	}
+	return err
 }
 
 func nullIfEmpty(s string) *string {
@@ -98,8 +132,10 @@ func (s *Store) TenantByExternalID(ctx context.Context, externalID string) (Tena
 // TenantFilter narrows ListTenants. Spares (building/spare) are listed only
 // when State names them.
 type TenantFilter struct {
-	State    string
-	Cluster  string
+	State   string
+	Cluster string
+	// Front lists the tenants whose DSN goes through this cluster's pooler.
+	Front    string
 	Template string
 	Mode     string
 	Limit    int
@@ -114,8 +150,8 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
 		WHERE (($1 = '' AND state NOT IN ('building', 'spare')) OR state = $1)
 		  AND ($2 = '' OR cluster = $2) AND ($3 = '' OR template = $3) AND ($4 = '' OR mode = $4)
-		  AND id > $5
-		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit)
+		  AND id > $5 AND ($7 = '' OR coalesce(front, cluster) = $7)
+		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit, f.Front)
 	if err != nil {
 		return nil, err
 	}

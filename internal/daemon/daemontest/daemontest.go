@@ -144,8 +144,37 @@ func client(t testing.TB, d *daemon.Daemon, cfg config.Config) *api.Client {
 	return c
 }
 
+// StartClusters runs a daemon whose catalog is on pgs[0] with every
+// cluster of pgs managed, named after them (local, local2, …), each with
+// a PgBouncer in front when pooled.
+func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, pooled bool) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	opts := daemon.Options{Config: cfg, Logger: pgtest.Logger(t), Poolers: map[string]config.PoolerConfig{}}
+	for _, pg := range pgs {
+		opts.Managed = append(opts.Managed, managed(pg))
+		if pooled {
+			opts.Poolers[pg.Name()] = Pooler(t)
+		}
+	}
+	d, err := daemon.New(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	return d, client(t, d, cfg)
+}
+
 func managed(pg *pgtest.Cluster) catalog.Cluster {
-	m := catalog.Cluster{Name: "local", DSN: pg.PrimaryDSN("postgres")}
+	m := catalog.Cluster{Name: pg.Name(), DSN: pg.PrimaryDSN("postgres")}
 	for _, s := range pg.Standbys() {
 		m.StandbyDSNs = append(m.StandbyDSNs, pg.DSN(s, "postgres"))
 	}
