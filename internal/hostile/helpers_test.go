@@ -94,7 +94,7 @@ func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgt
 	var c *api.Client
 	switch {
 	case len(more) > 0:
-		d, c = daemontest.StartClusters(t, append([]*pgtest.Cluster{pg}, more...), cfg, pooled)
+		d, c, _ = daemontest.StartClusters(t, append([]*pgtest.Cluster{pg}, more...), cfg, pooled)
 	case pooled:
 		d, c = daemontest.StartPooled(t, pg, cfg)
 	default:

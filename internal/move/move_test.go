@@ -36,7 +36,12 @@ const pooledTier = "pooled"
 // saas template built on both.
 func fleet(t *testing.T) (*daemon.Daemon, *api.Client) {
 	t.Helper()
-	ctx := pgtest.Context(t)
+	d, c, _ := daemontest.StartClusters(t, pgs, testConfig(t), true)
+	buildSaas(t, c)
+	return d, c
+}
+
+func testConfig(t *testing.T) config.Config {
 	cfg := daemontest.Config(t, pgs[0])
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Metrics.Interval = 0
@@ -45,7 +50,12 @@ func fleet(t *testing.T) (*daemon.Daemon, *api.Client) {
 	cfg.Drop.Retention = config.Duration(time.Second)
 	cfg.Tiers[pooledTier] = config.Tier{ConnectionLimit: 5, StatementTimeout: config.Duration(30 * time.Second),
 		PoolMode: "transaction", PoolSize: 2, MaxDBConnections: 2}
-	d, c := daemontest.StartClusters(t, pgs, cfg, true)
+	return cfg
+}
+
+func buildSaas(t *testing.T, c *api.Client) {
+	t.Helper()
+	ctx := pgtest.Context(t)
 	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +65,6 @@ func fleet(t *testing.T) (*daemon.Daemon, *api.Client) {
 			t.Fatalf("build: %v %s", err, j.LastError)
 		}
 	}
-	return d, c
 }
 
 func connectDSN(ctx context.Context, dsn string) (*pgx.Conn, error) {
@@ -326,5 +335,118 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	js, err := c.Jobs(ctx, url.Values{"type": {move.Job}, "target": {r.Tenant.ID}})
 	if err != nil || len(js) != 1 {
 		t.Errorf("move jobs of the tenant: %d %v; want 1", len(js), err)
+	}
+}
+
+// waitStep waits until a job has recorded step (or ended).
+func waitStep(t *testing.T, c *api.Client, id int64, step string) jobs.Job {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	for {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range j.Steps {
+			if s.Step == step {
+				return j
+			}
+		}
+		if jobs.Finished(j.State) {
+			t.Fatalf("job %d ended %s before step %s: %s", id, j.State, step, j.LastError)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMove_ResumesAfterTheDaemonStops stops the daemon once the
+// subscription is made and starts another on the same catalog: it resumes
+// the move from its next step and finishes it, every row on the target.
+// Then a move cancelled during the copy leaves its tenant on its cluster,
+// serving, and nothing of it on the target.
+func TestMove_ResumesAfterTheDaemonStops(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := testConfig(t)
+	_, c, stop := daemontest.StartClusters(t, pgs, cfg, false)
+	buildSaas(t, c)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO organizations (name, slug) SELECT 'o' || i, 's' || i FROM generate_series(1, 500) i`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	j, err := c.MoveTenant(ctx, r.Tenant.ID, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, c, j.ID, "subscribe")
+	stop()
+
+	_, c, _ = daemontest.StartClusters(t, pgs, cfg, false)
+	j, err = c.WaitJob(ctx, j.ID, nil)
+	if err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("move after the restart: %v %s %s", err, j.State, j.LastError)
+	}
+	workers := map[string]string{}
+	for _, s := range j.Steps {
+		workers[s.Step] = s.Worker
+	}
+	if workers["subscribe"] == workers["finish"] {
+		t.Errorf("steps %+v: want subscribe and finish done by two daemons", j.Steps)
+	}
+	var orgs int
+	if err := pgs[1].Conn(t, r.Tenant.Database).QueryRow(ctx, `SELECT count(*) FROM public.organizations`).Scan(&orgs); err != nil || orgs != 500 {
+		t.Errorf("organizations on the target: %d %v, want 500", orgs, err)
+	}
+
+	// A cancelled move.
+	s, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s.Tenant.ID
+	j, err = c.MoveTenant(ctx, id, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, c, j.ID, "subscribe")
+	if _, err := c.CancelJob(ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if j, err = c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Cancelled {
+		t.Fatalf("cancelled move: %v %s %s", err, j.State, j.LastError)
+	}
+	after, err := c.Tenant(ctx, id)
+	if err != nil || after.Cluster != "local" || after.State != "active" {
+		t.Fatalf("after the cancel: %+v %v; want active on local", after.Tenant, err)
+	}
+	tc, err := connectDSN(ctx, s.DSN)
+	if err != nil {
+		t.Fatalf("the tenant cannot log in after the cancel: %v", err)
+	}
+	if _, err := tc.Exec(ctx, `INSERT INTO organizations (name, slug) VALUES ('after', 'after')`); err != nil {
+		t.Errorf("the tenant cannot write after the cancel: %v", err)
+	}
+	tc.Close(ctx)
+	var left int
+	if err := pgs[1].Conn(t, s.Tenant.Database).QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2, $3))
+			+ (SELECT count(*) FROM pg_namespace WHERE nspname = $1)
+			+ (SELECT count(*) FROM pg_subscription WHERE subname = $3)`,
+		"t_"+id, "pgt_agent_"+id, move.Name(id)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	var slots int
+	if err := pgs[0].Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, move.Name(id)).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if left+slots != 0 {
+		t.Errorf("after the cancel: %d of the tenant's roles, schema or subscription on local2 and %d slots on local, want none", left, slots)
 	}
 }

@@ -146,8 +146,9 @@ func client(t testing.TB, d *daemon.Daemon, cfg config.Config) *api.Client {
 
 // StartClusters runs a daemon whose catalog is on pgs[0] with every
 // cluster of pgs managed, named after them (local, local2, …), each with
-// a PgBouncer in front when pooled.
-func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, pooled bool) (*daemon.Daemon, *api.Client) {
+// a PgBouncer in front when pooled. stop stops it before the test ends,
+// waiting until it has stopped (a job in progress goes back to the queue).
+func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, pooled bool) (d *daemon.Daemon, c *api.Client, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	opts := daemon.Options{Config: cfg, Logger: pgtest.Logger(t), Poolers: map[string]config.PoolerConfig{}}
@@ -164,13 +165,17 @@ func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, poole
 	}
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	return d, client(t, d, cfg)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return d, client(t, d, cfg), stop
 }
 
 func managed(pg *pgtest.Cluster) catalog.Cluster {
