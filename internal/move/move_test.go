@@ -268,6 +268,17 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 			if !purged || dbs != 0 {
 				t.Errorf("the source copy is still on local: role purged %v, databases %d", purged, dbs)
 			}
+			// reconcile finds nothing of the tenant on either cluster
+			// (its pooler entry included).
+			rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range rep.Findings {
+				if f.Tenant == id || strings.Contains(f.Object, id) {
+					t.Errorf("reconcile after the move: %+v", f)
+				}
+			}
 			// And the tenant is still served on local2.
 			conn, err := connectDSN(ctx, r.DSN)
 			if err != nil {
