@@ -825,6 +825,28 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return jobs.Permanent(fmt.Errorf("tenant %s's version marker changed during the move (%q on %s, %q on %s): a rollout reached it; move it again", e.t.ID, srcMarker, e.src.Name(), dstMarker, e.dst.Name()))
 	}
 	agent := tenant.AgentRole(e.t.ID)
+	// Everything the paused stretch needs is opened and read before it:
+	// a session on each side and the tenant's schemas.
+	sconn, err := e.src.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer sconn.Close(context.WithoutCancel(ctx))
+	dconn, err := e.dst.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer dconn.Close(context.WithoutCancel(ctx))
+	schemas, err := tenantSchemas(ctx, sconn, e.t)
+	if err != nil {
+		return err
+	}
+	phases := map[string]int64{}
+	mark := time.Now()
+	phase := func(name string) {
+		phases[name] = time.Since(mark).Milliseconds()
+		mark = time.Now()
+	}
 	// 1. Clients queue at the pooler once their transactions end.
 	if front != nil {
 		pctx, cancel := context.WithTimeout(ctx, cmp.Or(m.s.PauseTimeout, 10*time.Second))
@@ -835,6 +857,7 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		}
 	}
 	paused := time.Now()
+	phase("pause")
 	undo := func(cause error) error {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		defer cancel()
@@ -845,20 +868,23 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	if err := lockOut(ctx, e.src, e.role, agent); err != nil {
 		return undo(err)
 	}
+	phase("lock_out")
 	// 3. The sentinel, written last on the source, reached the target:
 	//    everything committed before it has been applied.
-	token, err := sentinel(ctx, e.src, e.t)
+	token, err := sentinel(ctx, sconn, e.t)
 	if err != nil {
 		return undo(err)
 	}
-	if err := waitSentinel(ctx, e.dst, e.t, token, cmp.Or(m.s.SwitchTimeout, 30*time.Second)); err != nil {
+	if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, cmp.Or(m.s.SwitchTimeout, 30*time.Second)); err != nil {
 		return undo(err)
 	}
+	phase("catch_up")
 	// 4. Sequences from the source; the subscription stops; the tenant's
 	//    own triggers are enabled as they were; the role may log in.
-	if err := m.prepareTarget(ctx, e); err != nil {
+	if err := m.prepareTarget(ctx, e, sconn, dconn, schemas); err != nil {
 		return undo(err)
 	}
+	phase("target")
 	// 5. The switch: the catalog, then the pooler's entry, then resume.
 	err = pgx.BeginFunc(ctx, m.s.Store.Pool(), func(tx pgx.Tx) error {
 		t, err := m.s.Store.LockTenant(ctx, tx, e.t.ID)
@@ -880,15 +906,17 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return undo(err)
 	}
 	e.switched = true
+	phase("switch")
 	if err := m.resume(ctx, front, e); err != nil {
 		return err
 	}
+	phase("resume")
 	e.st.PauseMS = time.Since(paused).Milliseconds()
 	if err := m.s.Store.AddEvent(ctx, m.s.Store.Pool(), e.t.ID, "move_pause", map[string]any{"pause_ms": e.st.PauseMS,
-		"from": e.st.From, "to": m.a.To, "job": r.Job.ID}); err != nil {
+		"from": e.st.From, "to": m.a.To, "job": r.Job.ID, "phases_ms": phases}); err != nil {
 		return err
 	}
-	m.s.Logger.Info("tenant moved", "component", "move", "tenant", e.t.ID, "from", e.st.From, "to", m.a.To, "pause_ms", e.st.PauseMS)
+	m.s.Logger.Info("tenant moved", "component", "move", "tenant", e.t.ID, "from", e.st.From, "to", m.a.To, "pause_ms", e.st.PauseMS, "phases_ms", phases)
 	return r.SaveData(ctx, e.st)
 }
 
@@ -912,26 +940,16 @@ func lockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 }
 
 // sentinel writes a fresh token into the source's sentinel table.
-func sentinel(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) (string, error) {
+func sentinel(ctx context.Context, conn *pgx.Conn, t catalog.Tenant) (string, error) {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	token := hex.EncodeToString(b)
-	conn, err := cl.Connect(ctx, t.Database)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token`,
+	_, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token`,
 		cluster.Ident(SentinelSchema), cluster.Ident(tenant.PhysicalName(t.ID))), token)
 	return token, cluster.Classify(err)
 }
 
-func waitSentinel(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, token string, limit time.Duration) error {
-	conn, err := cl.Connect(ctx, t.Database)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
+func waitSentinel(ctx context.Context, conn *pgx.Conn, clusterName string, t catalog.Tenant, token string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	q := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s.%s WHERE id = 1 AND token = $1)`, cluster.Ident(SentinelSchema), cluster.Ident(tenant.PhysicalName(t.ID)))
 	for {
@@ -943,12 +961,12 @@ func waitSentinel(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, to
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("cluster %s did not apply tenant %s's last writes within %s (is its subscription failing? see its log)", cl.Name(), t.ID, limit)
+			return fmt.Errorf("cluster %s did not apply tenant %s's last writes within %s (is its subscription failing? see its log)", clusterName, t.ID, limit)
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(5 * time.Millisecond):
+		case <-time.After(2 * time.Millisecond):
 		}
 	}
 }
@@ -956,16 +974,7 @@ func waitSentinel(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, to
 // prepareTarget sets the sequences from the source, stops the
 // subscription, enables the tenant's triggers as they were and lets the
 // tenant's roles log in on the target.
-func (m *mover) prepareTarget(ctx context.Context, e *env) error {
-	sconn, err := e.src.Connect(ctx, e.t.Database)
-	if err != nil {
-		return err
-	}
-	defer sconn.Close(context.WithoutCancel(ctx))
-	schemas, err := tenantSchemas(ctx, sconn, e.t)
-	if err != nil {
-		return err
-	}
+func (m *mover) prepareTarget(ctx context.Context, e *env, sconn, dconn *pgx.Conn, schemas []string) error {
 	rows, err := sconn.Query(ctx, `SELECT schemaname::text, sequencename::text, last_value FROM pg_catalog.pg_sequences
 		WHERE schemaname = ANY($1) AND last_value IS NOT NULL`, schemas)
 	if err != nil {
@@ -982,11 +991,6 @@ func (m *mover) prepareTarget(ctx context.Context, e *env) error {
 	if err != nil {
 		return cluster.Classify(err)
 	}
-	dconn, err := e.dst.Connect(ctx, e.t.Database)
-	if err != nil {
-		return err
-	}
-	defer dconn.Close(context.WithoutCancel(ctx))
 	var sql strings.Builder
 	fmt.Fprintf(&sql, "ALTER SUBSCRIPTION %s DISABLE;\n", cluster.Ident(Name(e.t.ID)))
 	for _, s := range seqs {
