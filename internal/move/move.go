@@ -841,6 +841,22 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	if err != nil {
 		return err
 	}
+	// The target catches up first, unpaused: a sentinel's round trip is
+	// the apply backlog; the pause starts once it is short (or after 20
+	// tries: the wait while paused is bounded by SwitchTimeout anyway).
+	for try := 0; try < 20; try++ {
+		began := time.Now()
+		token, err := sentinel(ctx, sconn, e.t)
+		if err != nil {
+			return err
+		}
+		if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, 5*time.Minute); err != nil {
+			return err
+		}
+		if time.Since(began) < 100*time.Millisecond {
+			break
+		}
+	}
 	phases := map[string]int64{}
 	mark := time.Now()
 	phase := func(name string) {
