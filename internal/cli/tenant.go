@@ -303,6 +303,9 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	}
 	row(w, "mode", t.Mode)
 	row(w, "cluster", t.Cluster)
+	if t.Front != "" {
+		row(w, "front", t.Front+" (its pooler serves the tenant's DSN: the tenant moved from there)")
+	}
 	row(w, "database", t.Database)
 	row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
 	row(w, "tier", t.Tier)

@@ -407,7 +407,8 @@ func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
 		fmt.Fprintf(&sql, "ALTER ROLE %s SET %s = %s;\n", id, k, cluster.Literal(v))
 	}
 	if e.t.Mode == "schema" {
-		fmt.Fprintf(&sql, "GRANT %s TO %s;\n", cluster.Ident(templates.ConnectRole(e.t.Template)), id)
+		// As provisioning sets it: a schema tenant finds its tables by its role.
+		fmt.Fprintf(&sql, "ALTER ROLE %s SET search_path = %s;\nGRANT %s TO %s;\n", id, id, cluster.Ident(templates.ConnectRole(e.t.Template)), id)
 	}
 	if _, err := dadmin.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("make role %s on %s: %w", e.role, e.dst.Name(), cluster.Classify(err))
