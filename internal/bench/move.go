@@ -348,7 +348,7 @@ func moveTable(res MoveResult, o MoveOptions) Table {
 		"pause (client max): the longest client transaction that started during the move, queued at the pooler while paused")
 	const mb64 = 64 << 20
 	t.Checks = append(t.Checks,
-		Check{Target: "pause p50 <= 1 s (client)", Got: ms(percentile(client, 0.5)), Met: len(client) > 0 && percentile(client, 0.5) <= time.Second},
+		Check{Target: "pause p50 <= 1 s (client)", Got: ms(percentile(client, 50)), Met: len(client) > 0 && percentile(client, 50) <= time.Second},
 		Check{Target: "pause max <= 2 s (client)", Got: ms(maxOf(client)), Met: len(client) > 0 && maxOf(client) <= 2*time.Second},
 		Check{Target: "zero failed client transactions", Got: strconv.FormatInt(res.Failed, 10), Met: res.Failed == 0},
 		Check{Target: "zero lost or duplicated rows", Got: fmt.Sprintf("%d acknowledged, %d found, %d distinct", res.RowsAcked, res.RowsFound, res.RowsDistinct),

@@ -842,6 +842,11 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	if err != nil {
 		return err
 	}
+	// An earlier attempt that did not switch may have left the target as
+	// the switch wants it: back to replicating, triggers off, no login.
+	if err := m.resetTarget(ctx, e, dconn); err != nil {
+		return err
+	}
 	// The target catches up first, unpaused: a sentinel's round trip is
 	// the apply backlog; the pause starts once it is short (or after 20
 	// tries: the wait while paused is bounded by SwitchTimeout anyway).
@@ -935,6 +940,24 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	m.s.Logger.Info("tenant moved", "component", "move", "tenant", e.t.ID, "from", e.st.From, "to", m.a.To, "pause_ms", e.st.PauseMS, "phases_ms", phases)
 	return r.SaveData(ctx, e.st)
+}
+
+// resetTarget puts the target back as the copy needs it (idempotent): the
+// role NOLOGIN, the tenant's ALWAYS/REPLICA triggers disabled, the
+// subscription enabled.
+func (m *mover) resetTarget(ctx context.Context, e *env, dconn *pgx.Conn) error {
+	if err := lockOut(ctx, e.dst, e.role); err != nil {
+		return err
+	}
+	var sql strings.Builder
+	for _, tg := range e.st.Triggers {
+		fmt.Fprintf(&sql, "ALTER TABLE %s.%s DISABLE TRIGGER %s;\n", cluster.Ident(tg.Schema), cluster.Ident(tg.Table), cluster.Ident(tg.Name))
+	}
+	fmt.Fprintf(&sql, "ALTER SUBSCRIPTION %s ENABLE", cluster.Ident(Name(e.t.ID)))
+	if _, err := dconn.Exec(ctx, sql.String()); err != nil {
+		return fmt.Errorf("reset tenant %s on %s for the cut-over: %w", e.t.ID, e.dst.Name(), cluster.Classify(err))
+	}
+	return nil
 }
 
 // lockOut stops a role from logging in on the primary and ends its
