@@ -51,7 +51,15 @@ type upProcess struct {
 			Name string `json:"name"`
 			DSN  string `json:"dsn"`
 		} `json:"nodes"`
-		Pooler string `json:"pooler"`
+		Pooler   string `json:"pooler"`
+		Clusters []struct {
+			Name   string `json:"name"`
+			Pooler string `json:"pooler"`
+			Nodes  []struct {
+				Name string `json:"name"`
+				DSN  string `json:"dsn"`
+			} `json:"nodes"`
+		} `json:"clusters"`
 	}
 	stderr *strings.Builder
 }
@@ -162,6 +170,40 @@ func TestUp_StartStopRestart(t *testing.T) {
 	c = api.NewClient(p.info.URL, p.info.Token)
 	if _, err := c.Clusters(ctx); err != nil {
 		t.Errorf("after restart: %v", err)
+	}
+}
+
+// TestUp_Clusters runs `up --clusters 2`: local and local2, each with its
+// own primary and pooler, both listed by `cluster list`.
+func TestUp_Clusters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	dataDir := filepath.Join(pgtest.TempDir(t), "data")
+	p := startUp(t, dataDir, "--clusters", "2", "--standbys", "0")
+	defer p.stop(t)
+	if len(p.info.Clusters) != 2 || p.info.Clusters[0].Name != "local" || p.info.Clusters[1].Name != "local2" {
+		t.Fatalf("up printed clusters %+v, want local and local2", p.info.Clusters)
+	}
+	if a, b := p.info.Clusters[0], p.info.Clusters[1]; a.Pooler == "" || a.Pooler == b.Pooler || a.Nodes[0].DSN == b.Nodes[0].DSN {
+		t.Errorf("clusters %+v: want a primary and a pooler of its own each", p.info.Clusters)
+	}
+	cmd := exec.Command(binary, "cluster", "list", "-o", "json")
+	cmd.Env = append(os.Environ(), "PGTENANT_SERVER="+p.info.URL, "PGTENANT_TOKEN="+p.info.Token)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("cluster list: %v\n%s", err, out)
+	}
+	var cs []api.Cluster
+	if err := json.Unmarshal(out, &cs); err != nil {
+		t.Fatalf("cluster list -o json: %v\n%s", err, out)
+	}
+	var names []string
+	for _, c := range cs {
+		names = append(names, c.Name+":"+c.Kind+":"+c.Status)
+	}
+	if got, want := strings.Join(names, ","), "local:managed:up,local2:managed:up"; got != want {
+		t.Errorf("cluster list = %s, want %s", got, want)
 	}
 }
 

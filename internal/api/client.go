@@ -243,6 +243,12 @@ func (c *Client) TenantAction(ctx context.Context, id, action string) (Lifecycle
 	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/"+action, nil, &out)
 }
 
+// MoveTenant starts moving a tenant to cluster to and returns its job.
+func (c *Client) MoveTenant(ctx context.Context, id, to string) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/move", MoveTenantRequest{To: to}, &out)
+}
+
 // RotatePassword gives a tenant a new password and returns it with the DSN
 // (keepSessions: its open sessions stay).
 func (c *Client) RotatePassword(ctx context.Context, id string, keepSessions bool) (RotatePasswordResponse, error) {

@@ -24,6 +24,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
@@ -50,6 +51,7 @@ type Deps struct {
 	Reconciler *reconcile.Reconciler
 	Migrate    *migrate.Service
 	Prewarm    *prewarm.Service
+	Move       *move.Service
 
 	// Credentials rotates tenants' passwords.
 	Credentials *credentials.Service
@@ -101,6 +103,7 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/suspend", s.lifecycle(s.Purge.Suspend))
 	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
 	s.handle("POST /v1/tenants/{id}/password", s.rotatePassword)
+	s.handle("POST /v1/tenants/{id}/move", s.moveTenant)
 	s.handle("GET /v1/jobs", s.listJobs)
 	s.handle("GET /v1/jobs/{id}", s.showJob)
 	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)

@@ -217,3 +217,19 @@ func (s *Server) rotatePassword(w http.ResponseWriter, r *http.Request) error {
 		SessionsEnded: res.SessionsEnded, Note: res.Note})
 	return nil
 }
+
+func (s *Server) moveTenant(w http.ResponseWriter, r *http.Request) error {
+	var req MoveTenantRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.To == "" {
+		return invalid("to: the cluster to move the tenant to is required")
+	}
+	j, err := s.Move.Start(r.Context(), r.PathValue("id"), req.To)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, j)
+	return nil
+}

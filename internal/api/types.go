@@ -111,6 +111,12 @@ type CreateTenantResponse struct {
 	Note      string    `json:"note,omitempty"`     // why a retry carries no password (window ended, another daemon's key)
 }
 
+// MoveTenantRequest asks POST /v1/tenants/{id}/move to move a tenant to
+// another cluster; the answer is its job (202).
+type MoveTenantRequest struct {
+	To string `json:"to"`
+}
+
 // RotatePasswordRequest asks POST /v1/tenants/{id}/password for a new
 // password; an empty body is the defaults.
 type RotatePasswordRequest struct {

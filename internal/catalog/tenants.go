@@ -37,11 +37,15 @@ var ListedStates = []string{StateProvisioning, StateActive, StateSuspended, Stat
 
 // Tenant is one row of tenants (spares included).
 type Tenant struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	ExternalID string     `json:"external_id,omitempty"`
-	Mode       string     `json:"mode"`
-	Cluster    string     `json:"cluster"`
+	ID         string `json:"id"`
+	Name       string `json:"name"`
+	ExternalID string `json:"external_id,omitempty"`
+	Mode       string `json:"mode"`
+	Cluster    string `json:"cluster"`
+	// Front is the cluster whose pooler holds the tenant's entry (its DSN)
+	// when that is not its own cluster: a tenant moved keeps the front
+	// door it had. "" for every tenant that never moved.
+	Front      string     `json:"front,omitempty"`
 	Template   string     `json:"template"`
 	Version    int        `json:"version"`
 	Tier       string     `json:"tier"`
@@ -68,14 +72,44 @@ func (t Tenant) IsSpare() bool {
 // notSpare is IsSpare's negation in SQL, over the tenants table.
 const notSpare = `state NOT IN ('building', 'spare') AND NOT (state = 'purging' AND claimed_at IS NULL)`
 
-const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, template, version, tier, state, database,
+const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, coalesce(front, ''), template, version, tier, state, database,
 	created_at, updated_at, claimed_at, dropped_at, purge_after, coalesce(dropped_from, '')`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
-	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Template, &t.Version, &t.Tier, &t.State,
+	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Front, &t.Template, &t.Version, &t.Tier, &t.State,
 		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom)
 	return t, err
+}
+
+// UnfinishedJob reports whether a job of a type on a target is queued,
+// running, waiting or paused (a tenant's move, for a rollout).
+func (s *Store) UnfinishedJob(ctx context.Context, typ, target string) (bool, error) {
+	var ok bool
+	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND target = $2
+		AND state IN ('queued', 'running', 'waiting', 'paused'))`, typ, target).Scan(&ok)
+	return ok, err
+}
+
+// FrontCluster is the cluster whose pooler serves the tenant's DSN.
+func (t Tenant) FrontCluster() string {
+	if t.Front != "" {
+		return t.Front
+	}
+	return t.Cluster
+}
+
+// MoveTenant records a tenant on cluster to (it was on from), keeping the
+// front door it had: the switch of a move, in the caller's transaction.
+// ErrConflict if the tenant is no longer on from.
+func (s *Store) MoveTenant(ctx context.Context, q Querier, id, from, to string) error {
+	tag, err := q.Exec(ctx, `UPDATE tenants SET cluster = $3,
+		front = CASE WHEN coalesce(front, cluster) = $3 THEN NULL ELSE coalesce(front, cluster) END, updated_at = now()
+		WHERE id = $1 AND cluster = $2`, id, from, to)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = fmt.Errorf("%w: tenant %s is not on cluster %s", ErrConflict, id, from)
+	}
+	return err
 }
 
 func nullIfEmpty(s string) *string {
@@ -118,8 +152,10 @@ func (s *Store) TenantByExternalID(ctx context.Context, externalID string) (Tena
 // when State names them; retired spares being purged never are. State
 // purged lists the tombstones of purged tenants.
 type TenantFilter struct {
-	State    string
-	Cluster  string
+	State   string
+	Cluster string
+	// Front lists the tenants whose DSN goes through this cluster's pooler.
+	Front    string
 	Template string
 	Mode     string
 	Tier     string
@@ -141,9 +177,9 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
 		WHERE (($1 = '' AND `+notSpare+`) OR (state = $1 AND NOT (state = 'purging' AND claimed_at IS NULL)))
 		  AND ($2 = '' OR cluster = $2) AND ($3 = '' OR template = $3) AND ($4 = '' OR mode = $4)
-		  AND id > $5 AND ($7 = '' OR tier = $7)
+		  AND id > $5 AND ($7 = '' OR tier = $7) AND ($10 = '' OR coalesce(front, cluster) = $10)
 		  AND ($8 = '' OR id = $8 OR name ILIKE '%' || $9 || '%' OR external_id ILIKE '%' || $9 || '%')
-		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit, f.Tier, f.Search, likeEscape(f.Search))
+		ORDER BY id LIMIT $6`, f.State, f.Cluster, f.Template, f.Mode, f.After, f.Limit, f.Tier, f.Search, likeEscape(f.Search), f.Front)
 	if err != nil {
 		return nil, err
 	}

@@ -56,7 +56,44 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchIdleIOCmd(g, env))
 	cmd.AddCommand(newBenchPoolerCmd(g, env))
 	cmd.AddCommand(newBenchBurstCmd(g, env))
+	cmd.AddCommand(newBenchMoveCmd(g, env))
 	return cmd
+}
+
+func newBenchMoveCmd(g *globals, env *bench.Env) *cobra.Command {
+	opts := bench.MoveOptions{SizeMB: 1024, Clients: 8, Moves: 4}
+	c := &cobra.Command{
+		Use:   "move",
+		Short: "Issue 15: a database tenant of --size-mb written through its pooler DSN, moved --moves times between two clusters",
+		Long: `Two clusters (a primary and a streaming standby each, a PgBouncer in front of each)
+and one daemon: a database tenant loaded with --size-mb of rows, --clients clients
+running TPC-B-like transactions (an UPDATE and an INSERT of a numbered row) through its
+pooler DSN throughout, and --moves moves back and forth (each waits for the purge of
+the copy the previous one left). Per move: the copy time and throughput, the job's
+total, the pause as the server recorded it (PAUSE to RESUME) and as the clients saw it
+(the longest transaction started during the move); then the failed transactions, the
+rows acknowledged against those found (and distinct) on the last cluster, and the
+peak standby replay lag on both clusters. Exits non-zero if a target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			if opts.SizeMB < 1 || opts.Clients < 1 || opts.Moves < 1 {
+				return fmt.Errorf("--size-mb, --clients and --moves must be at least 1")
+			}
+			_, table, err := env.Move(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.SizeMB, "size-mb", 1024, "the tenant's data before the first move, in MB")
+	c.Flags().IntVar(&opts.Clients, "clients", 8, "clients writing through the pooler")
+	c.Flags().IntVar(&opts.Moves, "moves", 4, "moves, back and forth")
+	return c
 }
 
 func newBenchPoolerCmd(g *globals, env *bench.Env) *cobra.Command {

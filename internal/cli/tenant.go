@@ -301,7 +301,7 @@ makes a new password: if the answer is lost, rotate again.`,
 	}
 	password.Flags().BoolVar(&keepSessions, "keep-sessions", false, "leave the tenant's open sessions alone (default: end them on every node)")
 
-	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMetricsCmd(g),
+	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMoveCmd(g), newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))
@@ -324,6 +324,9 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	}
 	row(w, "mode", t.Mode)
 	row(w, "cluster", t.Cluster)
+	if t.Front != "" {
+		row(w, "front", t.Front+" (its pooler serves the tenant's DSN: the tenant moved from there)")
+	}
 	row(w, "database", t.Database)
 	row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
 	row(w, "tier", t.Tier)
@@ -351,4 +354,43 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	for _, e := range t.Events {
 		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), e.Kind+" "+string(e.Detail))
 	}
+}
+
+func newTenantMoveCmd(g *globals) *cobra.Command {
+	var to string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "move ID --to CLUSTER",
+		Short: "Move a tenant online to another cluster (its DSN does not change)",
+		Long: `Move a tenant to another cluster while it serves: its schema is recreated empty
+on the target, its rows follow by logical replication, then its pool is paused at
+the pooler (clients queue), writes on the source stop, the target catches up, the
+sequences are set and the catalog and the pooler entry switch to the target before
+the pool resumes. The pause is recorded in the tenant's events (move_pause).
+A move that cannot be done (large objects, tables without a primary key, …) is
+refused before anything is copied. A failure or a cancel before the switch leaves
+the tenant where it was. The source copy stays locked for drop.retention, then is
+purged. The answer is the move's job; --wait follows it with a progress bar.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			j, err := c.MoveTenant(cmd.Context(), args[0], to)
+			if err != nil {
+				return err
+			}
+			if wait {
+				if j, err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
+					return err
+				}
+			}
+			return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "the cluster to move the tenant to (required)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the move with a progress bar")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
 }

@@ -26,13 +26,16 @@ import (
 
 // upInfo is what `up` prints once the fleet and the daemon run.
 type upInfo struct {
-	URL          string     `json:"url"`
-	Token        string     `json:"token"`
-	TokenFile    string     `json:"token_file"`
-	PasswordFile string     `json:"superuser_password_file"`
-	Nodes        []nodeInfo `json:"nodes"`
+	URL          string `json:"url"`
+	Token        string `json:"token"`
+	TokenFile    string `json:"token_file"`
+	PasswordFile string `json:"superuser_password_file"`
+	// Nodes and Pooler are the first cluster's (local), as before --clusters.
+	Nodes []nodeInfo `json:"nodes"`
 	// Pooler is the PgBouncer tenants connect through (host:port), "" without one.
 	Pooler string `json:"pooler,omitempty"`
+	// Clusters are every cluster up runs, local first.
+	Clusters []clusterInfo `json:"clusters"`
 
 	// CredentialsKeyFile seals the passwords kept for retried creates.
 	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
@@ -42,6 +45,13 @@ type upInfo struct {
 	Templates []string `json:"templates,omitempty"`
 }
 
+type clusterInfo struct {
+	Name         string     `json:"name"`
+	Nodes        []nodeInfo `json:"nodes"`
+	Pooler       string     `json:"pooler,omitempty"`
+	PasswordFile string     `json:"superuser_password_file"`
+}
+
 type nodeInfo struct {
 	Name string `json:"name"`
 	DSN  string `json:"dsn"` // without the password
@@ -49,17 +59,20 @@ type nodeInfo struct {
 
 func newUpCmd(g *globals) *cobra.Command {
 	var listen, cfgPath string
-	var standbys, maxRestarts int
+	var standbys, maxRestarts, clusters int
 	var withPooler bool
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Start a local fleet (primary + standbys) and the daemon, in the foreground",
+		Short: "Start a local fleet (clusters of a primary + standbys) and the daemon, in the foreground",
 		Long: `Start a local managed PostgreSQL cluster named "local" (a primary and --standbys
 streaming standbys, made with initdb and pg_basebackup on free loopback ports) under
 --data-dir, its catalog, a PgBouncer in front of it (the tenants' front door, on a
-loopback port of its own; --pooler=false: none) and the pgtenant daemon. Ctrl-C stops
-the daemon and the pooler, then the primary, then the standbys. Running it again
-restarts what is there.
+loopback port of its own; --pooler=false: none) and the pgtenant daemon. With
+--clusters N, N clusters: local, local2, local3, … each with its standbys and its
+PgBouncer, under DATA_DIR/local, DATA_DIR/local2, …; the catalog lives on local.
+Ctrl-C stops the daemon and the poolers, then each cluster's primary, then its
+standbys. Running it again restarts what is there (a smaller --clusters leaves the
+other clusters' files alone and their tenants unreachable).
 
 While it runs, up restarts a server of the cluster that dies (checked every 2 s;
 backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
@@ -79,23 +92,40 @@ As root, PostgreSQL runs as the postgres OS user.`,
 			if cmd.Flags().Changed("listen") || cfgPath == "" {
 				cfg.Listen = listen
 			}
-			return runUp(cmd.Context(), g, cfg, standbys, maxRestarts, withPooler)
+			return runUp(cmd.Context(), g, cfg, upOptions{standbys: standbys, maxRestarts: maxRestarts, pooler: withPooler, clusters: clusters})
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
-	cmd.Flags().IntVar(&standbys, "standbys", 1, "streaming standbys of the local cluster")
+	cmd.Flags().IntVar(&standbys, "standbys", 1, "streaming standbys of each local cluster")
+	cmd.Flags().IntVar(&clusters, "clusters", 1, "managed clusters to run: local, local2, … (1 to 8)")
 	cmd.Flags().IntVar(&maxRestarts, "max-restarts", 5, "failed restart attempts in a row after which up gives up on a server that died; 0: never restart")
-	cmd.Flags().BoolVar(&withPooler, "pooler", true, "run a PgBouncer in front of the cluster: tenants' DSNs point at it")
+	cmd.Flags().BoolVar(&withPooler, "pooler", true, "run a PgBouncer in front of each cluster: tenants' DSNs point at it")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
 	return cmd
 }
 
-func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRestarts int, withPooler bool) error {
-	if standbys < 0 || standbys > 5 {
+type upOptions struct {
+	standbys, maxRestarts, clusters int
+	pooler                          bool
+}
+
+// ClusterName is the name of up's i-th cluster (0-based): local, local2, local3, …
+func ClusterName(i int) string {
+	if i == 0 {
+		return "local"
+	}
+	return "local" + strconv.Itoa(i+1)
+}
+
+func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) error {
+	if o.standbys < 0 || o.standbys > 5 {
 		return fmt.Errorf("--standbys must be between 0 and 5")
 	}
-	if maxRestarts < 0 {
+	if o.maxRestarts < 0 {
 		return fmt.Errorf("--max-restarts must be 0 (never restart) or more")
+	}
+	if o.clusters < 1 || o.clusters > 8 {
+		return fmt.Errorf("--clusters must be between 1 and 8")
 	}
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := filepath.Abs(g.dataDir)
@@ -111,59 +141,66 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	}
 	defer unlock()
 
-	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "local"), Name: "local", Standbys: standbys, Logger: log})
-	if err != nil {
-		return err
-	}
-	if fc.RunsAsPostgres() {
-		fmt.Fprintln(g.stderr, "running as root: PostgreSQL runs as the postgres OS user; the cluster files are owned by it")
-	}
-	fmt.Fprintf(g.stderr, "starting cluster local (PostgreSQL %s from %s) in %s\n", fc.Binaries().Version, fc.Binaries().Dir, dir)
+	var fcs []*fleet.Cluster
 	// The clusters are stopped with a context of their own: ctx is already
-	// cancelled when Ctrl-C brings us here.
+	// cancelled when Ctrl-C brings us here. Deferred first, so that it runs
+	// after everything else up started has stopped.
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		fmt.Fprintln(g.stderr, "stopping cluster local")
-		if err := fc.Stop(sctx); err != nil {
-			fmt.Fprintln(g.stderr, "stop:", err)
+		for _, fc := range fcs {
+			fmt.Fprintln(g.stderr, "stopping cluster", fc.Name())
+			if err := fc.Stop(sctx); err != nil {
+				fmt.Fprintln(g.stderr, "stop:", err)
+			}
 		}
 	}()
-	if err := fc.Start(ctx); err != nil {
-		return err
+	for i := range o.clusters {
+		name := ClusterName(i)
+		fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Standbys: o.standbys, Logger: log})
+		if err != nil {
+			return err
+		}
+		if i == 0 && fc.RunsAsPostgres() {
+			fmt.Fprintln(g.stderr, "running as root: PostgreSQL runs as the postgres OS user; the cluster files are owned by it")
+		}
+		fmt.Fprintf(g.stderr, "starting cluster %s (PostgreSQL %s from %s) in %s\n", name, fc.Binaries().Version, fc.Binaries().Dir, filepath.Join(dir, name))
+		fcs = append(fcs, fc)
+		if err := fc.Start(ctx); err != nil {
+			return err
+		}
 	}
 
-	cfg.Catalog.DSN = fc.PrimaryDSN("pgtenant")
+	cfg.Catalog.DSN = fcs[0].PrimaryDSN("pgtenant")
 	cfg.TokenFile = filepath.Join(dir, "token")
 	if cfg.Credentials.KeyFile == "" {
 		cfg.Credentials.KeyFile = filepath.Join(dir, "credentials.key")
 	}
-	managed := catalog.Cluster{Name: "local", DSN: fc.PrimaryDSN("postgres")}
-	for _, s := range fc.Standbys() {
-		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
-	}
-	restarts := restartCounter(fc)
-	opts := daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Collectors: []prometheus.Collector{restarts}, Logger: log}
-	if withPooler {
-		pc, err := localPooler(filepath.Join(dir, "local", "pooler"))
-		if err != nil {
-			return err
+	restarts := restartCounter(fcs)
+	opts := daemon.Options{Config: cfg, Collectors: []prometheus.Collector{restarts}, Logger: log, Poolers: map[string]config.PoolerConfig{}}
+	for _, fc := range fcs {
+		managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
+		for _, s := range fc.Standbys() {
+			managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
 		}
-		opts.Poolers = map[string]config.PoolerConfig{"local": pc}
+		opts.Managed = append(opts.Managed, managed)
+		if o.pooler {
+			pc, err := localPooler(filepath.Join(dir, fc.Name(), "pooler"))
+			if err != nil {
+				return err
+			}
+			opts.Poolers[fc.Name()] = pc
+		}
 	}
-	// The daemon runs the pooler and stops it when it returns, before the
-	// servers stop (keep_running false).
+	// The daemon runs the poolers and stops them when it returns, before
+	// the servers stop (keep_running false).
 	d, err := daemon.New(ctx, opts)
 	if err != nil {
 		return err
 	}
-	info := upInfo{URL: d.URL(), Token: d.Token(), TokenFile: cfg.TokenFile,
-		PasswordFile: filepath.Join(dir, "local", "superuser.password")}
+	info := upInfo{URL: d.URL(), Token: d.Token(), TokenFile: cfg.TokenFile}
 	if cfg.Credentials.RetryWindow > 0 {
 		info.CredentialsKeyFile = cfg.Credentials.KeyFile
-	}
-	if pc, ok := opts.Poolers["local"]; ok {
-		info.Pooler = pc.Listen
 	}
 	if ts, err := d.Store().Templates(ctx); err == nil {
 		for _, t := range ts {
@@ -172,22 +209,28 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 			}
 		}
 	}
-	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
-		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
-			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
+	for _, fc := range fcs {
+		ci := clusterInfo{Name: fc.Name(), PasswordFile: filepath.Join(dir, fc.Name(), "superuser.password")}
+		if pc, ok := opts.Poolers[fc.Name()]; ok {
+			ci.Pooler = pc.Listen
+		}
+		for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
+			ci.Nodes = append(ci.Nodes, nodeInfo{Name: n.Name,
+				DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
+		}
+		info.Clusters = append(info.Clusters, ci)
 	}
+	info.Nodes, info.Pooler, info.PasswordFile = info.Clusters[0].Nodes, info.Clusters[0].Pooler, info.Clusters[0].PasswordFile
 
 	// Shutdown order, once Ctrl-C cancels ctx (or the daemon fails):
-	//  1. the daemon stops (API, then workers and the pooler, then pools)
-	//     while the supervisor still keeps the servers up for the work it
+	//  1. the daemon stops (API, then workers and the poolers, then pools)
+	//     while the supervisors still keep the servers up for the work it
 	//     finishes;
-	//  2. the supervisor stops; an attempt in progress runs to its end;
-	//  3. the deferred fc.Stop stops the primary, then the standbys.
-	// The supervisor must be done before 3, or it would restart a server
-	// that up is stopping: hence its own context, cancelled only after the
-	// daemon has returned, and eg.Wait before the deferred Stop.
-	sup := &fleet.Supervisor{Cluster: fc, MaxRestarts: maxRestarts, Logger: log,
-		OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
+	//  2. the supervisors stop; an attempt in progress runs to its end;
+	//  3. the deferred Stops stop each cluster's primary, then its standbys.
+	// The supervisors must be done before 3, or one would restart a server
+	// that up is stopping: hence their own context, cancelled only after
+	// the daemon has returned, and eg.Wait before the deferred Stops.
 	supCtx, stopSup := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSup()
 	runCtx, stopRun := context.WithCancel(ctx)
@@ -197,17 +240,23 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 		defer stopSup()
 		return d.Run(ectx)
 	})
-	if maxRestarts > 0 {
-		eg.Go(func() error { return sup.Run(supCtx) })
-	}
-	// The info is printed once the pooler serves (its first sync), so that
-	// whoever reads it can connect at once.
-	if f := d.Poolers().Get("local"); f != nil {
-		wctx, cancel := context.WithTimeout(ectx, time.Minute)
-		if err := f.Sync(wctx); err != nil && ectx.Err() == nil {
-			fmt.Fprintln(g.stderr, "pooler:", err)
+	if o.maxRestarts > 0 {
+		for _, fc := range fcs {
+			sup := &fleet.Supervisor{Cluster: fc, MaxRestarts: o.maxRestarts, Logger: log,
+				OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
+			eg.Go(func() error { return sup.Run(supCtx) })
 		}
-		cancel()
+	}
+	// The info is printed once the poolers serve (their first sync), so
+	// that whoever reads it can connect at once.
+	for _, fc := range fcs {
+		if f := d.Poolers().Get(fc.Name()); f != nil {
+			wctx, cancel := context.WithTimeout(ectx, time.Minute)
+			if err := f.Sync(wctx); err != nil && ectx.Err() == nil {
+				fmt.Fprintln(g.stderr, "pooler of", fc.Name()+":", err)
+			}
+			cancel()
+		}
 	}
 	if ectx.Err() == nil {
 		if err := g.print(info, func(w io.Writer) { printUp(w, info) }); err != nil {
@@ -237,14 +286,16 @@ func localPooler(dir string) (config.PoolerConfig, error) {
 // restartCounter counts the supervisor's restart attempts and give-ups,
 // every series present from the start so that an alert on an increase
 // sees the first one.
-func restartCounter(fc *fleet.Cluster) *prometheus.CounterVec {
+func restartCounter(fcs []*fleet.Cluster) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pgtenant_managed_restarts_total",
 		Help: "Restart attempts of managed servers that died, by outcome (restarted, failed), and give-ups (gave_up), by pgtenant up's supervisor.",
 	}, []string{"cluster", "node", "outcome"})
-	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
-		for _, o := range []string{fleet.OutcomeRestarted, fleet.OutcomeFailed, fleet.OutcomeGaveUp} {
-			c.WithLabelValues(fc.Name(), n.Name, o)
+	for _, fc := range fcs {
+		for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
+			for _, o := range []string{fleet.OutcomeRestarted, fleet.OutcomeFailed, fleet.OutcomeGaveUp} {
+				c.WithLabelValues(fc.Name(), n.Name, o)
+			}
 		}
 	}
 	return c
@@ -252,12 +303,17 @@ func restartCounter(fc *fleet.Cluster) *prometheus.CounterVec {
 
 func printUp(w io.Writer, in upInfo) {
 	fmt.Fprintf(w, "pgtenant is up.\n\n")
-	for _, n := range in.Nodes {
-		fmt.Fprintf(w, "  %-9s %s\n", n.Name, n.DSN)
-	}
-	fmt.Fprintf(w, "  %-9s superuser password in %s\n", "", in.PasswordFile)
-	if in.Pooler != "" {
-		fmt.Fprintf(w, "  %-9s %s  (PgBouncer: tenants' DSNs point here)\n", "pooler", in.Pooler)
+	for _, c := range in.Clusters {
+		if len(in.Clusters) > 1 {
+			fmt.Fprintf(w, "  cluster %s\n", c.Name)
+		}
+		for _, n := range c.Nodes {
+			fmt.Fprintf(w, "  %-9s %s\n", n.Name, n.DSN)
+		}
+		fmt.Fprintf(w, "  %-9s superuser password in %s\n", "", c.PasswordFile)
+		if c.Pooler != "" {
+			fmt.Fprintf(w, "  %-9s %s  (PgBouncer: tenants' DSNs point here)\n", "pooler", c.Pooler)
+		}
 	}
 	if in.CredentialsKeyFile != "" {
 		fmt.Fprintf(w, "  %-9s credentials key in %s (seals passwords kept for retried creates)\n", "", in.CredentialsKeyFile)

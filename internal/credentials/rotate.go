@@ -105,7 +105,7 @@ func (s *Service) Rotate(ctx context.Context, id string, keepSessions bool) (Rot
 	// in for a client that does not get it). The pooler takes the new
 	// verifier before the answer, so that the new password works there
 	// at once.
-	s.Poolers.Sync(ctx, cl.Name(), "password "+id)
+	s.Poolers.Sync(ctx, out.Tenant.FrontCluster(), "password "+id)
 	n, late, err := purge.OnStandbys(ctx, cl, !keepSessions, tenant.PhysicalName(id))
 	out.SessionsEnded += n
 	switch {

@@ -30,6 +30,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -169,6 +170,9 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 
+	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
+	d.runner.Register(move.Job, mov.Handler())
+
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
@@ -183,7 +187,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	d.console = &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm,
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov,
 		Console: d.console, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 	d.console.API = srv // the console reads and acts through the API's handlers

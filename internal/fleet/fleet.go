@@ -94,12 +94,15 @@ func DefaultSettings() map[string]string {
 		"max_connections":                "500",
 		"superuser_reserved_connections": "10",
 		"shared_buffers":                 "128MB",
-		"wal_level":                      "replica",
-		"max_wal_senders":                "10",
-		"max_replication_slots":          "10",
-		"hot_standby":                    "on",
-		"hot_standby_feedback":           "on",
-		"wal_receiver_status_interval":   "1s",
+		// logical: a tenant moves to another cluster by logical
+		// replication (internal/move); each move in flight holds a slot
+		// and a WAL sender on its source, beside the standbys' own.
+		"wal_level":                    "logical",
+		"max_wal_senders":              "20",
+		"max_replication_slots":        "20",
+		"hot_standby":                  "on",
+		"hot_standby_feedback":         "on",
+		"wal_receiver_status_interval": "1s",
 		// Templates of many relations are materialised in batches, so the
 		// default of 64 would work; 256 leaves room for tenants' own DDL.
 		"max_locks_per_transaction": "256",

@@ -68,6 +68,12 @@ func start(t *testing.T, mutate func(*config.Config)) *env {
 // (its front is e.pooler).
 func startWith(t *testing.T, mutate func(*config.Config), pooled bool) *env {
 	t.Helper()
+	return startOn(t, mutate, pooled, nil)
+}
+
+// startOn is startWith with more clusters beside pg (local2, … for moves).
+func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgtest.Cluster) *env {
+	t.Helper()
 	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
@@ -86,9 +92,12 @@ func startWith(t *testing.T, mutate func(*config.Config), pooled bool) *env {
 	}
 	var d *daemon.Daemon
 	var c *api.Client
-	if pooled {
+	switch {
+	case len(more) > 0:
+		d, c, _ = daemontest.StartClusters(t, append([]*pgtest.Cluster{pg}, more...), cfg, pooled)
+	case pooled:
 		d, c = daemontest.StartPooled(t, pg, cfg)
-	} else {
+	default:
 		d, c = daemontest.Start(t, pg, cfg)
 	}
 	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
@@ -268,8 +277,14 @@ func noPrivilegedTrips(t *testing.T, l login, neverRun func(what string) bool) {
 // a tenant (or its agent) that gained any shows here.
 func privileged(t *testing.T) []string {
 	t.Helper()
+	return privilegedOn(t, pg)
+}
+
+// privilegedOn is privileged on another cluster of a test.
+func privilegedOn(t *testing.T, on *pgtest.Cluster) []string {
+	t.Helper()
 	ctx := pgtest.Context(t)
-	conn := pg.Conn(t, "postgres")
+	conn := on.Conn(t, "postgres")
 	rows, err := conn.Query(ctx, `
 		SELECT r.rolname || ': ' || concat_ws(' ', CASE WHEN r.rolsuper THEN 'SUPERUSER' END, CASE WHEN r.rolcreaterole THEN 'CREATEROLE' END,
 			CASE WHEN r.rolcreatedb THEN 'CREATEDB' END, CASE WHEN r.rolreplication THEN 'REPLICATION' END,

@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -128,6 +129,14 @@ var ErrMarkerMismatch = errors.New("tenant's version marker disagrees with the c
 // tenant id.
 const lockSpace = 0x70677403
 
+// TenantLockSpace is lockSpace for the move of a tenant (internal/move),
+// which takes the same lock while it enqueues its job.
+const TenantLockSpace = lockSpace
+
+// errMoving says the tenant is being moved to another cluster: a rollout
+// leaves it alone until the move is done (retry the rollout's tenant).
+var errMoving = fmt.Errorf("%w: the tenant is moving to another cluster; retry once its move is done", cluster.ErrLockNotAvailable)
+
 // tenantMove migrates one tenant in a rollout.
 type tenantMove struct {
 	s     *Service
@@ -174,6 +183,13 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 		return out
 	}
 	defer m.locks.release(m.t.ID)
+	if moving, err := m.s.Store.UnfinishedJob(ctx, "tenant.move", m.t.ID); err != nil || moving {
+		out.err = cmp.Or(err, errMoving)
+		if ctx.Err() == nil {
+			out.state = catalog.RolloutTenantFailed
+		}
+		return out
+	}
 	for _, v := range m.vs.after(m.t.Version) {
 		for _, seg := range m.vs.segments[v] {
 			n, err := m.segment(ctx, seg)

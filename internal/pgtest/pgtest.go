@@ -26,6 +26,9 @@ import (
 
 // Options choose the shape of a test cluster.
 type Options struct {
+	// Name is the cluster's name (default local; a second cluster of a
+	// test is local2).
+	Name     string
 	Standbys int
 	Settings map[string]string // postgresql.conf over fleet's defaults and the test defaults
 }
@@ -60,7 +63,11 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	for k, v := range opts.Settings {
 		settings[k] = v
 	}
-	fc, err := fleet.Open(fleet.Options{Dir: dir + "/local", Name: "local", Standbys: opts.Standbys, Settings: settings, Fast: true})
+	name := opts.Name
+	if name == "" {
+		name = "local"
+	}
+	fc, err := fleet.Open(fleet.Options{Dir: dir + "/" + name, Name: name, Standbys: opts.Standbys, Settings: settings, Fast: true})
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
@@ -104,6 +111,30 @@ func Main(m *testing.M, opts Options, out **Cluster) int {
 	}
 	*out = c
 	defer c.Close()
+	return m.Run()
+}
+
+// MainClusters is Main with several clusters (a test of moves between
+// them), started one after the other and stored in *out in order.
+func MainClusters(m *testing.M, opts []Options, out *[]*Cluster) int {
+	for _, o := range opts {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		c, err := Start(ctx, o)
+		cancel()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: start PostgreSQL:", err)
+			for _, c := range *out {
+				c.Close()
+			}
+			return 1
+		}
+		*out = append(*out, c)
+	}
+	defer func() {
+		for _, c := range *out {
+			c.Close()
+		}
+	}()
 	return m.Run()
 }
 

@@ -70,12 +70,19 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 // TenantPool returns a tenant's pool figures (role: t_<id>) from its
 // cluster's pooler's last sync.
 func (s *Set) TenantPool(cluster, role string) (Pool, bool) {
-	f := s.Get(cluster)
-	if f == nil {
-		return Pool{}, false
+	// A moved tenant's pool is in the pooler of its front door, which
+	// may be another cluster's.
+	fronts := append([]*Front{s.Get(cluster)}, s.All()...)
+	for _, f := range fronts {
+		if f == nil {
+			continue
+		}
+		f.mu.Lock()
+		p, ok := f.snap.Pools[role]
+		f.mu.Unlock()
+		if ok {
+			return p, true
+		}
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	p, ok := f.snap.Pools[role]
-	return p, ok
+	return Pool{}, false
 }

@@ -42,6 +42,11 @@ type Entry struct {
 	PoolSize         int    // server connections of the pool
 	MaxDBConnections int    // cap of the entry's server connections
 	Disabled         bool   // suspended: DISABLE (clients are refused, the entry stays)
+	// Host and Port locate the server of a tenant that lives on another
+	// cluster than the pooler's (moved there: its DSN stays this
+	// pooler's); empty: the pooler's own cluster (Settings).
+	Host string
+	Port int
 }
 
 // Settings are the pooler-wide settings.
@@ -88,6 +93,8 @@ func validEntry(e Entry) error {
 		return fmt.Errorf("entry %s: pool mode %q", e.Name, e.PoolMode)
 	case e.PoolSize < 1 || e.MaxDBConnections < 1:
 		return fmt.Errorf("entry %s: pool_size and max_db_connections must be at least 1", e.Name)
+	case e.Host != "" && (!hostRE.MatchString(e.Host) || e.Port < 1 || e.Port > 65535):
+		return fmt.Errorf("entry %s: server %q port %d", e.Name, e.Host, e.Port)
 	}
 	return nil
 }
@@ -122,8 +129,12 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 		}
 		// No user= and no password=: the server login is the client's own,
 		// with the SCRAM keys of its authentication.
+		host, port := s.ServerHost, s.ServerPort
+		if e.Host != "" {
+			host, port = e.Host, e.Port
+		}
 		fmt.Fprintf(&conf, "%s = host=%s port=%d dbname=%s pool_mode=%s pool_size=%d max_db_connections=%d min_pool_size=0 reserve_pool=0\n",
-			e.Name, s.ServerHost, s.ServerPort, e.Database, e.PoolMode, e.PoolSize, e.MaxDBConnections)
+			e.Name, host, port, e.Database, e.PoolMode, e.PoolSize, e.MaxDBConnections)
 		fmt.Fprintf(&auth, "%q %q\n", e.Name, e.Verifier)
 		fmt.Fprintf(&hba, "host %s %s 0.0.0.0/0 scram-sha-256\nhost %s %s ::/0 scram-sha-256\n", e.Name, e.Name, e.Name, e.Name)
 	}

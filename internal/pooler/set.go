@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/url"
 	"sort"
 	"strconv"
@@ -105,7 +106,7 @@ func (s *Set) Run(ctx context.Context) error {
 func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn, direct string) {
 	role := tenant.PhysicalName(t.ID)
 	direct = cl.TenantDSN(t.Database, role, password)
-	f := s.Get(cl.Name())
+	f := s.Get(t.FrontCluster())
 	if f == nil {
 		return direct, direct
 	}
@@ -119,8 +120,10 @@ func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn,
 }
 
 // CatalogSource makes the entries of a cluster's pooler from the catalog
-// (active tenants; suspended ones disabled) and the verifiers of their roles
-// in pg_authid, which the cluster's admin (a superuser) reads.
+// (active tenants whose front door it is; suspended ones disabled) and the
+// verifiers of their roles in pg_authid, which the admin (a superuser) of
+// the cluster each lives on reads: a tenant moved to another cluster keeps
+// its entry here, pointed at that cluster.
 type CatalogSource struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
@@ -137,23 +140,29 @@ func (c CatalogSource) For(clusterName string) Source {
 		defer mu.Unlock()
 		var ts []catalog.Tenant
 		for _, state := range []string{catalog.StateActive, catalog.StateSuspended} {
-			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Cluster: clusterName, Limit: 100000})
+			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Front: clusterName, Limit: 100000})
 			if err != nil {
 				return nil, nil, err
 			}
 			ts = append(ts, part...)
 		}
-		cl, err := c.Clusters.Get(clusterName)
-		if err != nil {
-			return nil, nil, err
+		byCluster := map[string][]string{}
+		for _, t := range ts {
+			byCluster[t.Cluster] = append(byCluster[t.Cluster], tenant.PhysicalName(t.ID))
 		}
-		roles := make([]string, len(ts))
-		for i, t := range ts {
-			roles[i] = tenant.PhysicalName(t.ID)
-		}
-		verifiers, err := Verifiers(ctx, cl, roles)
-		if err != nil {
-			return nil, nil, err
+		verifiers := map[string]string{}
+		servers := map[string]*cluster.Cluster{}
+		for name, roles := range byCluster {
+			cl, err := c.Clusters.Get(name)
+			if err != nil {
+				return nil, nil, err
+			}
+			servers[name] = cl
+			vs, err := Verifiers(ctx, cl, roles)
+			if err != nil {
+				return nil, nil, err
+			}
+			maps.Copy(verifiers, vs)
 		}
 		entries := make([]Entry, 0, len(ts))
 		skipped := map[string]string{}
@@ -176,8 +185,12 @@ func (c CatalogSource) For(clusterName string) Source {
 				tier = c.Config.Tiers["default"]
 			}
 			mode, size, maxDB := tier.Pooling()
-			entries = append(entries, Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
-				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended})
+			e := Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
+				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended}
+			if t.Cluster != clusterName {
+				e.Host, e.Port = servers[t.Cluster].Host(), int(servers[t.Cluster].Port())
+			}
+			entries = append(entries, e)
 		}
 		clear(warned)
 		for k, v := range skipped {

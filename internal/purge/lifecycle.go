@@ -27,7 +27,7 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 	var res Result
 	var clusterName string
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
-		clusterName = t.Cluster
+		clusterName = t.FrontCluster()
 		switch t.State {
 		case catalog.StateActive, catalog.StateSuspended:
 			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
@@ -95,7 +95,7 @@ func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
 func (s *Service) transition(ctx context.Context, id, from, to, event, extraSet string) (Result, error) {
 	var clusterName, reached string
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
-		clusterName = t.Cluster
+		clusterName = t.FrontCluster()
 		target := to
 		if target == "" { // restore
 			if t.State == catalog.StateActive || t.State == catalog.StateSuspended {

@@ -28,6 +28,19 @@ const Job = "tenant.purge"
 type args struct {
 	Tenant string `json:"tenant"`
 	Reason string `json:"reason,omitempty"`
+	// Leftover: the copy a move left on Cluster (the tenant lives
+	// elsewhere now), with its mode and database.
+	Leftover *catalog.Tenant `json:"leftover,omitempty"`
+}
+
+// LeftoverSpec is the job that purges the copy of a tenant that a move left
+// on left.Cluster: locked out, dropped and its roles removed like a purged
+// tenant's, its catalog row untouched. It does nothing if the tenant lives
+// on that cluster again by then.
+func LeftoverSpec(left catalog.Tenant, reason string) jobs.Spec {
+	l := catalog.Tenant{ID: left.ID, Mode: left.Mode, Cluster: left.Cluster, Database: left.Database, Template: left.Template}
+	return jobs.Spec{Type: Job, Key: "purge-leftover:" + left.ID + ":" + left.Cluster, TargetKind: "tenant", Target: left.ID, Cluster: left.Cluster,
+		Args: args{Tenant: left.ID, Reason: reason, Leftover: &l}}
 }
 
 // Spec is the job that purges a tenant.
@@ -59,7 +72,7 @@ func (s *Service) Handler() jobs.Handler {
 		if err := j.DecodeArgs(&a); err != nil {
 			return nil, err
 		}
-		p := &purger{s: s, id: a.Tenant, reason: a.Reason}
+		p := &purger{s: s, id: a.Tenant, reason: a.Reason, leftover: a.Leftover}
 		return []jobs.Step{
 			{Name: "lock-out", Run: p.lockOut, Doing: "locking the tenant out: NOLOGIN and its sessions ended on the primary"},
 			{Name: "storage", Run: p.storage, Doing: "dropping the tenant's storage"},
@@ -70,14 +83,30 @@ func (s *Service) Handler() jobs.Handler {
 }
 
 type purger struct {
-	s      *Service
-	id     string
-	reason string // why it is purged: retention ended, purge now, a spare retired …
+	s        *Service
+	id       string
+	reason   string // why it is purged: retention ended, purge now, a spare retired …
+	leftover *catalog.Tenant
 }
 
-// load returns the tenant and its cluster.
+// errLive stops a leftover's purge: the tenant lives on that cluster again.
+var errLive = errors.New("the tenant lives there")
+
+// load returns the tenant and its cluster (a leftover: the copy and the
+// cluster it is on).
 func (p *purger) load(ctx context.Context) (catalog.Tenant, *cluster.Cluster, error) {
 	t, err := p.s.Store.GetTenant(ctx, nil, p.id)
+	if p.leftover != nil {
+		if err == nil && t.Cluster == p.leftover.Cluster {
+			return t, nil, errLive
+		}
+		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			return t, nil, err
+		}
+		t = *p.leftover
+		cl, err := p.s.Clusters.Get(t.Cluster)
+		return t, cl, err
+	}
 	if err != nil {
 		return t, nil, err
 	}
@@ -87,8 +116,8 @@ func (p *purger) load(ctx context.Context) (catalog.Tenant, *cluster.Cluster, er
 
 func (p *purger) run(ctx context.Context, f func(context.Context, catalog.Tenant, *cluster.Cluster) error) error {
 	t, cl, err := p.load(ctx)
-	if errors.Is(err, catalog.ErrNotFound) {
-		return nil // the catalog step ran before a crash let it record so
+	if errors.Is(err, catalog.ErrNotFound) || errors.Is(err, errLive) {
+		return nil // the catalog step ran before a crash let it record so; or a leftover that is live again
 	}
 	if err != nil {
 		return err
@@ -98,7 +127,7 @@ func (p *purger) run(ctx context.Context, f func(context.Context, catalog.Tenant
 
 func (p *purger) lockOut(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
-		if t.State != catalog.StatePurging {
+		if p.leftover == nil && t.State != catalog.StatePurging {
 			if err := p.s.Store.SetTenantState(ctx, p.s.Store.Pool(), t.ID, catalog.StatePurging, t.State); err != nil {
 				return err
 			}
@@ -322,6 +351,9 @@ func dependentsHelp(err error, t catalog.Tenant) error {
 // (state purged, with its events, for drop.purged_retention); a spare
 // leaves nothing.
 func (p *purger) catalog(ctx context.Context, r *jobs.Run) error {
+	if p.leftover != nil {
+		return nil // the tenant's row is the live copy's
+	}
 	keep := p.s.Config.Drop.PurgedRetention.D() > 0
 	return p.s.Store.ForgetTenant(ctx, p.id, keep, map[string]any{"job": r.Job.ID, "reason": p.reason})
 }

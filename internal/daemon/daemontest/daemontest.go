@@ -144,8 +144,42 @@ func client(t testing.TB, d *daemon.Daemon, cfg config.Config) *api.Client {
 	return c
 }
 
+// StartClusters runs a daemon whose catalog is on pgs[0] with every
+// cluster of pgs managed, named after them (local, local2, …), each with
+// a PgBouncer in front when pooled. stop stops it before the test ends,
+// waiting until it has stopped (a job in progress goes back to the queue).
+func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, pooled bool) (d *daemon.Daemon, c *api.Client, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	opts := daemon.Options{Config: cfg, Logger: pgtest.Logger(t), Poolers: map[string]config.PoolerConfig{}}
+	for _, pg := range pgs {
+		opts.Managed = append(opts.Managed, managed(pg))
+		if pooled {
+			opts.Poolers[pg.Name()] = Pooler(t)
+		}
+	}
+	d, err := daemon.New(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return d, client(t, d, cfg), stop
+}
+
 func managed(pg *pgtest.Cluster) catalog.Cluster {
-	m := catalog.Cluster{Name: "local", DSN: pg.PrimaryDSN("postgres")}
+	m := catalog.Cluster{Name: pg.Name(), DSN: pg.PrimaryDSN("postgres")}
 	for _, s := range pg.Standbys() {
 		m.StandbyDSNs = append(m.StandbyDSNs, pg.DSN(s, "postgres"))
 	}

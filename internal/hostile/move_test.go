@@ -1,0 +1,126 @@
+package hostile_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/move"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+)
+
+// TestFinding12_MoveRunsNoTenantCodeWithPrivilege: a tenant moved to
+// another cluster while it writes plants what logical replication sets off
+// on the target — an ENABLE ALWAYS and an ENABLE REPLICA trigger, a CHECK
+// constraint calling its function — each trying to escalate. In
+// PostgreSQL 15 the apply worker runs as its subscription's owner, which
+// must have been a superuser to create it: the move's owner is not one
+// any more when it applies, the triggers are disabled until the cut-over,
+// and nothing gains privilege on either cluster. The planted CHECK ran in
+// the apply worker (the fixture bites) as the move's unprivileged role;
+// the triggers are ALWAYS and REPLICA again on the target afterwards.
+func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
+	ctx := pgtest.Context(t)
+	pg2, err := pgtest.Start(ctx, pgtest.Options{Name: "local2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg2.Close)
+	e := startOn(t, nil, false, []*pgtest.Cluster{pg2})
+	for _, mode := range []string{"database", "schema"} {
+		t.Run(mode, func(t *testing.T) {
+			l := e.tenant(t, mode, hostileTier)
+			conn := connect(t, l.DSN)
+			plantPayload(t, conn, l)
+			s := cluster.Ident(l.Schema)
+			mustExec(t, conn, fmt.Sprintf(`
+				ALTER TABLE %[1]s.tripwire REPLICA IDENTITY FULL;
+				CREATE FUNCTION %[1]s.on_row() RETURNS trigger LANGUAGE plpgsql AS $f$
+				BEGIN PERFORM %[1]s.pwn(TG_ARGV[0]); RETURN NEW; END $f$;
+				CREATE FUNCTION %[1]s.check_row(v text) RETURNS boolean LANGUAGE plpgsql AS $f$
+				BEGIN PERFORM %[1]s.pwn('check'); RETURN true; END $f$;
+				CREATE TABLE %[1]s.victim (id bigserial PRIMARY KEY, v text CHECK (%[1]s.check_row(v)));
+				CREATE TRIGGER always_trg BEFORE INSERT ON %[1]s.victim FOR EACH ROW EXECUTE FUNCTION %[1]s.on_row('always');
+				CREATE TRIGGER replica_trg BEFORE INSERT ON %[1]s.victim FOR EACH ROW EXECUTE FUNCTION %[1]s.on_row('replica');
+				ALTER TABLE %[1]s.victim ENABLE ALWAYS TRIGGER always_trg;
+				ALTER TABLE %[1]s.victim ENABLE REPLICA TRIGGER replica_trg;
+				INSERT INTO %[1]s.victim (v) SELECT 'before' FROM generate_series(1, 20)`, s))
+			// Writes during the move reach the target through the apply
+			// worker; the cut-over ends this direct session.
+			stop := make(chan struct{})
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if _, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.victim (v) VALUES ('during')`, s)); err != nil {
+						return
+					}
+				}
+			}()
+			j, err := e.c.MoveTenant(ctx, l.ID, "local2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitJob(t, e.c, j.ID, jobs.Succeeded)
+			close(stop)
+			<-done
+
+			if p := append(privileged(t), privilegedOn(t, pg2)...); len(p) > 0 {
+				t.Errorf("roles with privileges no tenant may have after the move: %v", p)
+			}
+			dst, err := pgx.Connect(ctx, pg2.PrimaryDSN(l.Database))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Close(context.Background())
+			rows, err := dst.Query(ctx, fmt.Sprintf(`SELECT what, session_role, privileged FROM %s.tripwire`, s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type row struct {
+				what, session string
+				privileged    bool
+			}
+			got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+				var x row
+				return x, r.Scan(&x.what, &x.session, &x.privileged)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			applied := 0
+			for _, r := range got {
+				switch {
+				case r.privileged:
+					t.Errorf("tenant code ran with privilege on the target: %+v", r)
+				case r.session == move.Name(l.ID) && r.what != "check":
+					t.Errorf("the tenant's %s trigger fired in the apply worker: %+v", r.what, r)
+				case r.session == move.Name(l.ID):
+					applied++
+				case r.session != l.Role:
+					t.Errorf("tenant code ran in a session of %s: %+v", r.session, r)
+				}
+			}
+			if applied == 0 {
+				t.Errorf("the planted CHECK never ran in the apply worker (tripwire %+v): the fixture does not bite", got)
+			}
+			var enabled string
+			if err := dst.QueryRow(ctx, `SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgname) FROM pg_trigger
+				WHERE tgrelid = $1::regclass`, l.Schema+".victim").Scan(&enabled); err != nil {
+				t.Fatal(err)
+			}
+			if enabled != "always_trg=A,replica_trg=R" {
+				t.Errorf("triggers on the target: %s, want always_trg=A,replica_trg=R", enabled)
+			}
+		})
+	}
+}

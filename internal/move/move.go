@@ -1,0 +1,1229 @@
+// Package move moves a tenant online to another cluster: its schema is
+// recreated empty on the target (pg_dump --schema-only, restored in the
+// tenant's agent session), its rows follow by logical replication (a
+// publication on the source, a subscription on the target whose apply
+// worker runs as a role without privilege), and the cut-over pauses the
+// tenant's pool at its pooler, stops writes on the source, waits for the
+// target to have everything, sets the sequences and switches the catalog and
+// the pooler entry in one step before resuming. The source copy stays
+// locked for the drop retention, then the usual purge removes it.
+//
+// It owns the move job and the objects named pgt_move_<id> (publication,
+// slot, subscription, its role) and pgtenant_move.t_<id> (the sentinel
+// table); it never runs SQL that can set off tenant code in an admin
+// session (docs/SECURITY.md). Logical replication of its own lives here,
+// apart from the analytics mirror's.
+package move
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/sandbox"
+	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Job is the move job type.
+const Job = "tenant.move"
+
+// SentinelSchema holds, on both clusters, one table per move in flight
+// (t_<id>, admin-owned): the row the cut-over writes on the source last and
+// waits for on the target, which logical replication applies in commit order.
+const SentinelSchema = "pgtenant_move"
+
+// Name is the publication, slot, subscription and subscription owner of a
+// tenant's move.
+func Name(id string) string { return "pgt_move_" + id }
+
+// ErrRefused is a move that cannot be done, said before anything is copied.
+var ErrRefused = errors.New("move refused")
+
+type args struct {
+	Tenant string `json:"tenant"`
+	To     string `json:"to"`
+}
+
+// state is what the job keeps between steps.
+type state struct {
+	From string `json:"from"`
+	// Checked: the refusals were checked and the target found free; from
+	// here on the target's copy is this move's.
+	Checked bool `json:"checked"`
+	// Triggers are the tenant's ENABLE ALWAYS / ENABLE REPLICA triggers,
+	// disabled on the target while the subscription applies (they would
+	// fire in the apply worker) and enabled back at the cut-over.
+	Triggers []trigger `json:"triggers,omitempty"`
+	PauseMS  int64     `json:"pause_ms,omitempty"`
+}
+
+type trigger struct {
+	Schema, Table, Name string
+	Enabled             string // A (always) or R (replica)
+}
+
+// Service moves tenants.
+type Service struct {
+	Store    *catalog.Store
+	Clusters *cluster.Registry
+	Runner   *jobs.Runner
+	Agents   *sandbox.Agents
+	Config   config.Config
+	Logger   *slog.Logger
+	Poolers  *pooler.Set
+	// PauseTimeout bounds the wait for the tenant's pool to pause (in
+	// session mode, its clients must disconnect); SwitchTimeout the wait
+	// for the target to apply the source's last write while paused;
+	// CopyTimeout the initial copy. Defaults: 10 s, 30 s, 6 h.
+	PauseTimeout, SwitchTimeout, CopyTimeout time.Duration
+}
+
+// Spec is the job that moves tenant id to cluster to.
+func Spec(t catalog.Tenant, to string) jobs.Spec {
+	return jobs.Spec{Type: Job, Key: "move:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: to,
+		Args: args{Tenant: t.ID, To: to}, MaxAttempts: 20, Priority: 1}
+}
+
+// Start checks and enqueues a move. A rollout migrating the tenant at this
+// moment makes it a conflict (retry later); a rollout that comes later
+// skips the tenant while its move is unfinished (internal/migrate).
+func (s *Service) Start(ctx context.Context, id, to string) (jobs.Job, error) {
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err != nil {
+		return jobs.Job{}, err
+	}
+	if t.State != catalog.StateActive {
+		return jobs.Job{}, fmt.Errorf("%w: tenant %s is %s; only active tenants move", catalog.ErrConflict, id, t.State)
+	}
+	if t.Cluster == to {
+		return jobs.Job{}, fmt.Errorf("%w: tenant %s is on cluster %s already", catalog.ErrConflict, id, to)
+	}
+	if _, err := s.Clusters.Get(to); err != nil {
+		return jobs.Job{}, err
+	}
+	// The rollout's per-tenant lock, in the catalog: held only while the
+	// job row is written, so that a rollout either had the tenant before
+	// (a conflict here) or sees the move's job after.
+	conn, err := s.Store.Pool().Acquire(ctx)
+	if err != nil {
+		return jobs.Job{}, err
+	}
+	defer conn.Release()
+	var ok bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1, hashtext($2))`, migrate.TenantLockSpace, id).Scan(&ok); err != nil {
+		return jobs.Job{}, err
+	}
+	if !ok {
+		return jobs.Job{}, fmt.Errorf("%w: a rollout is migrating tenant %s; move it once that is done", catalog.ErrConflict, id)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, migrate.TenantLockSpace, id)
+	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), Spec(t, to))
+	if err != nil {
+		return j, err
+	}
+	if j.Target == id && j.Cluster != to {
+		return j, fmt.Errorf("%w: tenant %s is moving to %s already (job %d)", catalog.ErrConflict, id, j.Cluster, j.ID)
+	}
+	return j, nil
+}
+
+// Handler is the job handler of Job.
+func (s *Service) Handler() jobs.Handler {
+	return jobs.Handler{
+		Steps: func(j *jobs.Job) ([]jobs.Step, error) {
+			var a args
+			if err := j.DecodeArgs(&a); err != nil {
+				return nil, err
+			}
+			m := &mover{s: s, a: a}
+			return []jobs.Step{
+				{Name: "check", Run: m.check},
+				{Name: "roles", Run: m.step(m.roles)},
+				{Name: "schema", Run: m.step(m.schema)},
+				{Name: "subscribe", Run: m.step(m.subscribe)},
+				{Name: "copy", Run: m.step(m.copy)},
+				{Name: "cutover", Run: m.step(m.cutover)},
+				{Name: "finish", Run: m.step(m.finish)},
+			}, nil
+		},
+		Cleanup: func(ctx context.Context, r *jobs.Run) error {
+			var a args
+			if err := r.Job.DecodeArgs(&a); err != nil {
+				return err
+			}
+			m := &mover{s: s, a: a}
+			return m.cleanup(ctx, r)
+		},
+	}
+}
+
+type mover struct {
+	s *Service
+	a args
+}
+
+// env is what every step after check works with.
+type env struct {
+	t        catalog.Tenant
+	st       state
+	src, dst *cluster.Cluster
+	role     string
+	switched bool // the catalog has the tenant on the target
+}
+
+func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
+	e := &env{role: tenant.PhysicalName(m.a.Tenant)}
+	var err error
+	if e.t, err = m.s.Store.GetTenant(ctx, nil, m.a.Tenant); err != nil {
+		return nil, err
+	}
+	if err := r.LoadData(&e.st); err != nil {
+		return nil, err
+	}
+	if e.st.From == "" {
+		return nil, jobs.Permanent(fmt.Errorf("move of tenant %s: no source recorded", m.a.Tenant))
+	}
+	e.switched = e.t.Cluster == m.a.To
+	if e.src, err = m.s.Clusters.Get(e.st.From); err != nil {
+		return nil, err
+	}
+	if e.dst, err = m.s.Clusters.Get(m.a.To); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (m *mover) step(f func(context.Context, *jobs.Run, *env) error) func(context.Context, *jobs.Run) error {
+	return func(ctx context.Context, r *jobs.Run) error {
+		e, err := m.load(ctx, r)
+		if err != nil {
+			return err
+		}
+		return f(ctx, r, e)
+	}
+}
+
+// check refuses, before anything is made, what the move cannot carry.
+func (m *mover) check(ctx context.Context, r *jobs.Run) error {
+	var st state
+	if err := r.LoadData(&st); err != nil {
+		return err
+	}
+	t, err := m.s.Store.GetTenant(ctx, nil, m.a.Tenant)
+	if err != nil {
+		return jobs.Permanent(err)
+	}
+	if st.Checked {
+		return nil
+	}
+	if t.State != catalog.StateActive {
+		return jobs.Permanent(fmt.Errorf("%w: tenant %s is %s; only active tenants move", ErrRefused, t.ID, t.State))
+	}
+	if t.Cluster == m.a.To {
+		return jobs.Permanent(fmt.Errorf("%w: tenant %s is on cluster %s already", ErrRefused, t.ID, m.a.To))
+	}
+	src, err := m.s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return err
+	}
+	dst, err := m.s.Clusters.Get(m.a.To)
+	if err != nil {
+		return jobs.Permanent(err)
+	}
+	reasons, err := Refusals(ctx, src, dst, t)
+	if err != nil {
+		return err
+	}
+	if len(reasons) > 0 {
+		return jobs.Permanent(fmt.Errorf("%w: tenant %s cannot move to %s: %s", ErrRefused, t.ID, m.a.To, strings.Join(reasons, "; ")))
+	}
+	st.From, st.Checked = t.Cluster, true
+	return r.SaveData(ctx, st)
+}
+
+// Refusals lists why tenant t cannot move from src to dst (none: it can).
+func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) ([]string, error) {
+	var out []string
+	admin, err := src.Admin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var level string
+	if err := admin.QueryRow(ctx, `SELECT pg_catalog.current_setting('wal_level')`).Scan(&level); err != nil {
+		return nil, cluster.Classify(err)
+	}
+	if level != "logical" {
+		out = append(out, fmt.Sprintf("cluster %s has wal_level=%s; a move replicates logically: set wal_level=logical (and max_replication_slots, max_wal_senders) and restart it", src.Name(), level))
+	}
+	role := tenant.PhysicalName(t.ID)
+	conn, err := src.Connect(ctx, t.Database)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	schemas, err := tenantSchemas(ctx, conn, t)
+	if err != nil {
+		return nil, err
+	}
+	var los int
+	if err := conn.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_largeobject_metadata
+		WHERE $1 = 'database' OR lomowner = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $2)`, t.Mode, role).Scan(&los); err != nil {
+		return nil, cluster.Classify(err)
+	}
+	if los > 0 {
+		out = append(out, fmt.Sprintf("it has %d large objects, which logical replication does not carry: move their contents to bytea columns", los))
+	}
+	if t.Mode == "database" {
+		var exts []string
+		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(extname::text ORDER BY extname), '{}') FROM pg_catalog.pg_extension
+			WHERE extname NOT IN ('plpgsql', 'pg_prewarm')`).Scan(&exts); err != nil {
+			return nil, cluster.Classify(err)
+		}
+		if len(exts) > 0 {
+			out = append(out, fmt.Sprintf("it has extensions %s, which a move does not recreate", strings.Join(exts, ", ")))
+		}
+	}
+	rows, err := conn.Query(ctx, `SELECT pg_catalog.format('%I.%I', n.nspname, c.relname),
+			CASE WHEN c.relkind = 'f' THEN 'a foreign table (not replicated)'
+			     WHEN c.relkind = 'm' THEN 'a materialized view (not replicated)'
+			     WHEN c.relpersistence = 'u' THEN 'unlogged (not replicated)'
+			     ELSE 'no primary key or replica identity: its updates and deletes could not be replicated (and would fail on the source during the move); add a primary key or set REPLICA IDENTITY FULL'
+			END
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = ANY($1) AND (c.relkind IN ('f', 'm') OR (c.relkind = 'r' AND (c.relpersistence = 'u'
+		   OR c.relreplident = 'n'
+		   OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)))))
+		ORDER BY 1 LIMIT 20`, schemas)
+	if err != nil {
+		return nil, cluster.Classify(err)
+	}
+	type bad struct{ rel, why string }
+	bads, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (bad, error) {
+		var b bad
+		return b, r.Scan(&b.rel, &b.why)
+	})
+	if err != nil {
+		return nil, cluster.Classify(err)
+	}
+	for _, b := range bads {
+		out = append(out, fmt.Sprintf("table %s is %s", b.rel, b.why))
+	}
+	// The target must be free: no database or role of the tenant's name
+	// (a leftover of an earlier move is purged first), and in schema mode
+	// the template's shared database and connect role built there.
+	dadmin, err := dst.Admin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var hasRole, hasDB, hasShared, hasConnect bool
+	if err := dadmin.QueryRow(ctx, `SELECT
+			EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1),
+			EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1),
+			EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $2),
+			EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $3)`,
+		role, t.Database, templates.ConnectRole(t.Template)).Scan(&hasRole, &hasDB, &hasShared, &hasConnect); err != nil {
+		return nil, cluster.Classify(err)
+	}
+	if hasRole || (t.Mode == "database" && hasDB) {
+		out = append(out, fmt.Sprintf("cluster %s still has a copy of the tenant (role or database %s; a move's leftover is purged once its retention ends, or purge it with `pgtenant job list --target %s`)", dst.Name(), role, t.ID))
+	}
+	if t.Mode == "schema" && (!hasShared || !hasConnect) {
+		out = append(out, fmt.Sprintf("template %s is not built on cluster %s (no %s)", t.Template, dst.Name(), t.Database))
+	}
+	return out, nil
+}
+
+// tenantSchemas are the schemas a move carries: the tenant's own (schema
+// mode), or every schema of its database but the system's and pgtenant's.
+func tenantSchemas(ctx context.Context, conn *pgx.Conn, t catalog.Tenant) ([]string, error) {
+	if t.Mode == "schema" {
+		return []string{tenant.PhysicalName(t.ID)}, nil
+	}
+	var out []string
+	err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(nspname::text), '{}') FROM pg_catalog.pg_namespace
+		WHERE nspname NOT IN ('pg_catalog', 'information_schema', $1, $2) AND nspname NOT LIKE 'pg\_toast%' AND nspname NOT LIKE 'pg\_temp\_%'`,
+		tenant.MarkerSchema, SentinelSchema).Scan(&out)
+	return out, cluster.Classify(err)
+}
+
+// roles makes the tenant's role on the target with the source's SCRAM
+// verifier (the same password works), connection limit and tier settings,
+// NOLOGIN until the switch, and its agent.
+func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
+	if e.switched {
+		return nil
+	}
+	sadmin, err := e.src.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	var verifier string
+	var connLimit int
+	var settings []string
+	if err := sadmin.QueryRow(ctx, `SELECT coalesce(a.rolpassword, ''), a.rolconnlimit,
+			coalesce((SELECT s.setconfig FROM pg_catalog.pg_db_role_setting s WHERE s.setrole = a.oid AND s.setdatabase = 0), '{}')
+		FROM pg_catalog.pg_authid a WHERE a.rolname = $1`, e.role).Scan(&verifier, &connLimit, &settings); err != nil {
+		return fmt.Errorf("read role %s on %s: %w", e.role, e.src.Name(), cluster.Classify(err))
+	}
+	if !pooler.ValidVerifier(verifier) {
+		return jobs.Permanent(fmt.Errorf("%w: tenant %s's role has no SCRAM-SHA-256 password: rotate it (`pgtenant tenant password %s`) and move again", ErrRefused, e.t.ID, e.t.ID))
+	}
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := cluster.CreateRole(ctx, dadmin, e.role); err != nil {
+		return err
+	}
+	id := cluster.Ident(e.role)
+	var sql strings.Builder
+	fmt.Fprintf(&sql, "ALTER ROLE %s NOLOGIN CONNECTION LIMIT %d PASSWORD %s;\nALTER ROLE %s RESET ALL;\n", id, connLimit, cluster.Literal(verifier), id)
+	// Only the settings a tier (or schema mode) gives: what else a tenant
+	// put on its own role is not carried, and never set by the admin.
+	for _, kv := range settings {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !copiedSettings[k] {
+			continue
+		}
+		fmt.Fprintf(&sql, "ALTER ROLE %s SET %s = %s;\n", id, k, cluster.Literal(v))
+	}
+	if e.t.Mode == "schema" {
+		// As provisioning sets it: a schema tenant finds its tables by its role.
+		fmt.Fprintf(&sql, "ALTER ROLE %s SET search_path = %s;\nGRANT %s TO %s;\n", id, id, cluster.Ident(templates.ConnectRole(e.t.Template)), id)
+	}
+	if _, err := dadmin.Exec(ctx, sql.String()); err != nil {
+		return fmt.Errorf("make role %s on %s: %w", e.role, e.dst.Name(), cluster.Classify(err))
+	}
+	return m.s.Agents.EnsureRole(ctx, dadmin, e.t.ID)
+}
+
+var copiedSettings = map[string]bool{
+	"statement_timeout": true, "idle_in_transaction_session_timeout": true, "work_mem": true, "temp_file_limit": true,
+}
+
+// schema recreates the tenant's schema, empty, on the target: the storage
+// as provisioning makes it (admin-owned database, or the schema in the
+// shared database), then the source's pg_dump --schema-only run in the
+// tenant's agent session as the tenant's role, the tenant's ALWAYS/REPLICA
+// triggers disabled and the version marker written, in one transaction:
+// the marker on the target says the restore is complete.
+func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
+	if e.switched {
+		return nil
+	}
+	marker, err := readMarker(ctx, e.src, e.t)
+	if err != nil {
+		return err
+	}
+	if have, err := readMarker(ctx, e.dst, e.t); err == nil && have == marker {
+		return nil
+	}
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	agent := cluster.Ident(tenant.AgentRole(e.t.ID))
+	id := cluster.Ident(e.role)
+	if e.t.Mode == "database" {
+		exists, err := cluster.DatabaseExists(ctx, dadmin, e.role)
+		if err != nil {
+			return err
+		}
+		if exists { // an interrupted restore: made again
+			e.dst.ClosePool(e.role)
+			if err := cluster.DropDatabase(ctx, dadmin, e.role); err != nil {
+				return err
+			}
+		}
+		release, err := r.PaceWALLog(ctx, m.a.To, 8<<20)
+		if err != nil {
+			return err
+		}
+		err = cluster.CreateDatabase(ctx, dadmin, e.role, "template0", "", cluster.WALLog)
+		release()
+		if err != nil {
+			return err
+		}
+		if _, err := dadmin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC; GRANT ALL ON DATABASE %[1]s TO %[1]s", id)); err != nil {
+			return cluster.Classify(err)
+		}
+		if err := sandbox.GrantConnect(ctx, dadmin, sandbox.TargetOf(e.t)); err != nil {
+			return err
+		}
+		conn, err := e.dst.Connect(ctx, e.role)
+		if err != nil {
+			return err
+		}
+		_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC;
+			ALTER SCHEMA public OWNER TO %[1]s;
+			CREATE SCHEMA IF NOT EXISTS %[3]s AUTHORIZATION %[2]s;
+			REVOKE ALL ON SCHEMA %[3]s FROM PUBLIC`, id, agent, cluster.Ident(tenant.MarkerSchema)))
+		if err == nil && hasPrewarm(ctx, e.src, e.t.Database) {
+			_, err = conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`)
+		}
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return cluster.Classify(err)
+		}
+	} else {
+		if err := sandbox.GrantConnect(ctx, dadmin, sandbox.TargetOf(e.t)); err != nil {
+			return err
+		}
+		conn, err := e.dst.Connect(ctx, e.t.Database)
+		if err != nil {
+			return err
+		}
+		// The schema is empty or half-restored by an interrupted attempt
+		// (the restore is one transaction: empty), and the tenant has
+		// never logged in on this cluster.
+		_, err = conn.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %[1]s CASCADE; CREATE SCHEMA %[1]s AUTHORIZATION %[1]s", id))
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return cluster.Classify(err)
+		}
+	}
+	r.Progress(ctx, 0, 1, "dumping the schema of tenant "+e.t.ID+" on "+e.src.Name())
+	dump, err := m.dump(ctx, e)
+	if err != nil {
+		return err
+	}
+	r.Progress(ctx, 0, 1, "restoring it on "+e.dst.Name()+" in the tenant's agent session")
+	sess, err := m.s.Agents.Open(ctx, e.dst, sandbox.TargetOf(e.t), "pgtenant move")
+	if err != nil {
+		return err
+	}
+	defer sess.Close(context.WithoutCancel(ctx))
+	tx, err := sess.Conn().Begin(ctx)
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+id+";\n"+dump); err != nil {
+		return jobs.Permanent(fmt.Errorf("restore the schema of tenant %s on %s: %w", e.t.ID, e.dst.Name(), cluster.Classify(err)))
+	}
+	// pg_dump leaves the search path empty for the rest of the session.
+	if _, err := tx.Exec(ctx, "SET LOCAL search_path = pg_catalog, pg_temp"); err != nil {
+		return cluster.Classify(err)
+	}
+	schemas := []string{e.role}
+	if e.t.Mode == "database" {
+		if schemas, err = tenantSchemas(ctx, sess.Conn(), e.t); err != nil {
+			return err
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT n.nspname::text, c.relname::text, tg.tgname::text, tg.tgenabled::text
+		FROM pg_catalog.pg_trigger tg JOIN pg_catalog.pg_class c ON c.oid = tg.tgrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE NOT tg.tgisinternal AND tg.tgenabled IN ('A', 'R') AND n.nspname = ANY($1) ORDER BY 1, 2, 3`, schemas)
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	trigs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (trigger, error) {
+		var t trigger
+		return t, r.Scan(&t.Schema, &t.Table, &t.Name, &t.Enabled)
+	})
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	e.st.Triggers = trigs
+	if err := r.SaveData(ctx, e.st); err != nil {
+		return err
+	}
+	var sql strings.Builder
+	for _, tg := range trigs {
+		fmt.Fprintf(&sql, "ALTER TABLE %s.%s DISABLE TRIGGER %s;\n", cluster.Ident(tg.Schema), cluster.Ident(tg.Table), cluster.Ident(tg.Name))
+	}
+	// The marker last: in database mode its schema is the agent's.
+	if e.t.Mode == "database" {
+		fmt.Fprintf(&sql, "RESET ROLE; COMMENT ON SCHEMA %s IS %s", cluster.Ident(tenant.MarkerSchema), cluster.Literal(marker))
+	} else {
+		fmt.Fprintf(&sql, "COMMENT ON SCHEMA %s IS %s", id, cluster.Literal(marker))
+	}
+	if _, err := tx.Exec(ctx, sql.String()); err != nil {
+		return cluster.Classify(err)
+	}
+	return cluster.Classify(tx.Commit(ctx))
+}
+
+func hasPrewarm(ctx context.Context, cl *cluster.Cluster, db string) bool {
+	conn, err := cl.Connect(ctx, db)
+	if err != nil {
+		return false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var ok bool
+	_ = conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_prewarm')`).Scan(&ok)
+	return ok
+}
+
+// readMarker reads the tenant's version marker on a cluster ("" if none).
+func readMarker(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) (string, error) {
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	schema := tenant.PhysicalName(t.ID)
+	if t.Mode == "database" {
+		schema = tenant.MarkerSchema
+	}
+	var c *string
+	err = conn.QueryRow(ctx, `SELECT pg_catalog.obj_description(oid, 'pg_namespace') FROM pg_catalog.pg_namespace WHERE nspname = $1`, schema).Scan(&c)
+	if errors.Is(err, pgx.ErrNoRows) || c == nil {
+		return "", nil
+	}
+	return *c, cluster.Classify(err)
+}
+
+// dump runs pg_dump --schema-only of the tenant's scope on the source:
+// without owners (what the restore makes belongs to the tenant's role),
+// privileges, extensions (only plpgsql is named, which pg_dump never
+// dumps; the admin made the one pgtenant uses),
+// publications, subscriptions and security labels.
+func (m *mover) dump(ctx context.Context, e *env) (string, error) {
+	bin, err := pgDump()
+	if err != nil {
+		return "", err
+	}
+	dsn, err := m.adminConnString(ctx, e.st.From, e.t.Database)
+	if err != nil {
+		return "", err
+	}
+	argv := []string{"--schema-only", "--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
+		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000"}
+	if e.t.Mode == "schema" {
+		argv = append(argv, "--schema="+e.role)
+	} else {
+		argv = append(argv, "--exclude-schema="+tenant.MarkerSchema, "--exclude-schema="+SentinelSchema)
+	}
+	argv = append(argv, "--dbname="+dsn)
+	cmd := exec.CommandContext(ctx, bin, argv...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("pg_dump of tenant %s on %s: %w: %s", e.t.ID, e.st.From, err, strings.TrimSpace(stderr.String()))
+	}
+	text := string(out)
+	if e.t.Mode == "schema" {
+		// The schema exists (made by the admin: the tenant may not create
+		// schemas in the shared database).
+		text = strings.Replace(text, "\nCREATE SCHEMA "+e.role+";\n", "\n", 1)
+	}
+	// pg_dump (15.14 and later) brackets its output with \restrict and
+	// \unrestrict, which guard psql against meta-commands smuggled into
+	// object names. The script goes to the server as SQL, which has no
+	// meta-commands: the two lines are dropped, nothing else is.
+	var lines []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, "\\restrict ") || strings.HasPrefix(line, "\\unrestrict ") {
+			continue
+		}
+		lines = append(lines, line)
+	}
+	text = strings.Join(lines, "\n")
+	return text, nil
+}
+
+func pgDump() (string, error) {
+	if p, err := exec.LookPath("pg_dump"); err == nil {
+		return p, nil
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_dump")
+	if len(matches) == 0 {
+		return "", errors.New("pg_dump not found: install the PostgreSQL client")
+	}
+	return matches[len(matches)-1], nil
+}
+
+// adminConnString is a libpq connection string of a cluster's admin for a
+// database, from its catalog DSN.
+func (m *mover) adminConnString(ctx context.Context, clusterName, database string) (string, error) {
+	c, err := m.s.Store.GetCluster(ctx, clusterName)
+	if err != nil {
+		return "", err
+	}
+	pc, err := pgconn.ParseConfig(c.DSN)
+	if err != nil {
+		return "", fmt.Errorf("cluster %s: dsn: %w", clusterName, err)
+	}
+	q := func(v string) string { return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'" }
+	ssl := "disable"
+	if pc.TLSConfig != nil {
+		ssl = "require"
+	}
+	return fmt.Sprintf("host=%s port=%d user=%s password=%s dbname=%s sslmode=%s application_name=pgtenant_move",
+		q(pc.Host), pc.Port, q(pc.User), q(pc.Password), q(database), ssl), nil
+}
+
+// subscribe publishes the tenant's tables on the source and subscribes the
+// target, with the initial copy. The subscription is made by a role of its
+// own that is a superuser only while it creates it (PostgreSQL 15 wants a
+// superuser owner), then NOSUPERUSER and a member of the tenant's role:
+// the apply worker runs as its owner, so whatever tenant code replication
+// sets off (triggers, defaults, generated columns, index expressions,
+// constraints) has the tenant's rights and no more.
+func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
+	if e.switched {
+		return nil
+	}
+	name := Name(e.t.ID)
+	sentinel := cluster.Ident(SentinelSchema) + "." + cluster.Ident(e.role)
+	sentinelSQL := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s; REVOKE ALL ON SCHEMA %[1]s FROM PUBLIC;
+		CREATE TABLE IF NOT EXISTS %[2]s (id int PRIMARY KEY, token text NOT NULL)`, cluster.Ident(SentinelSchema), sentinel)
+	sconn, err := e.src.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer sconn.Close(context.WithoutCancel(ctx))
+	if _, err := sconn.Exec(ctx, sentinelSQL); err != nil {
+		return cluster.Classify(err)
+	}
+	var published bool
+	if err := sconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname = $1)`, name).Scan(&published); err != nil {
+		return cluster.Classify(err)
+	}
+	if !published {
+		what := "ALL TABLES"
+		if e.t.Mode == "schema" {
+			what = "TABLES IN SCHEMA " + cluster.Ident(e.role) + ", TABLE " + sentinel
+		}
+		if _, err := sconn.Exec(ctx, "CREATE PUBLICATION "+cluster.Ident(name)+" FOR "+what); err != nil {
+			return cluster.Classify(err)
+		}
+	}
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	owner := cluster.Ident(name)
+	if _, err := dadmin.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+			IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s) THEN
+				CREATE ROLE %s LOGIN;
+			END IF;
+		END $$`, cluster.Literal(name), owner)); err != nil {
+		return cluster.Classify(err)
+	}
+	dconn, err := e.dst.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer dconn.Close(context.WithoutCancel(ctx))
+	if _, err := dconn.Exec(ctx, sentinelSQL+fmt.Sprintf(`; GRANT USAGE ON SCHEMA %s TO %s; GRANT SELECT, INSERT, UPDATE, DELETE ON %s TO %s`,
+		cluster.Ident(SentinelSchema), owner, sentinel, owner)); err != nil {
+		return cluster.Classify(err)
+	}
+	var subscribed bool
+	if err := dconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription WHERE subname = $1)`, name).Scan(&subscribed); err != nil {
+		return cluster.Classify(err)
+	}
+	if !subscribed {
+		conninfo, err := m.adminConnString(ctx, e.st.From, e.t.Database)
+		if err != nil {
+			return err
+		}
+		// Making the slot waits for the source's running transactions
+		// (anyone's): bounded, then retried by the job.
+		for _, stmt := range []string{
+			"ALTER ROLE " + owner + " SUPERUSER",
+			"SET ROLE " + owner,
+			"SET statement_timeout = '60s'",
+			fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s WITH (enabled = false, slot_name = %s, copy_data = true)",
+				owner, cluster.Literal(conninfo), owner, cluster.Literal(name)),
+		} {
+			if _, err := dconn.Exec(ctx, stmt); err != nil {
+				_, _ = dconn.Exec(context.WithoutCancel(ctx), "RESET ROLE; RESET statement_timeout")
+				_, _ = dadmin.Exec(context.WithoutCancel(ctx), "ALTER ROLE "+owner+" NOSUPERUSER")
+				return fmt.Errorf("subscribe %s to %s: %w", e.dst.Name(), e.src.Name(), cluster.Classify(err))
+			}
+		}
+		if _, err := dconn.Exec(ctx, "RESET ROLE; RESET statement_timeout"); err != nil {
+			return cluster.Classify(err)
+		}
+	}
+	// Before it is enabled, and on every pass: the owner has no privilege
+	// beyond the tenant's, whatever an interrupted attempt left.
+	if _, err := dadmin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS; GRANT %s TO %s",
+		owner, cluster.Ident(e.role), owner)); err != nil {
+		return cluster.Classify(err)
+	}
+	var super bool
+	if err := dadmin.QueryRow(ctx, `SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1`, name).Scan(&super); err != nil || super {
+		return fmt.Errorf("the subscription owner %s is still a superuser: %w", name, cluster.Classify(err))
+	}
+	_, err = dconn.Exec(ctx, "ALTER SUBSCRIPTION "+owner+" ENABLE")
+	return cluster.Classify(err)
+}
+
+// copy waits for the initial copy of every table, paced on both clusters.
+func (m *mover) copy(ctx context.Context, r *jobs.Run, e *env) error {
+	if e.switched {
+		return nil
+	}
+	dconn, err := e.dst.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer dconn.Close(context.WithoutCancel(ctx))
+	deadline := time.Now().Add(cmp.Or(m.s.CopyTimeout, 6*time.Hour))
+	for {
+		var pending, total int64
+		if err := dconn.QueryRow(ctx, `SELECT pg_catalog.count(*) FILTER (WHERE r.srsubstate <> 'r'), pg_catalog.count(*)
+			FROM pg_catalog.pg_subscription_rel r JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`, Name(e.t.ID)).Scan(&pending, &total); err != nil {
+			return cluster.Classify(err)
+		}
+		r.Progress(ctx, total-pending, total, fmt.Sprintf("copying tenant %s from %s to %s: %d of %d tables", e.t.ID, e.src.Name(), e.dst.Name(), total-pending, total))
+		if total > 0 && pending == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return jobs.Permanent(fmt.Errorf("the initial copy of tenant %s did not end in time (%d tables left); see the target's log", e.t.ID, pending))
+		}
+		for _, c := range []string{e.src.Name(), e.dst.Name()} {
+			release, err := r.Pace(ctx, c, jobs.Light)
+			if err != nil {
+				return err
+			}
+			release()
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// cutover switches the tenant to the target with its pool paused.
+func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
+	front := m.s.Poolers.Get(e.t.FrontCluster())
+	if e.switched {
+		return m.resume(ctx, front, e)
+	}
+	srcMarker, err := readMarker(ctx, e.src, e.t)
+	if err != nil {
+		return err
+	}
+	if dstMarker, err := readMarker(ctx, e.dst, e.t); err != nil || dstMarker != srcMarker {
+		return jobs.Permanent(fmt.Errorf("tenant %s's version marker changed during the move (%q on %s, %q on %s): a rollout reached it; move it again", e.t.ID, srcMarker, e.src.Name(), dstMarker, e.dst.Name()))
+	}
+	agent := tenant.AgentRole(e.t.ID)
+	// Everything the paused stretch needs is opened and read before it:
+	// a session on each side and the tenant's schemas.
+	sconn, err := e.src.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer sconn.Close(context.WithoutCancel(ctx))
+	dconn, err := e.dst.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer dconn.Close(context.WithoutCancel(ctx))
+	schemas, err := tenantSchemas(ctx, sconn, e.t)
+	if err != nil {
+		return err
+	}
+	// An earlier attempt that did not switch may have left the target as
+	// the switch wants it: back to replicating, triggers off, no login.
+	if err := m.resetTarget(ctx, e, dconn); err != nil {
+		return err
+	}
+	// The target catches up first, unpaused: a sentinel's round trip is
+	// the apply backlog; the pause starts once it is short (or after 20
+	// tries: the wait while paused is bounded by SwitchTimeout anyway).
+	for try := 0; try < 20; try++ {
+		began := time.Now()
+		token, err := sentinel(ctx, sconn, e.t)
+		if err != nil {
+			return err
+		}
+		if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, 5*time.Minute); err != nil {
+			return err
+		}
+		if time.Since(began) < 100*time.Millisecond {
+			break
+		}
+	}
+	phases := map[string]int64{}
+	mark := time.Now()
+	phase := func(name string) {
+		phases[name] = time.Since(mark).Milliseconds()
+		mark = time.Now()
+	}
+	// 1. Clients queue at the pooler once their transactions end.
+	if front != nil {
+		pctx, cancel := context.WithTimeout(ctx, cmp.Or(m.s.PauseTimeout, 10*time.Second))
+		err := front.Pause(pctx, e.role)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("pause tenant %s's pool (in session mode its clients must disconnect first): %w", e.t.ID, err)
+		}
+	}
+	paused := time.Now()
+	phase("pause")
+	undo := func(cause error) error {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+		defer cancel()
+		return errors.Join(cause, m.unlock(uctx, e), m.resume(uctx, front, e))
+	}
+	// 2. Nobody writes on the source any more: NOLOGIN, sessions ended
+	//    (a direct client's transaction in flight is aborted).
+	if err := lockOut(ctx, e.src, e.role, agent); err != nil {
+		return undo(err)
+	}
+	phase("lock_out")
+	// 3. The sentinel, written last on the source, reached the target:
+	//    everything committed before it has been applied.
+	token, err := sentinel(ctx, sconn, e.t)
+	if err != nil {
+		return undo(err)
+	}
+	if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, cmp.Or(m.s.SwitchTimeout, 30*time.Second)); err != nil {
+		return undo(err)
+	}
+	phase("catch_up")
+	// 4. Sequences from the source; the subscription stops; the tenant's
+	//    own triggers are enabled as they were; the role may log in.
+	if err := m.prepareTarget(ctx, e, sconn, dconn, schemas); err != nil {
+		return undo(err)
+	}
+	phase("target")
+	// 5. The switch: the catalog, then the pooler's entry, then resume.
+	err = pgx.BeginFunc(ctx, m.s.Store.Pool(), func(tx pgx.Tx) error {
+		t, err := m.s.Store.LockTenant(ctx, tx, e.t.ID)
+		if err != nil {
+			return err
+		}
+		if t.State != catalog.StateActive {
+			return jobs.Permanent(fmt.Errorf("tenant %s became %s during its move", t.ID, t.State))
+		}
+		if err := m.s.Store.MoveTenant(ctx, tx, t.ID, e.st.From, m.a.To); err != nil {
+			return err
+		}
+		return m.s.Store.AddEvent(ctx, tx, t.ID, "moved", map[string]any{"from": e.st.From, "to": m.a.To, "job": r.Job.ID})
+	})
+	if err != nil {
+		if lerr := m.relock(ctx, e); lerr != nil {
+			err = errors.Join(err, lerr)
+		}
+		return undo(err)
+	}
+	e.switched = true
+	phase("switch")
+	if err := m.resume(ctx, front, e); err != nil {
+		return err
+	}
+	phase("resume")
+	e.st.PauseMS = time.Since(paused).Milliseconds()
+	if err := m.s.Store.AddEvent(ctx, m.s.Store.Pool(), e.t.ID, "move_pause", map[string]any{"pause_ms": e.st.PauseMS,
+		"from": e.st.From, "to": m.a.To, "job": r.Job.ID, "phases_ms": phases}); err != nil {
+		return err
+	}
+	m.s.Logger.Info("tenant moved", "component", "move", "tenant", e.t.ID, "from", e.st.From, "to", m.a.To, "pause_ms", e.st.PauseMS, "phases_ms", phases)
+	return r.SaveData(ctx, e.st)
+}
+
+// resetTarget puts the target back as the copy needs it (idempotent): the
+// role NOLOGIN, the tenant's ALWAYS/REPLICA triggers disabled, the
+// subscription enabled.
+func (m *mover) resetTarget(ctx context.Context, e *env, dconn *pgx.Conn) error {
+	if err := lockOut(ctx, e.dst, e.role); err != nil {
+		return err
+	}
+	var sql strings.Builder
+	for _, tg := range e.st.Triggers {
+		fmt.Fprintf(&sql, "ALTER TABLE %s.%s DISABLE TRIGGER %s;\n", cluster.Ident(tg.Schema), cluster.Ident(tg.Table), cluster.Ident(tg.Name))
+	}
+	fmt.Fprintf(&sql, "ALTER SUBSCRIPTION %s ENABLE", cluster.Ident(Name(e.t.ID)))
+	if _, err := dconn.Exec(ctx, sql.String()); err != nil {
+		return fmt.Errorf("reset tenant %s on %s for the cut-over: %w", e.t.ID, e.dst.Name(), cluster.Classify(err))
+	}
+	return nil
+}
+
+// lockOut stops a role from logging in on the primary and ends its
+// sessions there (standbys serve no writes; their sessions end in finish).
+func lockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := purge.EndSessions(ctx, cl, roles...); err != nil {
+		return err
+	}
+	for _, role := range roles {
+		if _, err := admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" NOLOGIN"); err != nil {
+			return cluster.Classify(err)
+		}
+	}
+	_, err = purge.EndSessions(ctx, cl, roles...)
+	return err
+}
+
+// sentinel writes a fresh token into the source's sentinel table.
+func sentinel(ctx context.Context, conn *pgx.Conn, t catalog.Tenant) (string, error) {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	token := hex.EncodeToString(b)
+	_, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.%s VALUES (1, $1) ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token`,
+		cluster.Ident(SentinelSchema), cluster.Ident(tenant.PhysicalName(t.ID))), token)
+	return token, cluster.Classify(err)
+}
+
+func waitSentinel(ctx context.Context, conn *pgx.Conn, clusterName string, t catalog.Tenant, token string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	q := fmt.Sprintf(`SELECT EXISTS (SELECT 1 FROM %s.%s WHERE id = 1 AND token = $1)`, cluster.Ident(SentinelSchema), cluster.Ident(tenant.PhysicalName(t.ID)))
+	for {
+		var ok bool
+		if err := conn.QueryRow(ctx, q, token).Scan(&ok); err != nil {
+			return cluster.Classify(err)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cluster %s did not apply tenant %s's last writes within %s (is its subscription failing? see its log)", clusterName, t.ID, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// prepareTarget sets the sequences from the source, stops the
+// subscription, enables the tenant's triggers as they were and lets the
+// tenant's roles log in on the target.
+func (m *mover) prepareTarget(ctx context.Context, e *env, sconn, dconn *pgx.Conn, schemas []string) error {
+	rows, err := sconn.Query(ctx, `SELECT schemaname::text, sequencename::text, last_value FROM pg_catalog.pg_sequences
+		WHERE schemaname = ANY($1) AND last_value IS NOT NULL`, schemas)
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	type seq struct {
+		schema, name string
+		last         int64
+	}
+	seqs, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (seq, error) {
+		var s seq
+		return s, r.Scan(&s.schema, &s.name, &s.last)
+	})
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	var sql strings.Builder
+	fmt.Fprintf(&sql, "ALTER SUBSCRIPTION %s DISABLE;\n", cluster.Ident(Name(e.t.ID)))
+	for _, s := range seqs {
+		fmt.Fprintf(&sql, "SELECT pg_catalog.setval(%s::pg_catalog.regclass, %d, true);\n", cluster.Literal(cluster.Ident(s.schema)+"."+cluster.Ident(s.name)), s.last)
+	}
+	for _, tg := range e.st.Triggers {
+		mode := "ALWAYS"
+		if tg.Enabled == "R" {
+			mode = "REPLICA"
+		}
+		fmt.Fprintf(&sql, "ALTER TABLE %s.%s ENABLE %s TRIGGER %s;\n", cluster.Ident(tg.Schema), cluster.Ident(tg.Table), mode, cluster.Ident(tg.Name))
+	}
+	if _, err := dconn.Exec(ctx, sql.String()); err != nil {
+		return fmt.Errorf("prepare tenant %s on %s: %w", e.t.ID, e.dst.Name(), cluster.Classify(err))
+	}
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = dadmin.Exec(ctx, "ALTER ROLE "+cluster.Ident(e.role)+" LOGIN")
+	return cluster.Classify(err)
+}
+
+// unlock lets the tenant log in on the source again (a cut-over that did
+// not switch).
+func (m *mover) unlock(ctx context.Context, e *env) error {
+	t, err := m.s.Store.GetTenant(ctx, nil, e.t.ID)
+	if err != nil || t.Cluster != e.st.From || t.State != catalog.StateActive {
+		return err
+	}
+	admin, err := e.src.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = admin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s LOGIN; ALTER ROLE %s LOGIN", cluster.Ident(e.role), cluster.Ident(tenant.AgentRole(e.t.ID))))
+	return cluster.Classify(err)
+}
+
+// relock keeps the target's role out when the switch did not happen.
+func (m *mover) relock(ctx context.Context, e *env) error {
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = dadmin.Exec(ctx, "ALTER ROLE "+cluster.Ident(e.role)+" NOLOGIN")
+	return cluster.Classify(err)
+}
+
+// resume brings the pooler's entry in line with the catalog (pointed at
+// the tenant's cluster now) and lets its clients go on.
+func (m *mover) resume(ctx context.Context, front *pooler.Front, e *env) error {
+	if front == nil {
+		return nil
+	}
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = front.Sync(ctx); err == nil {
+			break
+		}
+	}
+	return errors.Join(err, front.Resume(ctx, e.role))
+}
+
+// finish removes the move's replication objects and, once switched,
+// queues the source copy's purge after the drop retention.
+func (m *mover) finish(ctx context.Context, r *jobs.Run, e *env) error {
+	if err := m.dropReplication(ctx, e); err != nil {
+		return err
+	}
+	if !e.switched {
+		return nil
+	}
+	// Sessions the source's standbys still serve end too.
+	if _, _, err := purge.OnStandbys(ctx, e.src, true, e.role, tenant.AgentRole(e.t.ID)); err != nil {
+		m.s.Logger.Warn("end the moved tenant's sessions on the source's standbys", "component", "move", "tenant", e.t.ID, "err", err)
+	}
+	left := e.t
+	left.Cluster = e.st.From
+	spec := purge.LeftoverSpec(left, "moved to "+m.a.To)
+	spec.RunAfter = time.Now().Add(m.s.Config.Drop.Retention.D())
+	_, err := r.Enqueue(ctx, spec)
+	return err
+}
+
+// dropReplication removes the subscription (and its owner), the
+// publication, the slot and the sentinel tables. Each is checked first:
+// run again, it finds them gone.
+func (m *mover) dropReplication(ctx context.Context, e *env) error {
+	name := Name(e.t.ID)
+	sentinel := "DROP TABLE IF EXISTS " + cluster.Ident(SentinelSchema) + "." + cluster.Ident(e.role)
+	dconn, err := e.dst.Connect(ctx, e.t.Database)
+	if err != nil && !errors.Is(err, cluster.ErrNotFound) {
+		return err
+	}
+	if err == nil {
+		defer dconn.Close(context.WithoutCancel(ctx))
+		var exists bool
+		if err := dconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription WHERE subname = $1)`, name).Scan(&exists); err != nil {
+			return cluster.Classify(err)
+		}
+		if exists {
+			// DROP SUBSCRIPTION drops the slot on the source too.
+			if _, err := dconn.Exec(ctx, "ALTER SUBSCRIPTION "+cluster.Ident(name)+" DISABLE"); err != nil {
+				return cluster.Classify(err)
+			}
+			if _, err := dconn.Exec(ctx, "DROP SUBSCRIPTION "+cluster.Ident(name)); err != nil {
+				return cluster.Classify(err)
+			}
+		}
+		if _, err := dconn.Exec(ctx, sentinel); err != nil {
+			return cluster.Classify(err)
+		}
+		if err := cluster.DropOwned(ctx, dconn, name); err != nil {
+			return err
+		}
+	}
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	if err := cluster.DropRoles(ctx, dadmin, name); err != nil {
+		return err
+	}
+	sconn, err := e.src.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer sconn.Close(context.WithoutCancel(ctx))
+	if _, err := sconn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+cluster.Ident(name)+"; "+sentinel); err != nil {
+		return cluster.Classify(err)
+	}
+	sadmin, err := e.src.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = sadmin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND NOT active`, name)
+	return cluster.Classify(err)
+}
+
+// cleanup runs when the job fails or is cancelled. Switched, the tenant is
+// on the target: only the replication objects go. Not switched, the tenant
+// is where it was, serving: everything the move made on the target goes.
+func (m *mover) cleanup(ctx context.Context, r *jobs.Run) error {
+	e, err := m.load(ctx, r)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		var st state
+		if lerr := r.LoadData(&st); lerr == nil && st.From == "" {
+			return nil // refused at check: nothing was made
+		}
+		return err
+	}
+	front := m.s.Poolers.Get(e.t.FrontCluster())
+	if e.switched {
+		return errors.Join(m.resume(ctx, front, e), m.dropReplication(ctx, e))
+	}
+	if !e.st.Checked {
+		return nil
+	}
+	if err := errors.Join(m.unlock(ctx, e), m.resume(ctx, front, e)); err != nil {
+		return err
+	}
+	if err := m.dropReplication(ctx, e); err != nil {
+		return err
+	}
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	roles := []string{e.role, tenant.AgentRole(e.t.ID)}
+	if _, err := purge.EndSessions(ctx, e.dst, roles...); err != nil {
+		return err
+	}
+	if e.t.Mode == "database" {
+		e.dst.ClosePool(e.role)
+		if err := cluster.DropDatabase(ctx, dadmin, e.role); err != nil {
+			return err
+		}
+	} else {
+		conn, err := e.dst.Connect(ctx, e.t.Database)
+		if err != nil {
+			return err
+		}
+		err = cluster.DropSchemaBatched(ctx, conn, e.role, m.s.Config.Drop.BatchRelations, func(context.Context, int, int) error { return nil })
+		if err == nil {
+			err = cluster.DropOwned(ctx, conn, roles...)
+		}
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return err
+		}
+	}
+	return cluster.DropRoles(ctx, dadmin, roles...)
+}

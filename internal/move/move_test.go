@@ -1,0 +1,463 @@
+package move_test
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	examples "github.com/pgtenant/pgtenant/examples/templates"
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/move"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
+)
+
+// pgs are two clusters, local and local2: tenants move between them.
+var pgs []*pgtest.Cluster
+
+func TestMain(m *testing.M) {
+	os.Exit(pgtest.MainClusters(m, []pgtest.Options{{Name: "local"}, {Name: "local2"}}, &pgs))
+}
+
+const pooledTier = "pooled"
+
+// fleet runs a daemon over both clusters, each with its PgBouncer, and the
+// saas template built on both.
+func fleet(t *testing.T) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	d, c, _ := daemontest.StartClusters(t, pgs, testConfig(t), true)
+	buildSaas(t, c)
+	return d, c
+}
+
+func testConfig(t *testing.T) config.Config {
+	cfg := daemontest.Config(t, pgs[0])
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Metrics.Interval = 0
+	cfg.Prewarm.CaptureInterval = 0
+	cfg.Prewarm.WatchInterval = 0
+	cfg.Drop.Retention = config.Duration(time.Second)
+	cfg.Tiers[pooledTier] = config.Tier{ConnectionLimit: 5, StatementTimeout: config.Duration(30 * time.Second),
+		PoolMode: "transaction", PoolSize: 2, MaxDBConnections: 2}
+	return cfg
+}
+
+func buildSaas(t *testing.T, c *api.Client) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build: %v %s", err, j.LastError)
+		}
+	}
+}
+
+func connectDSN(ctx context.Context, dsn string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	// Behind a transaction pool: the simple protocol (README).
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
+// writer inserts rows numbered 1, 2, … through the tenant's DSN, one
+// transaction each, and keeps the numbers it was told were committed.
+type writer struct {
+	mu    sync.Mutex
+	acked []int
+	errs  []error
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func startWriter(t *testing.T, ctx context.Context, dsn string) *writer {
+	t.Helper()
+	conn, err := connectDSN(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		defer conn.Close(context.Background())
+		for n := 1; ; n++ {
+			select {
+			case <-w.stop:
+				return
+			default:
+			}
+			// The sequence's default and a row of the template's own table
+			// in one transaction.
+			_, err := conn.Exec(ctx, fmt.Sprintf(`BEGIN; INSERT INTO w (n) VALUES (%d); INSERT INTO organizations (name, slug) VALUES ('o%d', 's%d'); COMMIT`, n, n, n))
+			w.mu.Lock()
+			if err != nil {
+				w.errs = append(w.errs, err)
+				w.mu.Unlock()
+				return
+			}
+			w.acked = append(w.acked, n)
+			w.mu.Unlock()
+		}
+	}()
+	return w
+}
+
+func (w *writer) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acked)
+}
+
+// waitFor waits until the writer has acknowledged n more rows (or failed).
+func (w *writer) waitFor(t *testing.T, n int) {
+	t.Helper()
+	want := w.count() + n
+	for w.count() < want {
+		select {
+		case <-w.done:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func (w *writer) finish() ([]int, []error) {
+	close(w.stop)
+	<-w.done
+	return w.acked, w.errs
+}
+
+// TestMove_OnlineWhileWriting moves a database tenant and a schema tenant
+// from local to local2 while a client writes through the pooler: the
+// client sees no error, every acknowledged row is on the target exactly
+// once, sequences are ahead of every used value, the DSN is the same, the
+// pause is in the tenant's events, the replication objects are gone, and
+// the source copy is locked, then purged after the retention.
+func TestMove_OnlineWhileWriting(t *testing.T) {
+	ctx := pgtest.Context(t)
+	_, c := fleet(t)
+	for _, mode := range []string{"database", "schema"} {
+		t.Run(mode, func(t *testing.T) {
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: pooledTier, Cluster: "local"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := r.Tenant.ID
+			role := "t_" + id
+			setup, err := connectDSN(ctx, r.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := setup.Exec(ctx, `CREATE TABLE w (id bigserial PRIMARY KEY, n int NOT NULL UNIQUE, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+				t.Fatal(err)
+			}
+			setup.Close(ctx)
+			before, err := c.Tenant(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			wr := startWriter(t, ctx, r.DSN)
+			wr.waitFor(t, 50)
+			j, err := c.MoveTenant(ctx, id, "local2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			j, err = c.WaitJob(ctx, j.ID, nil)
+			if err != nil || j.State != jobs.Succeeded {
+				t.Fatalf("move: %v %s %s", err, j.State, j.LastError)
+			}
+			wr.waitFor(t, 50) // writes go on, on the target
+			acked, errs := wr.finish()
+			if len(errs) > 0 {
+				t.Errorf("the client saw %d errors, want none: %v", len(errs), errs[0])
+			}
+
+			after, err := c.Tenant(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Cluster != "local2" || after.DSN != before.DSN {
+				t.Errorf("after the move: cluster %s dsn %s; want local2 and the same dsn %s", after.Cluster, after.DSN, before.DSN)
+			}
+			var pauses int
+			for _, e := range after.Events {
+				if e.Kind == "move_pause" {
+					pauses++
+				}
+			}
+			if pauses != 1 {
+				t.Errorf("move_pause events = %d, want 1 (events %+v)", pauses, after.Events)
+			}
+
+			// Every acknowledged row on the target exactly once, and
+			// nothing else; sequences ahead of every used value.
+			db := after.Database
+			dst := pgs[1].Conn(t, db)
+			schema := "public"
+			if mode == "schema" {
+				schema = role
+			}
+			var rows, distinct, maxN int
+			var maxID, seq, orgs int64
+			if err := dst.QueryRow(ctx, fmt.Sprintf(`SELECT count(*), count(DISTINCT n), coalesce(max(n), 0), coalesce(max(id), 0),
+				(SELECT last_value FROM %[1]s.w_id_seq), (SELECT count(*) FROM %[1]s.organizations) FROM %[1]s.w`, schema)).Scan(&rows, &distinct, &maxN, &maxID, &seq, &orgs); err != nil {
+				t.Fatal(err)
+			}
+			if rows != len(acked) || distinct != len(acked) || maxN != acked[len(acked)-1] || orgs != int64(len(acked)) {
+				t.Errorf("on the target: %d rows, %d distinct, max n %d, %d organizations; want %d acknowledged rows up to %d, once each",
+					rows, distinct, maxN, orgs, len(acked), acked[len(acked)-1])
+			}
+			if seq < maxID {
+				t.Errorf("sequence w_id_seq at %d, behind the largest id %d", seq, maxID)
+			}
+
+			// The move's replication objects are gone from both sides.
+			var subs, slots, pubs int
+			if err := dst.QueryRow(ctx, `SELECT count(*) FROM pg_subscription WHERE subname = $1`, move.Name(id)).Scan(&subs); err != nil {
+				t.Fatal(err)
+			}
+			src := pgs[0].Conn(t, "postgres")
+			if err := src.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, move.Name(id)).Scan(&slots); err != nil {
+				t.Fatal(err)
+			}
+			if subs+slots != 0 {
+				t.Errorf("%d subscriptions on local2 and %d slots on local left, want none", subs, slots)
+			}
+			if mode == "database" {
+				srcDB := pgs[0].Conn(t, db)
+				if err := srcDB.QueryRow(ctx, `SELECT count(*) FROM pg_publication`).Scan(&pubs); err != nil {
+					t.Fatal(err)
+				}
+				if pubs != 0 {
+					t.Errorf("%d publications left in the source database", pubs)
+				}
+			}
+
+			// The source copy is purged once the retention (1 s) ends.
+			purged := false
+			for !purged && ctx.Err() == nil {
+				var roles int
+				if err := src.QueryRow(ctx, `SELECT count(*) FROM pg_roles WHERE rolname = $1`, role).Scan(&roles); err != nil {
+					t.Fatal(err)
+				}
+				purged = roles == 0
+				time.Sleep(50 * time.Millisecond)
+			}
+			var dbs int
+			if err := src.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, role).Scan(&dbs); err != nil {
+				t.Fatal(err)
+			}
+			if !purged || dbs != 0 {
+				t.Errorf("the source copy is still on local: role purged %v, databases %d", purged, dbs)
+			}
+			// reconcile finds nothing of the tenant on either cluster
+			// (its pooler entry included).
+			rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range rep.Findings {
+				if f.Tenant == id || strings.Contains(f.Object, id) {
+					t.Errorf("reconcile after the move: %+v", f)
+				}
+			}
+			// And the tenant is still served on local2.
+			conn, err := connectDSN(ctx, r.DSN)
+			if err != nil {
+				t.Fatalf("connect after the purge of the source copy: %v", err)
+			}
+			var n int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM w`).Scan(&n); err != nil || n != len(acked) {
+				t.Errorf("through the DSN after the purge: %d rows, err %v; want %d", n, err, len(acked))
+			}
+			conn.Close(ctx)
+		})
+	}
+}
+
+// TestMove_RefusedBeforeAnythingIsCopied: a tenant with a table without a
+// primary key and a large object is refused, with the reasons, before the
+// target gets anything; it stays on its cluster and serves.
+func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
+	ctx := pgtest.Context(t)
+	_, c := fleet(t)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE nokey (v text); INSERT INTO nokey VALUES ('x'); SELECT lo_from_bytea(0, 'blob')`); err != nil {
+		t.Fatal(err)
+	}
+	j, err := c.MoveTenant(ctx, r.Tenant.ID, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err = c.WaitJob(ctx, j.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != jobs.Failed || !strings.Contains(j.LastError, "move refused") || !strings.Contains(j.LastError, "nokey") ||
+		!strings.Contains(j.LastError, "large objects") {
+		t.Errorf("move: %s %q; want failed, refused naming the table and the large objects", j.State, j.LastError)
+	}
+	if len(j.Steps) != 0 {
+		t.Errorf("steps done: %+v; want none (refused at check)", j.Steps)
+	}
+	var roles, dbs int
+	dst := pgs[1].Conn(t, "postgres")
+	if err := dst.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_roles WHERE rolname LIKE '%' || $1), (SELECT count(*) FROM pg_database WHERE datname = $2)`,
+		r.Tenant.ID, "t_"+r.Tenant.ID).Scan(&roles, &dbs); err != nil {
+		t.Fatal(err)
+	}
+	if roles+dbs != 0 {
+		t.Errorf("local2 has %d roles and %d databases of the refused tenant, want none", roles, dbs)
+	}
+	after, err := c.Tenant(ctx, r.Tenant.ID)
+	if err != nil || after.Cluster != "local" || after.State != "active" {
+		t.Errorf("after the refusal: %+v %v; want active on local", after.Tenant, err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM nokey`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the tenant no longer serves: %d %v", n, err)
+	}
+	js, err := c.Jobs(ctx, url.Values{"type": {move.Job}, "target": {r.Tenant.ID}})
+	if err != nil || len(js) != 1 {
+		t.Errorf("move jobs of the tenant: %d %v; want 1", len(js), err)
+	}
+}
+
+// waitStep waits until a job has recorded step (or ended).
+func waitStep(t *testing.T, c *api.Client, id int64, step string) jobs.Job {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	for {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range j.Steps {
+			if s.Step == step {
+				return j
+			}
+		}
+		if jobs.Finished(j.State) {
+			t.Fatalf("job %d ended %s before step %s: %s", id, j.State, step, j.LastError)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMove_ResumesAfterTheDaemonStops stops the daemon once the
+// subscription is made and starts another on the same catalog: it resumes
+// the move from its next step and finishes it, every row on the target.
+// Then a move cancelled during the copy leaves its tenant on its cluster,
+// serving, and nothing of it on the target.
+func TestMove_ResumesAfterTheDaemonStops(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := testConfig(t)
+	_, c, stop := daemontest.StartClusters(t, pgs, cfg, false)
+	buildSaas(t, c)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `INSERT INTO organizations (name, slug) SELECT 'o' || i, 's' || i FROM generate_series(1, 500) i`); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	j, err := c.MoveTenant(ctx, r.Tenant.ID, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, c, j.ID, "subscribe")
+	stop()
+
+	_, c, _ = daemontest.StartClusters(t, pgs, cfg, false)
+	j, err = c.WaitJob(ctx, j.ID, nil)
+	if err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("move after the restart: %v %s %s", err, j.State, j.LastError)
+	}
+	workers := map[string]string{}
+	for _, s := range j.Steps {
+		workers[s.Step] = s.Worker
+	}
+	if workers["subscribe"] == workers["finish"] {
+		t.Errorf("steps %+v: want subscribe and finish done by two daemons", j.Steps)
+	}
+	var orgs int
+	if err := pgs[1].Conn(t, r.Tenant.Database).QueryRow(ctx, `SELECT count(*) FROM public.organizations`).Scan(&orgs); err != nil || orgs != 500 {
+		t.Errorf("organizations on the target: %d %v, want 500", orgs, err)
+	}
+
+	// A cancelled move.
+	s, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s.Tenant.ID
+	j, err = c.MoveTenant(ctx, id, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitStep(t, c, j.ID, "subscribe")
+	if _, err := c.CancelJob(ctx, j.ID); err != nil {
+		t.Fatal(err)
+	}
+	if j, err = c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Cancelled {
+		t.Fatalf("cancelled move: %v %s %s", err, j.State, j.LastError)
+	}
+	after, err := c.Tenant(ctx, id)
+	if err != nil || after.Cluster != "local" || after.State != "active" {
+		t.Fatalf("after the cancel: %+v %v; want active on local", after.Tenant, err)
+	}
+	tc, err := connectDSN(ctx, s.DSN)
+	if err != nil {
+		t.Fatalf("the tenant cannot log in after the cancel: %v", err)
+	}
+	if _, err := tc.Exec(ctx, `INSERT INTO organizations (name, slug) VALUES ('after', 'after')`); err != nil {
+		t.Errorf("the tenant cannot write after the cancel: %v", err)
+	}
+	tc.Close(ctx)
+	var left int
+	if err := pgs[1].Conn(t, s.Tenant.Database).QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2, $3))
+			+ (SELECT count(*) FROM pg_namespace WHERE nspname = $1)
+			+ (SELECT count(*) FROM pg_subscription WHERE subname = $3)`,
+		"t_"+id, "pgt_agent_"+id, move.Name(id)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	var slots int
+	if err := pgs[0].Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, move.Name(id)).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if left+slots != 0 {
+		t.Errorf("after the cancel: %d of the tenant's roles, schema or subscription on local2 and %d slots on local, want none", left, slots)
+	}
+}
