@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"github.com/pgtenant/pgtenant/internal/fleet"
 	"net/url"
 	"os"
 	"os/exec"
@@ -244,7 +245,7 @@ func TestREADME_MetricsExist(t *testing.T) {
 	descs := make(chan *prometheus.Desc)
 	go func() {
 		e.d.Metrics().Describe(descs)
-		restartCounter(pg.Cluster).Describe(descs)
+		restartCounter([]*fleet.Cluster{pg.Cluster}).Describe(descs)
 		close(descs)
 	}()
 	fqName := regexp.MustCompile(`fqName: "([a-z_]+)"`)
