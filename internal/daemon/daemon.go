@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -84,6 +85,18 @@ type Daemon struct {
 	capper    *quota.Capper
 	// poolers keep each cluster's PgBouncer in line with the catalog.
 	poolers *pooler.Set
+	// analytics runs the tenants' columnar mirrors this daemon owns and
+	// serves them on the analytics port.
+	analytics *analytics.Service
+}
+
+// analyticsDir is where the mirrors' DuckDB files live: analytics.dir, or
+// "analytics" next to the token file.
+func analyticsDir(cfg config.Config) string {
+	if cfg.Analytics.Dir != "" {
+		return cfg.Analytics.Dir
+	}
+	return filepath.Join(filepath.Dir(cfg.TokenFile), "analytics")
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -164,6 +177,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.watcher = &prewarm.Watcher{S: warm}
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
+	d.analytics = analytics.New(store, d.clusters, cfg.Analytics, analyticsDir(cfg), log)
+	pur.Analytics = d.analytics
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
@@ -178,7 +193,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers}
 
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm,
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Analytics: d.analytics, Credentials: d.creds, Reconciler: rec, Prewarm: warm,
 		Console: &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 
@@ -378,6 +393,9 @@ func (d *Daemon) MetricsAddr() string {
 // Token is the API bearer token.
 func (d *Daemon) Token() string { return d.token }
 
+// Analytics runs the tenants' mirrors (for tests).
+func (d *Daemon) Analytics() *analytics.Service { return d.analytics }
+
 // Store is the catalog (for tests and the in-process CLI).
 func (d *Daemon) Store() *catalog.Store { return d.store }
 
@@ -399,7 +417,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.analytics} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

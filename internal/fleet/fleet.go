@@ -77,7 +77,7 @@ func DefaultSettings() map[string]string {
 		"max_connections":                "500",
 		"superuser_reserved_connections": "10",
 		"shared_buffers":                 "128MB",
-		"wal_level":                      "replica",
+		"wal_level":                      "logical", // tenants' analytics mirrors (internal/analytics) decode it
 		"max_wal_senders":                "10",
 		"max_replication_slots":          "10",
 		"hot_standby":                    "on",
