@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -65,8 +66,9 @@ type Service struct {
 	// Dir holds the DuckDB files (Config.Dir resolved).
 	Dir string
 
-	owner string // this daemon, in leases
-	addr  string // the analytics listener's address, set by Serve
+	owner string       // this daemon, in leases
+	ln    net.Listener // the analytics port (Listen), nil without one
+	addr  string       // its address, in the tenants' DSNs
 
 	mu      sync.Mutex
 	mirrors map[string]*mirror // the mirrors this daemon runs

@@ -22,6 +22,17 @@ func (s *Service) Run(ctx context.Context) error {
 	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
 		return fmt.Errorf("analytics dir: %w", err)
 	}
+	served := make(chan error, 1)
+	if s.ln != nil {
+		go func() { served <- s.serve(ctx) }()
+	} else {
+		served <- nil
+	}
+	err := s.manage(ctx)
+	return errors.Join(err, <-served)
+}
+
+func (s *Service) manage(ctx context.Context) error {
 	down := cluster.Outage{What: "run the analytics mirrors"}
 	defer s.stopAll()
 	for {

@@ -32,6 +32,9 @@ type upInfo struct {
 	// Pooler is the PgBouncer tenants connect through (host:port), "" without one.
 	Pooler string `json:"pooler,omitempty"`
 
+	// Analytics is the port tenants query their analytics mirrors on.
+	Analytics string `json:"analytics,omitempty"`
+
 	// CredentialsKeyFile seals the passwords kept for retried creates.
 	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
 }
@@ -136,6 +139,15 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	for _, s := range fc.Standbys() {
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
 	}
+	if cfg.Analytics.Listen == "" {
+		// A free port the first time, the same one after: tenants keep
+		// their analytics DSNs.
+		port, err := pooler.LocalPort(filepath.Join(dir, "local", "analytics"))
+		if err != nil {
+			return fmt.Errorf("analytics port: %w", err)
+		}
+		cfg.Analytics.Listen = "127.0.0.1:" + strconv.Itoa(port)
+	}
 	restarts := restartCounter(fc)
 	opts := daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Collectors: []prometheus.Collector{restarts}, Logger: log}
 	if withPooler {
@@ -159,6 +171,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	if pc, ok := opts.Poolers["local"]; ok {
 		info.Pooler = pc.Listen
 	}
+	info.Analytics = d.Analytics().Addr()
 	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
 		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
 			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
@@ -245,6 +258,9 @@ func printUp(w io.Writer, in upInfo) {
 	fmt.Fprintf(w, "  %-9s superuser password in %s\n", "", in.PasswordFile)
 	if in.Pooler != "" {
 		fmt.Fprintf(w, "  %-9s %s  (PgBouncer: tenants' DSNs point here)\n", "pooler", in.Pooler)
+	}
+	if in.Analytics != "" {
+		fmt.Fprintf(w, "  %-9s %s  (tenants' analytics mirrors: `pgtenant analytics enable ID`)\n", "analytics", in.Analytics)
 	}
 	if in.CredentialsKeyFile != "" {
 		fmt.Fprintf(w, "  %-9s credentials key in %s (seals passwords kept for retried creates)\n", "", in.CredentialsKeyFile)

@@ -79,7 +79,7 @@ type AnalyticsConfig struct {
 	// to the token file).
 	Dir string `yaml:"dir"`
 	// Listen is the PostgreSQL-protocol address tenants query their
-	// mirror on ("" = off).
+	// mirror on ("" = off; `up` picks a port and keeps it).
 	Listen string `yaml:"listen"`
 	// MemoryLimit and Threads bound each tenant's DuckDB (its apply and
 	// its queries together).
@@ -444,7 +444,7 @@ func Default() Config {
 			HistoryRetention: Duration(14 * 24 * time.Hour), TopTenants: 100, CapInterval: Duration(time.Second)},
 		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(500 * time.Millisecond),
 			RateLimit: 256 << 20, Parallel: 4, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
-		Analytics: AnalyticsConfig{Listen: "127.0.0.1:6543", MemoryLimit: 256 << 20, Threads: 1, StatementTimeout: Duration(30 * time.Second),
+		Analytics: AnalyticsConfig{MemoryLimit: 256 << 20, Threads: 1, StatementTimeout: Duration(30 * time.Second),
 			FlushInterval: Duration(200 * time.Millisecond), BatchRows: 50000, Lease: Duration(30 * time.Second), PollInterval: Duration(time.Second)},
 	}
 }

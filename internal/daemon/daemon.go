@@ -178,6 +178,12 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 	d.analytics = analytics.New(store, d.clusters, cfg.Analytics, analyticsDir(cfg), log)
+	if cfg.Analytics.Listen != "" {
+		if _, err := d.analytics.Listen(cfg.Analytics.Listen); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	pur.Analytics = d.analytics
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
