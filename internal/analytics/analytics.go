@@ -211,29 +211,9 @@ func (s *Service) Purge(ctx context.Context, t catalog.Tenant) error {
 // dropServerSide drops the slot (ending the walsender that streams it)
 // and the publication; both may be gone already.
 func dropServerSide(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) error {
-	admin, err := cl.Admin(ctx)
-	if err != nil {
-		return err
-	}
 	name := SlotName(t.ID)
-	for range 50 {
-		var active bool
-		err := admin.QueryRow(ctx, `SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, name).Scan(&active)
-		if errors.Is(err, pgx.ErrNoRows) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read slot %s: %w", name, cluster.Classify(err))
-		}
-		if active {
-			_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(active_pid) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
-		} else {
-			_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, name)
-		}
-		if err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "is active") {
-			return fmt.Errorf("drop slot %s: %w", name, cluster.Classify(err))
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := DropSlot(ctx, cl, name); err != nil {
+		return err
 	}
 	conn, err := cl.Connect(ctx, t.Database)
 	if errors.Is(err, cluster.ErrNotFound) {
@@ -247,6 +227,39 @@ func dropServerSide(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) 
 		return fmt.Errorf("drop publication %s: %w", name, cluster.Classify(err))
 	}
 	return nil
+}
+
+// DropSlot drops a replication slot, ending the session that streams it
+// first; a slot that is gone is dropped already.
+func DropSlot(ctx context.Context, cl *cluster.Cluster, name string) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	for range 50 {
+		var active bool
+		err := admin.QueryRow(ctx, `SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, name).Scan(&active)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read slot %s: %w", name, cluster.Classify(err))
+		}
+		if active {
+			_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(active_pid) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
+		} else {
+			_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, name)
+		}
+		if err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "is active") {
+			return fmt.Errorf("drop slot %s: %w", name, cluster.Classify(err))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("drop slot %s: still there after 5 s", name)
 }
 
 // File is the path of a tenant's DuckDB file.

@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -275,5 +276,38 @@ func TestMirror_PurgeDropsIt(t *testing.T) {
 			t.Fatalf("%s purge: %v %s", mode, err, j.LastError)
 		}
 		assertGone(t, cfg, r.Tenant.Database, r.Tenant.ID)
+	}
+}
+
+// reconcile reports an analytics slot without a mirror in the catalog,
+// and fix drops it.
+func TestReconcile_OrphanSlot(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	_, c := daemontest.Start(t, pg, cfg)
+	slot := analytics.SlotName("aaaaaaaaaaaa")
+	admin := pg.Conn(t, "postgres")
+	if _, err := admin.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot) })
+	for _, fix := range []bool{false, true} {
+		rep, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "local", Fix: fix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var found *reconcile.Finding
+		for i, f := range rep.Findings {
+			if f.Object == "replication slot "+slot {
+				found = &rep.Findings[i]
+			}
+		}
+		if found == nil || found.Kind != reconcile.Orphan || found.Fixed != fix {
+			t.Fatalf("fix=%v: finding %+v in %+v", fix, found, rep.Findings)
+		}
+	}
+	var n int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&n); err != nil || n != 0 {
+		t.Errorf("the orphan slot is still there after reconcile --fix: %d %v", n, err)
 	}
 }

@@ -162,7 +162,7 @@ func (m *mirror) run(ctx context.Context) error {
 	} else {
 		// A copy that did not finish: start from nothing.
 		db.Close()
-		if err := dropSlot(ctx, cl, SlotName(m.id)); err != nil {
+		if err := DropSlot(ctx, cl, SlotName(m.id)); err != nil {
 			return err
 		}
 		if err := m.s.removeFile(m.id); err != nil {
@@ -221,18 +221,6 @@ func slotLost(ctx context.Context, cl *cluster.Cluster, slot string) (bool, erro
 		return false, fmt.Errorf("read slot %s: %w", slot, cluster.Classify(err))
 	}
 	return status == "lost", nil
-}
-
-func dropSlot(ctx context.Context, cl *cluster.Cluster, slot string) error {
-	admin, err := cl.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, slot)
-	if err != nil {
-		return fmt.Errorf("drop slot %s: %w", slot, cluster.Classify(err))
-	}
-	return nil
 }
 
 // publication makes the tenant's publication: database mode every table

@@ -186,7 +186,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 	pur.Analytics = d.analytics
 
-	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
+	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers,
+		Analytics: d.analytics}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
