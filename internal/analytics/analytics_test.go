@@ -290,7 +290,9 @@ func TestReconcile_OrphanSlot(t *testing.T) {
 	if _, err := admin.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, slot); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot) })
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+	})
 	for _, fix := range []bool{false, true} {
 		rep, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "local", Fix: fix})
 		if err != nil {
