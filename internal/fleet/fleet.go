@@ -80,6 +80,7 @@ func DefaultSettings() map[string]string {
 		"wal_level":                      "logical", // tenants' analytics mirrors (internal/analytics) decode it
 		"max_wal_senders":                "10",
 		"max_replication_slots":          "10",
+		"max_slot_wal_keep_size":         "4GB", // a lagging or dead analytics mirror's slot is invalidated (and copied again) before it fills the disk
 		"hot_standby":                    "on",
 		"hot_standby_feedback":           "on",
 		"wal_receiver_status_interval":   "1s",
