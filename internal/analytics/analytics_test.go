@@ -313,3 +313,55 @@ func TestReconcile_OrphanSlot(t *testing.T) {
 		t.Errorf("the orphan slot is still there after reconcile --fix: %d %v", n, err)
 	}
 }
+
+// A slot invalidated by max_slot_wal_keep_size (its mirror's daemon was
+// down while the primary wrote more WAL than that) is dropped and the
+// mirror copied again, with an event: the mirror matches the heap after.
+func TestMirror_InvalidatedSlotIsRecovered(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	c, stop := daemontest.StartCancellable(t, pg, cfg)
+	template(t, c)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: "database"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, dsn := r.Tenant.ID, r.DSN
+	exec(t, dsn, `INSERT INTO items SELECT i, 1, 'a', NULL, NULL, NULL FROM generate_series(1, 100) i`)
+	if _, err := c.EnableAnalytics(ctx, id, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitStreaming(t, c, id)
+	stop()
+
+	admin := pg.Conn(t, "postgres")
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `ALTER SYSTEM RESET max_slot_wal_keep_size`)
+		_, _ = admin.Exec(context.Background(), `SELECT pg_reload_conf()`)
+	})
+	exec(t, dsn, `INSERT INTO items SELECT i, 2, 'while down', NULL, NULL, NULL FROM generate_series(101, 200) i`)
+	for _, q := range []string{`ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'`, `SELECT pg_reload_conf()`,
+		`CREATE TABLE wal_burn AS SELECT repeat(md5(i::text), 30) AS x FROM generate_series(1, 60000) i`, `DROP TABLE wal_burn`,
+		`SELECT pg_switch_wal()`, `CHECKPOINT`, `SELECT pg_switch_wal()`, `CHECKPOINT`} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	var status string
+	if err := admin.QueryRow(ctx, `SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1`, analytics.SlotName(id)).Scan(&status); err != nil || status != "lost" {
+		t.Fatalf("slot not invalidated: %q %v", status, err)
+	}
+	d, c := daemontest.Start(t, pg, cfg)
+	waitSame(t, d, dsn, id, "items", itemCols)
+	tv, err := c.Tenant(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recopied bool
+	for _, e := range tv.Events {
+		recopied = recopied || (e.Kind == "analytics" && strings.Contains(string(e.Detail), "copying again"))
+	}
+	if !recopied {
+		t.Errorf("no event of the recopy in %+v", tv.Events)
+	}
+}
