@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pglogrepl"
 
@@ -57,6 +58,8 @@ type batch struct {
 	end    pglogrepl.LSN
 	inTxn  bool
 	skip   bool // a transaction the file holds already
+	// firstCommit is the commit time of the batch's first transaction.
+	firstCommit time.Time
 }
 
 // newBatch starts a batch; rels are the stream's relations (they outlive
@@ -90,6 +93,9 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 	case *pglogrepl.BeginMessage:
 		b.inTxn = true
 		b.skip = msg.FinalLSN < applied // committed before the file's LSN: applied already
+		if !b.skip && b.txns == 0 {
+			b.firstCommit = msg.CommitTime
+		}
 	case *pglogrepl.CommitMessage:
 		b.inTxn = false
 		if !b.skip {

@@ -42,8 +42,10 @@ type mirror struct {
 	mu       sync.Mutex
 	db       *sql.DB // open while the mirror runs; sessions borrow it
 	sessions sync.WaitGroup
-	applied  pglogrepl.LSN
-	walEnd   pglogrepl.LSN
+	applied  pglogrepl.LSN // the file's LSN
+	caughtUp pglogrepl.LSN // the mirror holds every change of the tenant up to here (≥ applied)
+	lagBytes int64         // received but not yet applied
+	pending  time.Time     // commit time of the oldest change not yet applied (zero: none)
 	rows     int64
 }
 
@@ -505,9 +507,25 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 	rels := map[uint32]*relation{}
 	b := newBatch(t, rels)
 	applied := lsn
-	var walEnd pglogrepl.LSN
+	// confirmed is what the primary may forget: applied, or, while
+	// nothing is pending, the position its keepalives say it has decoded
+	// up to (so that an idle tenant's slot does not hold back the WAL of
+	// the whole cluster).
+	confirmed := lsn
+	var received pglogrepl.LSN // the last change received
 	var firstPending time.Time
 	nextStatus := time.Now().Add(keepalive)
+	publish := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.applied = applied
+		m.caughtUp = max(m.caughtUp, confirmed)
+		m.lagBytes, m.pending = 0, time.Time{}
+		if b.txns > 0 || b.inTxn {
+			m.lagBytes = int64(max(received, applied) - applied)
+			m.pending = b.firstCommit
+		}
+	}
 	flush := func() error {
 		if b.txns == 0 {
 			return nil
@@ -517,28 +535,28 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 			return fmt.Errorf("apply changes up to %s: %w", b.end, err)
 		}
 		applied = b.end
+		confirmed = max(confirmed, applied)
 		m.mu.Lock()
-		m.applied, m.rows = applied, m.rows+n
-		if walEnd > m.walEnd {
-			m.walEnd = walEnd
-		}
+		m.rows += n
 		m.mu.Unlock()
 		b = newBatch(t, rels)
 		firstPending = time.Time{}
+		publish()
 		return nil
 	}
 	status := func() error {
 		nextStatus = time.Now().Add(keepalive)
-		err := pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: applied, WALFlushPosition: applied, WALApplyPosition: applied})
-		lag := int64(0)
-		if walEnd > applied && b.txns > 0 {
-			lag = int64(walEnd - applied)
-		}
+		err := pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: confirmed, WALFlushPosition: confirmed, WALApplyPosition: confirmed})
+		m.mu.Lock()
+		lag := m.lagBytes
+		m.mu.Unlock()
 		m.s.report(ctx, m.id, StateStreaming, applied.String(), m.rowsNow(), lag, "")
 		return err
 	}
 	for {
-		if b.txns > 0 && (b.rows >= m.s.Config.BatchRows || time.Since(firstPending) >= m.s.Config.FlushInterval.D()) {
+		// A batch ends only between transactions: the file never holds
+		// part of one.
+		if b.txns > 0 && !b.inTxn && (b.rows >= m.s.Config.BatchRows || time.Since(firstPending) >= m.s.Config.FlushInterval.D()) {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -552,7 +570,7 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 			}
 		}
 		wait := time.Until(nextStatus)
-		if b.txns > 0 {
+		if b.txns > 0 && !b.inTxn {
 			wait = min(wait, time.Until(firstPending.Add(m.s.Config.FlushInterval.D())))
 		}
 		rctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
@@ -577,12 +595,10 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 				if err != nil {
 					return err
 				}
-				walEnd = max(walEnd, k.ServerWALEnd)
 				if b.txns == 0 && !b.inTxn {
-					m.mu.Lock()
-					m.walEnd = walEnd
-					m.mu.Unlock()
+					confirmed = max(confirmed, k.ServerWALEnd)
 				}
+				publish()
 				if k.ReplyRequested {
 					if err := status(); err != nil {
 						return err
@@ -593,7 +609,7 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 				if err != nil {
 					return err
 				}
-				walEnd = max(walEnd, x.ServerWALEnd)
+				received = max(received, x.WALStart)
 				lm, err := pglogrepl.Parse(x.WALData)
 				if err != nil {
 					return fmt.Errorf("decode pgoutput: %w", err)
@@ -604,6 +620,7 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 				}
 				if committed && firstPending.IsZero() && b.txns > 0 {
 					firstPending = time.Now()
+					publish()
 				}
 			}
 		}

@@ -488,11 +488,10 @@ func (ss *sqlSession) waitLSN(ctx context.Context, text string, simple bool) err
 	ctx, cancel := context.WithTimeout(ctx, ss.s.Config.StatementTimeout.D())
 	defer cancel()
 	for {
-		applied, walEnd, ok := ss.s.position(ss.id)
-		// The mirror is caught up when it applied want, or when it has
-		// everything the primary sent and the primary is past want (no
-		// change of the tenant between).
-		if ok && (applied >= want || (walEnd >= want && applied >= walEnd)) {
+		applied, caughtUp, ok := ss.s.position(ss.id)
+		// The mirror has every change of the tenant up to caughtUp: what
+		// it applied, or what the primary decoded with nothing pending.
+		if ok && caughtUp >= want {
 			if simple {
 				ss.be.Send(&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("applied_lsn"), DataTypeOID: pgtype.TextOID, DataTypeSize: -1, TypeModifier: -1}}})
 			}
@@ -508,9 +507,9 @@ func (ss *sqlSession) waitLSN(ctx context.Context, text string, simple bool) err
 	}
 }
 
-// position is what the tenant's mirror has applied and the primary's WAL
-// end it last heard of.
-func (s *Service) position(id string) (applied, walEnd pglogrepl.LSN, ok bool) {
+// position is what the tenant's mirror has applied and the LSN up to which
+// it holds every change of the tenant.
+func (s *Service) position(id string) (applied, caughtUp pglogrepl.LSN, ok bool) {
 	s.mu.Lock()
 	m, ok := s.mirrors[id]
 	s.mu.Unlock()
@@ -519,7 +518,7 @@ func (s *Service) position(id string) (applied, walEnd pglogrepl.LSN, ok bool) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.applied, m.walEnd, m.db != nil
+	return m.applied, max(m.applied, m.caughtUp), m.db != nil
 }
 
 // decodeParams turns a Bind's parameters (text, or binary of the types
