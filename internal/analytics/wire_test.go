@@ -3,6 +3,8 @@ package analytics_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -63,9 +65,25 @@ func mirroredTenant(t *testing.T, c *api.Client, mode string) mirrored {
 
 func TestWire_TenantQueriesItsMirror(t *testing.T) {
 	ctx := context.Background()
-	_, c := daemontest.Start(t, pg, testConfig(t))
+	d, c := daemontest.Start(t, pg, testConfig(t))
 	template(t, c)
 	m := mirroredTenant(t, c, "schema")
+
+	// /metrics has the mirror's figures and its slot's retained WAL.
+	resp, err := http.Get(d.URL() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	id := m.r.Tenant.ID
+	for _, want := range []string{`pgtenant_analytics_applied_rows_total{tenant="` + id + `"} 300`, `pgtenant_analytics_mirror_bytes{tenant="` + id + `"}`,
+		`pgtenant_analytics_lag_bytes{tenant="` + id + `"}`, `pgtenant_analytics_slot_retained_wal_bytes{cluster="local",slot="pgt_analytics_` + id + `",wal_status="reserved"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeSimpleProtocol, pgx.QueryExecModeCacheStatement} {
 		conn, err := analyticsConn(t, m.dsn, m.r.Password, mode)
 		if err != nil {

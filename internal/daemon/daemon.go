@@ -185,6 +185,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		}
 	}
 	pur.Analytics = d.analytics
+	reg.MustRegister(analytics.NewCollector(d.analytics))
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers,
 		Analytics: d.analytics}
