@@ -2,7 +2,6 @@ package analytics
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -230,12 +229,11 @@ func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
 
 // apply writes the batch and its end LSN in one DuckDB transaction and
 // returns the rows it changed.
-func (b *batch) apply(ctx context.Context, db *sql.DB) (int64, error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
+func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
+	if err := w.begin(ctx); err != nil {
 		return 0, err
 	}
-	defer tx.Rollback()
+	defer w.rollback()
 	var n int64
 	for _, id := range b.order {
 		tb := b.tables[id]
@@ -250,12 +248,12 @@ func (b *batch) apply(ctx context.Context, db *sql.DB) (int64, error) {
 		for _, c := range tb.allCols { // columns of earlier images in the batch
 			cols = append(cols, c)
 		}
-		if err := ensureTable(ctx, tx, tb.rel.schema, tb.rel.name, cols); err != nil {
+		if err := ensureTable(ctx, w, tb.rel.schema, tb.rel.name, cols); err != nil {
 			return 0, fmt.Errorf("table %s: %w", tb.rel.quoted(), err)
 		}
 		qt := tb.rel.quoted()
 		if tb.truncated {
-			if _, err := tx.ExecContext(ctx, "DELETE FROM "+qt); err != nil {
+			if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qt); err != nil {
 				return 0, fmt.Errorf("truncate %s: %w", qt, err)
 			}
 		}
@@ -275,7 +273,7 @@ func (b *batch) apply(ctx context.Context, db *sql.DB) (int64, error) {
 			byShape[shape] = append(byShape[shape], e)
 		}
 		for _, shape := range shapes {
-			if err := deleteKeys(ctx, tx, qt, byShape[shape]); err != nil {
+			if err := deleteKeys(ctx, w, qt, byShape[shape]); err != nil {
 				return 0, fmt.Errorf("delete from %s: %w", qt, err)
 			}
 		}
@@ -294,21 +292,21 @@ func (b *batch) apply(ctx context.Context, db *sql.DB) (int64, error) {
 				}
 				inserts[shape] = append(inserts[shape], e.vals)
 			case patch:
-				if err := patchRow(ctx, tx, qt, e); err != nil {
+				if err := patchRow(ctx, w, qt, e); err != nil {
 					return 0, fmt.Errorf("update %s: %w", qt, err)
 				}
 			}
 		}
 		for _, shape := range shapes {
-			if err := insertRows(ctx, tx, qt, insertCols[shape], inserts[shape]); err != nil {
+			if err := insertRows(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
 				return 0, fmt.Errorf("insert into %s: %w", qt, err)
 			}
 		}
 	}
-	if _, err := tx.ExecContext(ctx, `UPDATE `+stateSchema+`.state SET lsn = ?, applied_rows = applied_rows + ?, applied_at = now()`, uint64(b.end), n); err != nil {
+	if _, err := w.c.ExecContext(ctx, `UPDATE `+stateSchema+`.state SET lsn = ?, applied_rows = applied_rows + ?, applied_at = now()`, uint64(b.end), n); err != nil {
 		return 0, fmt.Errorf("record the applied LSN: %w", err)
 	}
-	return n, tx.Commit()
+	return n, w.commit(ctx)
 }
 
 func colShape(cols []column) string {
@@ -322,47 +320,33 @@ func colShape(cols []column) string {
 	return b.String()
 }
 
-// deleteKeys deletes the rows of the entries' keys (all of one shape).
-func deleteKeys(ctx context.Context, tx *sql.Tx, qt string, es []*entry) error {
+// deleteKeys deletes the rows of the entries' keys (all of one shape):
+// the keys are appended to a staging table, then one DELETE … USING.
+func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
 	key := es[0].key
 	if len(key) == 0 {
 		return fmt.Errorf("no key columns: give the table a primary key or REPLICA IDENTITY FULL")
 	}
-	per := max(1, 20000/len(key))
-	names := make([]string, len(key))
+	keys := make([][]*string, len(es))
+	for i, e := range es {
+		keys[i] = e.keyV
+	}
+	stage, err := w.stage(ctx, len(key), keys)
+	if err != nil {
+		return err
+	}
 	casts := make([]string, len(key))
 	conds := make([]string, len(key))
 	for i, c := range key {
-		names[i] = fmt.Sprintf("k%d", i)
-		casts[i] = "CAST(? AS " + c.typ + ")"
+		casts[i] = fmt.Sprintf("CAST(c%d AS %s) AS k%d", i, c.typ, i)
 		conds[i] = fmt.Sprintf("t.%s IS NOT DISTINCT FROM v.k%d", quoteDuck(c.name), i)
 	}
-	tuple := "(" + strings.Join(casts, ", ") + ")"
-	for len(es) > 0 {
-		n := min(per, len(es))
-		var b strings.Builder
-		b.WriteString("DELETE FROM " + qt + " AS t USING (VALUES ")
-		args := make([]any, 0, n*len(key))
-		for i, e := range es[:n] {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(tuple)
-			for _, v := range e.keyV {
-				args = append(args, strOrNil(v))
-			}
-		}
-		b.WriteString(") AS v(" + strings.Join(names, ", ") + ") WHERE " + strings.Join(conds, " AND "))
-		if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
-			return err
-		}
-		es = es[n:]
-	}
-	return nil
+	_, err = w.c.ExecContext(ctx, "DELETE FROM "+qt+" AS t USING (SELECT "+strings.Join(casts, ", ")+" FROM "+stage+") AS v WHERE "+strings.Join(conds, " AND "))
+	return err
 }
 
 // patchRow updates the known columns of one row in place.
-func patchRow(ctx context.Context, tx *sql.Tx, qt string, e *entry) error {
+func patchRow(ctx context.Context, w *writer, qt string, e *entry) error {
 	var sets, conds []string
 	var args []any
 	for i, c := range e.cols {
@@ -378,7 +362,7 @@ func patchRow(ctx context.Context, tx *sql.Tx, qt string, e *entry) error {
 		conds = append(conds, quoteDuck(c.name)+" IS NOT DISTINCT FROM CAST(? AS "+c.typ+")")
 		args = append(args, strOrNil(e.keyV[i]))
 	}
-	_, err := tx.ExecContext(ctx, "UPDATE "+qt+" SET "+strings.Join(sets, ", ")+" WHERE "+strings.Join(conds, " AND "), args...)
+	_, err := w.c.ExecContext(ctx, "UPDATE "+qt+" SET "+strings.Join(sets, ", ")+" WHERE "+strings.Join(conds, " AND "), args...)
 	return err
 }
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -227,4 +228,30 @@ func (s *Service) WithMirror(id string, f func(*sql.DB) error) error {
 	}
 	defer release()
 	return f(db)
+}
+
+// Progress is a mirror's position as this daemon runs it.
+type Progress struct {
+	Applied    pglogrepl.LSN // the file's LSN
+	CaughtUp   pglogrepl.LSN // every change of the tenant up to here is in the file
+	LagBytes   int64         // received, not yet applied
+	LagSeconds float64       // age of the oldest commit not yet applied (0: caught up)
+	Rows       int64         // rows copied and changes applied
+}
+
+// Progress reports a mirror this daemon runs (ok false otherwise).
+func (s *Service) Progress(id string) (Progress, bool) {
+	s.mu.Lock()
+	m, ok := s.mirrors[id]
+	s.mu.Unlock()
+	if !ok {
+		return Progress{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := Progress{Applied: m.applied, CaughtUp: max(m.applied, m.caughtUp), LagBytes: m.lagBytes, Rows: m.rows}
+	if !m.pending.IsZero() {
+		p.LagSeconds = max(0, time.Since(m.pending).Seconds())
+	}
+	return p, m.db != nil
 }

@@ -43,14 +43,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		mirrors[id] = m
 	}
 	s.mu.Unlock()
-	for id, m := range mirrors {
-		m.mu.Lock()
-		lag, pending, rows := m.lagBytes, m.pending, m.rows
-		m.mu.Unlock()
-		secs := 0.0
-		if !pending.IsZero() {
-			secs = max(0, time.Since(pending).Seconds())
-		}
+	for id := range mirrors {
+		p, _ := s.Progress(id)
+		lag, secs, rows := p.LagBytes, p.LagSeconds, p.Rows
 		var size int64
 		for _, p := range []string{s.File(id), s.File(id) + ".wal"} {
 			if fi, err := os.Stat(p); err == nil {

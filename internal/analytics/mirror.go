@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -175,6 +176,12 @@ func (m *mirror) run(ctx context.Context) error {
 		}
 	}
 	defer m.closeDB(db)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	w := &writer{c: conn, staged: map[int]bool{}}
 
 	repl, err := cl.ConnectReplication(ctx, t.Database)
 	if err != nil {
@@ -194,7 +201,7 @@ func (m *mirror) run(ctx context.Context) error {
 		if lsn, err = pglogrepl.ParseLSN(res.ConsistentPoint); err != nil {
 			return err
 		}
-		if rows, err = m.copyAll(ctx, db, cl, t, res.SnapshotName, lsn); err != nil {
+		if rows, err = m.copyAll(ctx, w, cl, t, res.SnapshotName, lsn); err != nil {
 			return fmt.Errorf("initial copy: %w", err)
 		}
 		m.log.Info("analytics mirror copied", "rows", rows, "lsn", lsn)
@@ -204,7 +211,7 @@ func (m *mirror) run(ctx context.Context) error {
 	m.mu.Unlock()
 	m.setDB(db)
 	m.s.report(ctx, m.id, StateStreaming, lsn.String(), rows, 0, "")
-	return m.stream(ctx, db, repl, t, lsn)
+	return m.stream(ctx, w, repl, t, lsn)
 }
 
 // slotLost reports whether the mirror's slot is missing or invalidated
@@ -284,14 +291,14 @@ type column struct {
 }
 
 // ensureTable creates the table, or adds the columns it lacks.
-func ensureTable(ctx context.Context, tx *sql.Tx, schema, table string, cols []column) error {
+func ensureTable(ctx context.Context, w *writer, schema, table string, cols []column) error {
 	if schema != "main" {
-		if _, err := tx.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteDuck(schema)); err != nil {
+		if _, err := w.c.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteDuck(schema)); err != nil {
 			return err
 		}
 	}
 	qt := quoteDuck(schema) + "." + quoteDuck(table)
-	rows, err := tx.QueryContext(ctx, `SELECT column_name FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? AND database_name = current_database()`, schema, table)
+	rows, err := w.c.QueryContext(ctx, `SELECT column_name FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? AND database_name = current_database()`, schema, table)
 	if err != nil {
 		return err
 	}
@@ -313,12 +320,12 @@ func ensureTable(ctx context.Context, tx *sql.Tx, schema, table string, cols []c
 		for _, c := range cols {
 			defs = append(defs, quoteDuck(c.name)+" "+c.typ)
 		}
-		_, err := tx.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qt+" ("+strings.Join(defs, ", ")+")")
+		_, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qt+" ("+strings.Join(defs, ", ")+")")
 		return err
 	}
 	for _, c := range cols {
 		if !have[c.name] {
-			if _, err := tx.ExecContext(ctx, "ALTER TABLE "+qt+" ADD COLUMN "+quoteDuck(c.name)+" "+c.typ); err != nil {
+			if _, err := w.c.ExecContext(ctx, "ALTER TABLE "+qt+" ADD COLUMN "+quoteDuck(c.name)+" "+c.typ); err != nil {
 				return err
 			}
 		}
@@ -326,50 +333,93 @@ func ensureTable(ctx context.Context, tx *sql.Tx, schema, table string, cols []c
 	return nil
 }
 
-// insertRows inserts rows (text values, nil = NULL) into a DuckDB table,
-// CAST to the columns' types, several rows per statement.
-func insertRows(ctx context.Context, tx *sql.Tx, qt string, cols []column, rows [][]*string) error {
+// insertRows inserts rows (text values, nil = NULL) into a DuckDB table:
+// appended to a staging table of text columns, then one INSERT … SELECT
+// that CASTs each to its column's type.
+func insertRows(ctx context.Context, w *writer, qt string, cols []column, rows [][]*string) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	per := max(1, min(1000, 20000/max(1, len(cols))))
+	stage, err := w.stage(ctx, len(cols), rows)
+	if err != nil {
+		return err
+	}
 	names := make([]string, len(cols))
 	casts := make([]string, len(cols))
 	for i, c := range cols {
 		names[i] = quoteDuck(c.name)
-		casts[i] = "CAST(? AS " + c.typ + ")"
+		casts[i] = fmt.Sprintf("CAST(c%d AS %s)", i, c.typ)
 	}
-	tuple := "(" + strings.Join(casts, ", ") + ")"
-	for len(rows) > 0 {
-		n := min(per, len(rows))
-		var b strings.Builder
-		b.WriteString("INSERT INTO " + qt + " (" + strings.Join(names, ", ") + ") VALUES ")
-		args := make([]any, 0, n*len(cols))
-		for i, r := range rows[:n] {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(tuple)
-			for j := range cols {
-				if j < len(r) && r[j] != nil {
-					args = append(args, *r[j])
-				} else {
-					args = append(args, nil)
-				}
-			}
+	_, err = w.c.ExecContext(ctx, "INSERT INTO "+qt+" ("+strings.Join(names, ", ")+") SELECT "+strings.Join(casts, ", ")+" FROM "+stage)
+	return err
+}
+
+// writer is a mirror's one writing connection: its transactions (explicit,
+// so that the appender's rows belong to them) and its staging tables.
+type writer struct {
+	c      *sql.Conn
+	staged map[int]bool // staging tables made, by width
+}
+
+func (w *writer) begin(ctx context.Context) error {
+	_, err := w.c.ExecContext(ctx, "BEGIN TRANSACTION")
+	return err
+}
+
+func (w *writer) commit(ctx context.Context) error {
+	_, err := w.c.ExecContext(ctx, "COMMIT")
+	return err
+}
+
+// rollback ends a transaction that did not commit (after a commit there
+// is none, and DuckDB's error says so).
+func (w *writer) rollback() { _, _ = w.c.ExecContext(context.Background(), "ROLLBACK") }
+
+// stage empties the staging table of width text columns (c0, c1, …) and
+// appends rows to it, in the writer's transaction.
+func (w *writer) stage(ctx context.Context, width int, rows [][]*string) (string, error) {
+	name := fmt.Sprintf("stage_%d", width)
+	qualified := stateSchema + "." + name
+	if !w.staged[width] {
+		defs := make([]string, width)
+		for i := range defs {
+			defs[i] = fmt.Sprintf("c%d VARCHAR", i)
 		}
-		if _, err := tx.ExecContext(ctx, b.String(), args...); err != nil {
+		if _, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qualified+" ("+strings.Join(defs, ", ")+")"); err != nil {
+			return "", err
+		}
+		w.staged[width] = true
+	}
+	if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qualified); err != nil {
+		return "", err
+	}
+	err := w.c.Raw(func(dc any) error {
+		a, err := duckdb.NewAppender(dc.(driver.Conn), "", stateSchema, name)
+		if err != nil {
 			return err
 		}
-		rows = rows[n:]
-	}
-	return nil
+		vals := make([]driver.Value, width)
+		for _, r := range rows {
+			for j := range vals {
+				vals[j] = nil
+				if j < len(r) && r[j] != nil {
+					vals[j] = *r[j]
+				}
+			}
+			if err := a.AppendRow(vals...); err != nil {
+				a.Close()
+				return err
+			}
+		}
+		return a.Close()
+	})
+	return qualified, err
 }
 
 // copyAll copies the publication's tables as of the slot's snapshot into
 // the file, one DuckDB transaction per table, and last records the slot's
 // consistent point as applied: a crash before that starts again.
-func (m *mirror) copyAll(ctx context.Context, db *sql.DB, cl *cluster.Cluster, t catalog.Tenant, snapshot string, lsn pglogrepl.LSN) (int64, error) {
+func (m *mirror) copyAll(ctx context.Context, w *writer, cl *cluster.Cluster, t catalog.Tenant, snapshot string, lsn pglogrepl.LSN) (int64, error) {
 	conn, err := cl.Connect(ctx, t.Database)
 	if err != nil {
 		return 0, err
@@ -418,7 +468,7 @@ func (m *mirror) copyAll(ctx context.Context, db *sql.DB, cl *cluster.Cluster, t
 		if err != nil {
 			return 0, fmt.Errorf("columns of %s.%s: %w", r.schema, r.name, cluster.Classify(err))
 		}
-		n, err := copyTable(ctx, db, conn, schema, r.schema, r.name, cols)
+		n, err := copyTable(ctx, w, conn, schema, r.schema, r.name, cols)
 		if err != nil {
 			return 0, fmt.Errorf("copy %s.%s: %w", r.schema, r.name, err)
 		}
@@ -427,23 +477,31 @@ func (m *mirror) copyAll(ctx context.Context, db *sql.DB, cl *cluster.Cluster, t
 	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
 		return 0, cluster.Classify(err)
 	}
-	_, err = db.ExecContext(ctx, `DELETE FROM `+stateSchema+`.state; INSERT INTO `+stateSchema+`.state VALUES (?, true, ?, now())`, uint64(lsn), total)
-	return total, err
+	if err := w.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer w.rollback()
+	if _, err := w.c.ExecContext(ctx, `DELETE FROM `+stateSchema+`.state`); err != nil {
+		return 0, err
+	}
+	if _, err := w.c.ExecContext(ctx, `INSERT INTO `+stateSchema+`.state VALUES (?, true, ?, now())`, uint64(lsn), total); err != nil {
+		return 0, err
+	}
+	return total, w.commit(ctx)
 }
 
 // copyTable streams one table out with COPY … TO STDOUT (type output
 // functions only: no cast a tenant could have defined runs) into DuckDB.
-func copyTable(ctx context.Context, db *sql.DB, conn *pgx.Conn, duckSch, schema, table string, cols []column) (int64, error) {
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
+func copyTable(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, table string, cols []column) (int64, error) {
+	if err := w.begin(ctx); err != nil {
 		return 0, err
 	}
-	defer tx.Rollback()
-	if err := ensureTable(ctx, tx, duckSch, table, cols); err != nil {
+	defer w.rollback()
+	if err := ensureTable(ctx, w, duckSch, table, cols); err != nil {
 		return 0, err
 	}
 	if len(cols) == 0 {
-		return 0, tx.Commit()
+		return 0, w.commit(ctx)
 	}
 	names := make([]string, len(cols))
 	for i, c := range cols {
@@ -471,8 +529,8 @@ func copyTable(ctx context.Context, db *sql.DB, conn *pgx.Conn, duckSch, schema,
 			return 0, err
 		}
 		batch = append(batch, row)
-		if len(batch) >= 5000 {
-			if err := insertRows(ctx, tx, qt, cols, batch); err != nil {
+		if len(batch) >= 50000 {
+			if err := insertRows(ctx, w, qt, cols, batch); err != nil {
 				pr.CloseWithError(err)
 				<-copyErr
 				return 0, err
@@ -484,11 +542,11 @@ func copyTable(ctx context.Context, db *sql.DB, conn *pgx.Conn, duckSch, schema,
 	if err := <-copyErr; err != nil {
 		return 0, cluster.Classify(err)
 	}
-	if err := insertRows(ctx, tx, qt, cols, batch); err != nil {
+	if err := insertRows(ctx, w, qt, cols, batch); err != nil {
 		return 0, err
 	}
 	n += int64(len(batch))
-	return n, tx.Commit()
+	return n, w.commit(ctx)
 }
 
 // keepalive is how often the stream reports its position to the primary.
@@ -497,7 +555,7 @@ const keepalive = 5 * time.Second
 // stream applies the slot's changes from lsn on, a batch of whole
 // transactions per DuckDB transaction (with the batch's end LSN), and
 // confirms to the primary only what is committed in the file.
-func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t catalog.Tenant, lsn pglogrepl.LSN) error {
+func (m *mirror) stream(ctx context.Context, w *writer, repl *pgconn.PgConn, t catalog.Tenant, lsn pglogrepl.LSN) error {
 	slot := SlotName(t.ID)
 	err := pglogrepl.StartReplication(ctx, repl, slot, lsn, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names " + cluster.Literal(slot)}})
@@ -530,7 +588,7 @@ func (m *mirror) stream(ctx context.Context, db *sql.DB, repl *pgconn.PgConn, t 
 		if b.txns == 0 {
 			return nil
 		}
-		n, err := b.apply(ctx, db)
+		n, err := b.apply(ctx, w)
 		if err != nil {
 			return fmt.Errorf("apply changes up to %s: %w", b.end, err)
 		}
