@@ -328,8 +328,18 @@ func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
 		return fmt.Errorf("no key columns: give the table a primary key or REPLICA IDENTITY FULL")
 	}
 	keys := make([][]*string, len(es))
+	nulls := false
 	for i, e := range es {
 		keys[i] = e.keyV
+		for _, v := range e.keyV {
+			nulls = nulls || v == nil
+		}
+	}
+	// = lets DuckDB hash-join the keys; a NULL in a key (REPLICA IDENTITY
+	// FULL) needs IS NOT DISTINCT FROM.
+	eq := "="
+	if nulls {
+		eq = "IS NOT DISTINCT FROM"
 	}
 	stage, err := w.stage(ctx, len(key), keys)
 	if err != nil {
@@ -339,7 +349,7 @@ func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
 	conds := make([]string, len(key))
 	for i, c := range key {
 		casts[i] = fmt.Sprintf("CAST(c%d AS %s) AS k%d", i, c.typ, i)
-		conds[i] = fmt.Sprintf("t.%s IS NOT DISTINCT FROM v.k%d", quoteDuck(c.name), i)
+		conds[i] = fmt.Sprintf("t.%s %s v.k%d", quoteDuck(c.name), eq, i)
 	}
 	_, err = w.c.ExecContext(ctx, "DELETE FROM "+qt+" AS t USING (SELECT "+strings.Join(casts, ", ")+" FROM "+stage+") AS v WHERE "+strings.Join(conds, " AND "))
 	return err

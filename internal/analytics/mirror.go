@@ -181,7 +181,7 @@ func (m *mirror) run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	w := &writer{c: conn, staged: map[int]bool{}}
+	w := &writer{c: conn, staged: map[int]bool{}, cols: map[string]map[string]bool{}}
 
 	repl, err := cl.ConnectReplication(ctx, t.Database)
 	if err != nil {
@@ -292,12 +292,25 @@ type column struct {
 
 // ensureTable creates the table, or adds the columns it lacks.
 func ensureTable(ctx context.Context, w *writer, schema, table string, cols []column) error {
+	qt := quoteDuck(schema) + "." + quoteDuck(table)
+	known := w.seen[qt]
+	if known == nil {
+		known = w.cols[qt]
+	}
+	if known != nil {
+		missing := false
+		for _, c := range cols {
+			missing = missing || !known[c.name]
+		}
+		if !missing {
+			return nil
+		}
+	}
 	if schema != "main" {
 		if _, err := w.c.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteDuck(schema)); err != nil {
 			return err
 		}
 	}
-	qt := quoteDuck(schema) + "." + quoteDuck(table)
 	rows, err := w.c.QueryContext(ctx, `SELECT column_name FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? AND database_name = current_database()`, schema, table)
 	if err != nil {
 		return err
@@ -320,15 +333,23 @@ func ensureTable(ctx context.Context, w *writer, schema, table string, cols []co
 		for _, c := range cols {
 			defs = append(defs, quoteDuck(c.name)+" "+c.typ)
 		}
-		_, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qt+" ("+strings.Join(defs, ", ")+")")
-		return err
-	}
-	for _, c := range cols {
-		if !have[c.name] {
-			if _, err := w.c.ExecContext(ctx, "ALTER TABLE "+qt+" ADD COLUMN "+quoteDuck(c.name)+" "+c.typ); err != nil {
-				return err
+		if _, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qt+" ("+strings.Join(defs, ", ")+")"); err != nil {
+			return err
+		}
+	} else {
+		for _, c := range cols {
+			if !have[c.name] {
+				if _, err := w.c.ExecContext(ctx, "ALTER TABLE "+qt+" ADD COLUMN "+quoteDuck(c.name)+" "+c.typ); err != nil {
+					return err
+				}
 			}
 		}
+	}
+	for _, c := range cols {
+		have[c.name] = true
+	}
+	if w.seen != nil {
+		w.seen[qt] = have // the writer's cache, once this transaction commits
 	}
 	return nil
 }
@@ -358,16 +379,24 @@ func insertRows(ctx context.Context, w *writer, qt string, cols []column, rows [
 // so that the appender's rows belong to them) and its staging tables.
 type writer struct {
 	c      *sql.Conn
-	staged map[int]bool // staging tables made, by width
+	staged map[int]bool               // staging tables made, by width
+	cols   map[string]map[string]bool // tables' columns as of the last commit
+	seen   map[string]map[string]bool // … and as this transaction left them
 }
 
 func (w *writer) begin(ctx context.Context) error {
+	w.seen = map[string]map[string]bool{}
 	_, err := w.c.ExecContext(ctx, "BEGIN TRANSACTION")
 	return err
 }
 
 func (w *writer) commit(ctx context.Context) error {
 	_, err := w.c.ExecContext(ctx, "COMMIT")
+	if err == nil {
+		for qt, cols := range w.seen {
+			w.cols[qt] = cols
+		}
+	}
 	return err
 }
 
