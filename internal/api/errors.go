@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -34,11 +35,12 @@ func statusOf(err error) (int, string) {
 	}
 	switch {
 	case errors.Is(err, ErrInvalid), errors.Is(err, provision.ErrInvalid), errors.Is(err, templates.ErrInvalid),
-		errors.Is(err, migrate.ErrInvalid):
+		errors.Is(err, migrate.ErrInvalid), errors.Is(err, analytics.ErrInvalid):
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized, "unauthorized"
-	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, cluster.ErrUnknownCluster), errors.Is(err, jobs.ErrNotFound):
+	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, cluster.ErrUnknownCluster), errors.Is(err, jobs.ErrNotFound),
+		errors.Is(err, analytics.ErrDisabled):
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, catalog.ErrConflict), errors.Is(err, jobs.ErrWrongState):
 		return http.StatusConflict, "conflict"

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/credentials"
@@ -52,6 +53,8 @@ type Deps struct {
 	Migrate    *migrate.Service
 	Prewarm    *prewarm.Service
 	Move       *move.Service
+	// Analytics runs tenants' columnar mirrors; nil when not wired.
+	Analytics *analytics.Service
 
 	// Credentials rotates tenants' passwords.
 	Credentials *credentials.Service
@@ -104,6 +107,11 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
 	s.handle("POST /v1/tenants/{id}/password", s.rotatePassword)
 	s.handle("POST /v1/tenants/{id}/move", s.moveTenant)
+	if s.Analytics != nil {
+		s.handle("GET /v1/tenants/{id}/analytics", s.analyticsStatus)
+		s.handle("POST /v1/tenants/{id}/analytics", s.enableAnalytics)
+		s.handle("DELETE /v1/tenants/{id}/analytics", s.disableAnalytics)
+	}
 	s.handle("GET /v1/jobs", s.listJobs)
 	s.handle("GET /v1/jobs/{id}", s.showJob)
 	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)

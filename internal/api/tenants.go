@@ -87,6 +87,13 @@ func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 	if view.Metrics, err = s.tenantMetrics(r, t, 0); err != nil {
 		return err
 	}
+	if s.Analytics != nil {
+		st, err := s.Analytics.Status(r.Context(), t)
+		if err != nil {
+			return err
+		}
+		view.Analytics = &st
+	}
 	writeJSON(w, http.StatusOK, view)
 	return nil
 }

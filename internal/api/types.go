@@ -1,6 +1,7 @@
 package api
 
 import (
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -97,6 +98,9 @@ type Tenant struct {
 	Events    []catalog.Event `json:"events,omitempty"`
 	Prewarm   *TenantPrewarm  `json:"prewarm,omitempty"` // in show only
 	Metrics   *TenantMetrics  `json:"metrics,omitempty"` // figures (list, show) and quota (show)
+	// Analytics is the tenant's columnar mirror (show only): its state
+	// and DSN (the tenant's own login, on the analytics port).
+	Analytics *analytics.Status `json:"analytics,omitempty"`
 }
 
 // CreateTenantResponse answers POST /v1/tenants.

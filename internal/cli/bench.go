@@ -57,6 +57,7 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchPoolerCmd(g, env))
 	cmd.AddCommand(newBenchBurstCmd(g, env))
 	cmd.AddCommand(newBenchMoveCmd(g, env))
+	cmd.AddCommand(newBenchAnalyticsCmd(g, env))
 	return cmd
 }
 
@@ -93,6 +94,40 @@ peak standby replay lag on both clusters. Exits non-zero if a target is not met.
 	c.Flags().IntVar(&opts.SizeMB, "size-mb", 1024, "the tenant's data before the first move, in MB")
 	c.Flags().IntVar(&opts.Clients, "clients", 8, "clients writing through the pooler")
 	c.Flags().IntVar(&opts.Moves, "moves", 4, "moves, back and forth")
+	return c
+}
+
+func newBenchAnalyticsCmd(g *globals, env *bench.Env) *cobra.Command {
+	opts := bench.AnalyticsOptions{}
+	c := &cobra.Command{
+		Use:   "analytics",
+		Short: "Issue 16: the source document's table on the heap and in a tenant's DuckDB mirror: sizes, group-bys, PK lookups, upserts with the mirror off and on",
+		Long: `On one primary with a streaming standby: one database tenant with the source
+document's table (id int8 primary key, int1..int10 int, text1..text10 text, crt_time
+timestamp) of --rows rows. Heap: size, select int1 / text1, count(*) … group by 1, a
+filtered aggregate; PK lookups with pgbench -M prepared (p50); upserts (insert … on
+conflict (id) do update) with pgbench at each of --clients, mirror off. Then the
+mirror is enabled (initial copy timed) and the same queries run on it through the
+analytics port, and the upserts again with the mirror on: tps, the slowest 1 s window,
+the mirror's lag (p50, p99, max) and its catch-up after the load. Exits non-zero if a
+target is not met.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			_, table, err := env.Analytics(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
+		},
+	}
+	c.Flags().IntVar(&opts.Rows, "rows", 1_000_000, "rows of the table (the source document: 10,000,000)")
+	c.Flags().IntSliceVar(&opts.Clients, "clients", []int{8, 32}, "pgbench clients of the upsert runs")
+	c.Flags().DurationVar(&opts.Duration, "duration", 20*time.Second, "each pgbench run")
+	c.Flags().IntVar(&opts.Repeat, "repeat", 3, "runs of each query (the fastest counts)")
 	return c
 }
 

@@ -351,6 +351,10 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 			row(w, "prewarm "+p.Node, fmt.Sprintf("%s at %s: %d blocks into shared_buffers, %d into the OS cache %s", p.State, p.At.Format("2006-01-02 15:04:05"), p.BlocksBuffer, p.BlocksOS, p.Error))
 		}
 	}
+	if a := t.Analytics; a != nil && a.Enabled {
+		row(w, "analytics", fmt.Sprintf("%s, applied %s, lag %s", a.State, a.AppliedLSN, humanBytes(a.LagBytes)))
+		row(w, "analytics_dsn", a.DSN)
+	}
 	for _, e := range t.Events {
 		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), e.Kind+" "+string(e.Detail))
 	}

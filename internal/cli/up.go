@@ -37,6 +37,9 @@ type upInfo struct {
 	// Clusters are every cluster up runs, local first.
 	Clusters []clusterInfo `json:"clusters"`
 
+	// Analytics is the port tenants query their analytics mirrors on.
+	Analytics string `json:"analytics,omitempty"`
+
 	// CredentialsKeyFile seals the passwords kept for retried creates.
 	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
 
@@ -176,6 +179,15 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	if cfg.Credentials.KeyFile == "" {
 		cfg.Credentials.KeyFile = filepath.Join(dir, "credentials.key")
 	}
+	if cfg.Analytics.Listen == "" {
+		// A free port the first time, the same one after: tenants keep
+		// their analytics DSNs.
+		port, err := pooler.LocalPort(filepath.Join(dir, "local", "analytics"))
+		if err != nil {
+			return fmt.Errorf("analytics port: %w", err)
+		}
+		cfg.Analytics.Listen = "127.0.0.1:" + strconv.Itoa(port)
+	}
 	restarts := restartCounter(fcs)
 	opts := daemon.Options{Config: cfg, Collectors: []prometheus.Collector{restarts}, Logger: log, Poolers: map[string]config.PoolerConfig{}}
 	for _, fc := range fcs {
@@ -209,6 +221,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 			}
 		}
 	}
+	info.Analytics = d.Analytics().Addr()
 	for _, fc := range fcs {
 		ci := clusterInfo{Name: fc.Name(), PasswordFile: filepath.Join(dir, fc.Name(), "superuser.password")}
 		if pc, ok := opts.Poolers[fc.Name()]; ok {
@@ -314,6 +327,9 @@ func printUp(w io.Writer, in upInfo) {
 		if c.Pooler != "" {
 			fmt.Fprintf(w, "  %-9s %s  (PgBouncer: tenants' DSNs point here)\n", "pooler", c.Pooler)
 		}
+	}
+	if in.Analytics != "" {
+		fmt.Fprintf(w, "  %-9s %s  (tenants' analytics mirrors: `pgtenant analytics enable ID`)\n", "analytics", in.Analytics)
 	}
 	if in.CredentialsKeyFile != "" {
 		fmt.Fprintf(w, "  %-9s credentials key in %s (seals passwords kept for retried creates)\n", "", in.CredentialsKeyFile)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -139,6 +140,19 @@ func (c *Cluster) ConnectAs(ctx context.Context, database, user, password, appli
 	conn, err := pgx.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s/%s as %s: %w", c.name, database, user, Classify(err))
+	}
+	return conn, nil
+}
+
+// ConnectReplication opens a logical replication connection (replication
+// = database) to a database of the primary as the admin, with the pinned
+// settings: pgoutput's text values then come in the formats they pin.
+func (c *Cluster) ConnectReplication(ctx context.Context, database string) (*pgconn.PgConn, error) {
+	cc := c.connConfig(database).Config.Copy()
+	cc.RuntimeParams["replication"] = "database"
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		return nil, fmt.Errorf("replication connection to %s/%s: %w", c.name, database, Classify(err))
 	}
 	return conn, nil
 }

@@ -68,6 +68,34 @@ type Config struct {
 	Metrics MetricsConfig `yaml:"metrics"`
 	// Prewarm tunes hot-set capture and prewarming after restarts.
 	Prewarm PrewarmConfig `yaml:"prewarm"`
+	// Analytics tunes tenants' columnar mirrors (internal/analytics).
+	Analytics AnalyticsConfig `yaml:"analytics"`
+}
+
+// AnalyticsConfig tunes the DuckDB mirrors of tenants and the port that
+// serves them.
+type AnalyticsConfig struct {
+	// Dir holds one DuckDB file per mirrored tenant ("" = "analytics" next
+	// to the token file).
+	Dir string `yaml:"dir"`
+	// Listen is the PostgreSQL-protocol address tenants query their
+	// mirror on ("" = off; `up` picks a port and keeps it).
+	Listen string `yaml:"listen"`
+	// MemoryLimit and Threads bound each tenant's DuckDB (its apply and
+	// its queries together).
+	MemoryLimit ByteSize `yaml:"memory_limit"`
+	Threads     int      `yaml:"threads"`
+	// StatementTimeout cancels a tenant's analytics query.
+	StatementTimeout Duration `yaml:"statement_timeout"`
+	// FlushInterval and BatchRows: changes are applied in one DuckDB
+	// transaction per batch, at whichever comes first.
+	FlushInterval Duration `yaml:"flush_interval"`
+	BatchRows     int      `yaml:"batch_rows"`
+	// Lease is how long a mirror's owner may be silent before another
+	// daemon takes the mirror over; PollInterval is how often each daemon
+	// looks at the mirrors (claims, renewals, disables).
+	Lease        Duration `yaml:"lease"`
+	PollInterval Duration `yaml:"poll_interval"`
 }
 
 // PrewarmConfig tunes hot-set capture and prewarm.
@@ -421,6 +449,8 @@ func Default() Config {
 			HistoryRetention: Duration(14 * 24 * time.Hour), TopTenants: 100, CapInterval: Duration(time.Second)},
 		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(500 * time.Millisecond),
 			RateLimit: 256 << 20, Parallel: 4, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
+		Analytics: AnalyticsConfig{MemoryLimit: 256 << 20, Threads: 1, StatementTimeout: Duration(30 * time.Second),
+			FlushInterval: Duration(200 * time.Millisecond), BatchRows: 50000, Lease: Duration(30 * time.Second), PollInterval: Duration(time.Second)},
 	}
 }
 
@@ -689,6 +719,21 @@ func (c Config) Validate() error {
 	}
 	if c.Drop.BatchRelations < 1 {
 		bad("drop.batch_relations", "must be at least 1")
+	}
+	if c.Analytics.MemoryLimit < 16<<20 {
+		bad("analytics.memory_limit", "at least 16MB")
+	}
+	if c.Analytics.Threads < 1 {
+		bad("analytics.threads", "at least 1")
+	}
+	if c.Analytics.StatementTimeout <= 0 || c.Analytics.FlushInterval <= 0 || c.Analytics.PollInterval <= 0 {
+		bad("analytics", "statement_timeout, flush_interval and poll_interval must be > 0")
+	}
+	if c.Analytics.BatchRows < 1 {
+		bad("analytics.batch_rows", "at least 1")
+	}
+	if c.Analytics.Lease < 3*c.Analytics.PollInterval {
+		bad("analytics.lease", "at least 3 × analytics.poll_interval")
 	}
 	if c.Prewarm.RateLimit <= 0 {
 		bad("prewarm.rate_limit", "must be positive, e.g. 256MB")

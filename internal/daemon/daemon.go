@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -88,6 +89,18 @@ type Daemon struct {
 	console   *console.Console // samples the clusters for its charts
 	// poolers keep each cluster's PgBouncer in line with the catalog.
 	poolers *pooler.Set
+	// analytics runs the tenants' columnar mirrors this daemon owns and
+	// serves them on the analytics port.
+	analytics *analytics.Service
+}
+
+// analyticsDir is where the mirrors' DuckDB files live: analytics.dir, or
+// "analytics" next to the token file.
+func analyticsDir(cfg config.Config) string {
+	if cfg.Analytics.Dir != "" {
+		return cfg.Analytics.Dir
+	}
+	return filepath.Join(filepath.Dir(cfg.TokenFile), "analytics")
 }
 
 // New opens the catalog, registers clusters and binds the listener. Nothing
@@ -169,11 +182,21 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.watcher = &prewarm.Watcher{S: warm}
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
+	d.analytics = analytics.New(store, d.clusters, cfg.Analytics, analyticsDir(cfg), log)
+	if cfg.Analytics.Listen != "" {
+		if _, err := d.analytics.Listen(cfg.Analytics.Listen); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
+	pur.Analytics = d.analytics
+	reg.MustRegister(analytics.NewCollector(d.analytics))
 
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.runner.Register(move.Job, mov.Handler())
 
-	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers}
+	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers,
+		Analytics: d.analytics}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
@@ -187,7 +210,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	d.console = &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov,
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov, Analytics: d.analytics,
 		Console: d.console, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 	d.console.API = srv // the console reads and acts through the API's handlers
@@ -393,6 +416,9 @@ func (d *Daemon) Token() string { return d.token }
 // against it).
 func (d *Daemon) Metrics() *prometheus.Registry { return d.metrics }
 
+// Analytics runs the tenants' mirrors (for tests).
+func (d *Daemon) Analytics() *analytics.Service { return d.analytics }
+
 // Store is the catalog (for tests and the in-process CLI).
 func (d *Daemon) Store() *catalog.Store { return d.store }
 
@@ -414,7 +440,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console, d.analytics} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

@@ -135,7 +135,7 @@ func Checks(f Facts) []Check {
 	out := []Check{locks(f)}
 	out = append(out, standbySettings(f)...)
 	out = append(out, connections(f))
-	out = append(out, replication(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
+	out = append(out, replication(f), analyticsSlots(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
 	if f.Pooler != nil {
 		out = append(out, poolerCheck(f))
 	}
@@ -362,6 +362,31 @@ func replication(f Facts) Check {
 		c.Status, c.Fix = Warn, "add a streaming standby (pg_basebackup -R) and register it: `pgtenant cluster add NAME --dsn … --standby DSN`"
 	case senders < int64(f.Streaming)+2:
 		c.Status, c.Fix = Warn, fmt.Sprintf("ALTER SYSTEM SET max_wal_senders = %d; restart", f.Streaming+2)
+	default:
+		c.Status = OK
+	}
+	return c
+}
+
+// analyticsSlots: tenants' analytics mirrors decode WAL through logical
+// slots; a slot whose mirror lags or is gone keeps WAL on the primary.
+func analyticsSlots(f Facts) Check {
+	c := Check{Name: "analytics_slots", Why: "Analytics mirrors (`pgtenant analytics enable`) read the WAL through a logical slot per tenant: " +
+		"that needs wal_level=logical, and a slot retains WAL until its mirror confirms it. Without max_slot_wal_keep_size a mirror " +
+		"that lags or whose daemon is gone fills the primary's disk; with it, PostgreSQL invalidates the slot instead and pgtenant copies the mirror again."}
+	wal := f.Settings["wal_level"]
+	keep := f.int("max_slot_wal_keep_size")
+	c.Got = fmt.Sprintf("wal_level=%s, max_slot_wal_keep_size=%s", wal, f.Settings["max_slot_wal_keep_size"])
+	c.Want = "wal_level=logical, max_slot_wal_keep_size set (not -1), below the free disk"
+	switch {
+	case f.Settings["max_slot_wal_keep_size"] == "":
+		c.Status, c.Fix = Unknown, "max_slot_wal_keep_size could not be read (PostgreSQL 13 or later has it)"
+	case wal != "logical":
+		c.Status, c.Fix = Warn, "ALTER SYSTEM SET wal_level = logical; restart (analytics mirrors cannot be enabled before)"
+	case keep < 0:
+		c.Status, c.Fix = Warn, "ALTER SYSTEM SET max_slot_wal_keep_size = '4GB' (well below the free disk); SELECT pg_reload_conf()"
+	case f.DiskFree > 0 && keep<<20 > f.DiskFree:
+		c.Status, c.Fix = Warn, fmt.Sprintf("max_slot_wal_keep_size is more than the free disk (%s): lower it", config.ByteSize(f.DiskFree).Human())
 	default:
 		c.Status = OK
 	}

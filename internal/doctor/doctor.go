@@ -64,7 +64,7 @@ type ClusterReport struct {
 var settings = []string{"max_connections", "superuser_reserved_connections", "max_locks_per_transaction", "max_prepared_transactions",
 	"autovacuum_max_workers", "max_worker_processes", "max_wal_senders", "max_files_per_process", "wal_level",
 	"autovacuum", "autovacuum_naptime", "checkpoint_timeout", "max_wal_size", "data_directory", "stats_temp_directory",
-	"shared_preload_libraries"}
+	"shared_preload_libraries", "max_slot_wal_keep_size", "max_replication_slots"}
 
 // Run examines one cluster, or every cluster with clusterName "".
 func (d *Doctor) Run(ctx context.Context, clusterName string) (Report, error) {

@@ -198,7 +198,7 @@ func base() doctor.Facts {
 	return doctor.Facts{Cluster: "c", Version: "15.18", VersionNum: 150018, Databases: 10, Files: 3000, Streaming: 1,
 		Settings: map[string]string{"max_connections": "100", "superuser_reserved_connections": "5", "max_locks_per_transaction": "64", "max_prepared_transactions": "0",
 			"autovacuum_max_workers": "3", "max_worker_processes": "8", "max_wal_senders": "10", "max_files_per_process": "1000",
-			"wal_level": "replica", "autovacuum": "on", "autovacuum_naptime": "60", "checkpoint_timeout": "300", "max_wal_size": "1024"},
+			"wal_level": "logical", "max_slot_wal_keep_size": "4096", "autovacuum": "on", "autovacuum_naptime": "60", "checkpoint_timeout": "300", "max_wal_size": "1024"},
 		Standbys:   []doctor.StandbyFacts{{DSN: "s1", Settings: map[string]string{"max_locks_per_transaction": "64", "max_connections": "100", "max_prepared_transactions": "0", "max_worker_processes": "8", "max_wal_senders": "10"}}},
 		Extensions: map[string]cluster.ExtensionState{"pg_prewarm": {Available: true}, "pg_buffercache": {Available: true}},
 		BatchLocks: 1000, PurgeBatch: 200, WALLogMaxSize: 32 << 20, Local: true, DiskFree: 50 << 30, DiskTotal: 100 << 30,
@@ -246,6 +246,9 @@ func TestChecks(t *testing.T) {
 		{"wal_level minimal", "replication", doctor.Fail, func(f *doctor.Facts) { f.Settings["wal_level"] = "minimal" }},
 		{"standby down", "replication", doctor.Fail, func(f *doctor.Facts) { f.Streaming = 0 }},
 		{"no standby at all", "replication", doctor.Warn, func(f *doctor.Facts) { f.Streaming, f.Standbys = 0, nil }},
+		{"analytics: wal_level replica", "analytics_slots", doctor.Warn, func(f *doctor.Facts) { f.Settings["wal_level"] = "replica" }},
+		{"analytics: slots keep WAL without bound", "analytics_slots", doctor.Warn, func(f *doctor.Facts) { f.Settings["max_slot_wal_keep_size"] = "-1" }},
+		{"analytics: slots bounded", "analytics_slots", doctor.OK, func(f *doctor.Facts) {}},
 		{"autovacuum off", "autovacuum", doctor.Fail, func(f *doctor.Facts) { f.Settings["autovacuum"] = "off" }},
 		{"thousands of databases", "autovacuum", doctor.Warn, func(f *doctor.Facts) { f.Databases = 3000 }},
 		{"missing contrib", "prewarm_extensions", doctor.Warn, func(f *doctor.Facts) {

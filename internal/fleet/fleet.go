@@ -95,11 +95,15 @@ func DefaultSettings() map[string]string {
 		"superuser_reserved_connections": "10",
 		"shared_buffers":                 "128MB",
 		// logical: a tenant moves to another cluster by logical
-		// replication (internal/move); each move in flight holds a slot
-		// and a WAL sender on its source, beside the standbys' own.
-		"wal_level":                    "logical",
-		"max_wal_senders":              "20",
-		"max_replication_slots":        "20",
+		// replication (internal/move), and tenants' analytics mirrors
+		// (internal/analytics) decode it; each move in flight and each
+		// mirror holds a slot and a WAL sender, beside the standbys' own.
+		"wal_level":             "logical",
+		"max_wal_senders":       "20",
+		"max_replication_slots": "20",
+		// A lagging or dead analytics mirror's slot is invalidated (and
+		// copied again) before it fills the disk.
+		"max_slot_wal_keep_size":       "4GB",
 		"hot_standby":                  "on",
 		"hot_standby_feedback":         "on",
 		"wal_receiver_status_interval": "1s",

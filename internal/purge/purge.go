@@ -63,6 +63,12 @@ type Service struct {
 	// entry goes (its clients cut off), a suspended one's is disabled and
 	// its clients killed, a resumed or restored one is let in again.
 	Poolers *pooler.Set
+	// Analytics, if set, drops the tenant's columnar mirror (its slot,
+	// publication and file) before its storage: a database with a logical
+	// slot cannot be dropped, and an orphaned slot retains WAL for ever.
+	Analytics interface {
+		Purge(ctx context.Context, t catalog.Tenant) error
+	}
 }
 
 // Handler is the job handler of Job.
@@ -75,6 +81,7 @@ func (s *Service) Handler() jobs.Handler {
 		p := &purger{s: s, id: a.Tenant, reason: a.Reason, leftover: a.Leftover}
 		return []jobs.Step{
 			{Name: "lock-out", Run: p.lockOut, Doing: "locking the tenant out: NOLOGIN and its sessions ended on the primary"},
+			{Name: "analytics", Run: p.analytics, Doing: "dropping the tenant's analytics mirror"},
 			{Name: "storage", Run: p.storage, Doing: "dropping the tenant's storage"},
 			{Name: "role", Run: p.role, Doing: "dropping the tenant's roles"},
 			{Name: "catalog", Run: p.catalog, Doing: "recording the purge in the catalog"},
@@ -266,6 +273,15 @@ func onStandby(ctx context.Context, cl *cluster.Cluster, node, lsn string, end b
 		return 0, replayed, fmt.Errorf("end sessions on %s/%s: %w", cl.Name(), node, cluster.Classify(err))
 	}
 	return ended, replayed, nil
+}
+
+func (p *purger) analytics(ctx context.Context, r *jobs.Run) error {
+	if p.s.Analytics == nil {
+		return nil
+	}
+	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
+		return p.s.Analytics.Purge(ctx, t)
+	})
 }
 
 func (p *purger) storage(ctx context.Context, r *jobs.Run) error {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -73,6 +74,10 @@ type Reconciler struct {
 	// Poolers: a cluster's PgBouncer's databases (SHOW DATABASES) are
 	// compared with the catalog too; fix syncs it.
 	Poolers *pooler.Set
+	// Analytics, if set, lists the analytics slots no mirror of the
+	// catalog accounts for (the worst orphans: they retain WAL for ever);
+	// fix drops them.
+	Analytics *analytics.Service
 }
 
 // Run reconciles one cluster (or all with clusterName "").
@@ -166,6 +171,17 @@ func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool,
 			id, _ := tenant.IDFromPhysical(d.Name)
 			found = append(found, finding{Finding: Finding{Kind: kind, Object: "pooler entry " + d.Name, Tenant: id, Detail: d.Detail,
 				Action: "sync the pooler with the catalog"}, repair: front.Sync})
+		}
+	}
+	if r.Analytics != nil {
+		orphans, err := r.Analytics.Orphans(ctx, cl)
+		if err != nil {
+			return fmt.Errorf("analytics slots: %w", err)
+		}
+		for _, o := range orphans {
+			found = append(found, finding{Finding: Finding{Kind: Orphan, Object: "replication slot " + o.Slot, Tenant: o.Tenant,
+				Detail: fmt.Sprintf("no analytics mirror in the catalog; it retains %d bytes of WAL (active: %v)", o.RetainedBytes, o.Active),
+				Action: "drop the slot"}, repair: func(ctx context.Context) error { return analytics.DropSlot(ctx, cl, o.Slot) }})
 		}
 	}
 	for _, f := range found {

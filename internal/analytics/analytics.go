@@ -1,0 +1,321 @@
+// Package analytics keeps a columnar mirror of a tenant in DuckDB, fed by
+// logical replication, and serves it to the tenant over the PostgreSQL
+// protocol. The heap stays the system of record: the mirror is a
+// publication and a pgoutput slot on the tenant's cluster, an initial copy
+// taken in the slot's exported snapshot, then the stream applied in batches
+// to one DuckDB file per tenant, with the applied LSN committed in the same
+// DuckDB transaction as the data (a crash resumes without gaps or
+// duplicates). One daemon owns a mirror at a time through a lease in the
+// catalog (table analytics).
+//
+// It owns the publication pgt_analytics_<id>, the slot of the same name and
+// the file <dir>/<id>.duckdb; it never writes to the tenant's tables and
+// runs no tenant code: the copy is COPY … TO STDOUT (type output functions
+// only, no casts) in an admin session with pinned settings, and names from
+// the tenant reach DuckDB quoted.
+package analytics
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Mirror states, as in the catalog.
+const (
+	StateCopying   = "copying"   // the slot is made and the initial copy runs (or will run again)
+	StateStreaming = "streaming" // the copy is in the file; changes are applied as they come
+	StateDisabling = "disabling" // its owner (or any daemon, once the lease ends) drops slot, publication and file
+)
+
+// Errors callers branch on.
+var (
+	ErrInvalid  = errors.New("invalid analytics request")
+	ErrDisabled = errors.New("analytics not enabled")
+)
+
+// Prefix starts the names of every mirror's slot and publication.
+const Prefix = "pgt_analytics_"
+
+// SlotName is a tenant's slot and publication name.
+func SlotName(id string) string { return Prefix + id }
+
+// Service enables, disables and runs tenants' mirrors.
+type Service struct {
+	Store    *catalog.Store
+	Clusters *cluster.Registry
+	Config   config.AnalyticsConfig
+	Logger   *slog.Logger
+	// Dir holds the DuckDB files (Config.Dir resolved).
+	Dir string
+
+	owner string       // this daemon, in leases
+	ln    net.Listener // the analytics port (Listen), nil without one
+	addr  string       // its address, in the tenants' DSNs
+
+	mu      sync.Mutex
+	mirrors map[string]*mirror // the mirrors this daemon runs
+}
+
+// New returns the service; Run runs the mirrors this daemon owns.
+func New(store *catalog.Store, clusters *cluster.Registry, cfg config.AnalyticsConfig, dir string, log *slog.Logger) *Service {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{Store: store, Clusters: clusters, Config: cfg, Dir: dir, Logger: log.With("component", "analytics"),
+		owner: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b)), mirrors: map[string]*mirror{}}
+}
+
+// Status is a mirror as `analytics status` and `tenant show` see it.
+type Status struct {
+	Tenant      string     `json:"tenant"`
+	Enabled     bool       `json:"enabled"`
+	State       string     `json:"state,omitempty"`
+	Tables      []string   `json:"tables,omitempty"` // empty: every table
+	Error       string     `json:"error,omitempty"`
+	Owner       string     `json:"owner,omitempty"`
+	DSN         string     `json:"dsn,omitempty"` // the tenant's own login, on the owner's analytics port (no password)
+	AppliedLSN  string     `json:"applied_lsn,omitempty"`
+	AppliedRows int64      `json:"applied_rows"`
+	LagBytes    int64      `json:"lag_bytes"`
+	ReportedAt  *time.Time `json:"reported_at,omitempty"`
+	Slot        string     `json:"slot,omitempty"`
+}
+
+// tableRE is a table a tenant names in --tables: table or schema.table,
+// plain identifiers (quoted when they reach SQL).
+var tableRE = regexp.MustCompile(`^([A-Za-z_][A-Za-z0-9_$]{0,62}\.)?[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// Enable records a mirror for t; a daemon's Run makes it. Enabling a
+// mirror that exists answers its status (tables are not changed).
+func (s *Service) Enable(ctx context.Context, t catalog.Tenant, tables []string) (Status, error) {
+	if t.State != catalog.StateActive {
+		return Status{}, fmt.Errorf("%w: tenant %s is %s (only active tenants get a mirror)", ErrInvalid, t.ID, t.State)
+	}
+	for _, tb := range tables {
+		if !tableRE.MatchString(tb) {
+			return Status{}, fmt.Errorf("%w: table %q: want name or schema.name", ErrInvalid, tb)
+		}
+		if t.Mode == "schema" && strings.Contains(tb, ".") {
+			return Status{}, fmt.Errorf("%w: table %q: a schema tenant names its tables without a schema", ErrInvalid, tb)
+		}
+	}
+	if tables == nil {
+		tables = []string{}
+	}
+	_, err := s.Store.Pool().Exec(ctx, `INSERT INTO analytics (tenant, tables) VALUES ($1, $2) ON CONFLICT (tenant) DO NOTHING`, t.ID, tables)
+	if err != nil {
+		return Status{}, fmt.Errorf("enable analytics of %s: %w", t.ID, err)
+	}
+	return s.Status(ctx, t)
+}
+
+// Disable asks for the mirror to go: its owner stops it and drops its
+// slot, publication and file, then deletes the row.
+func (s *Service) Disable(ctx context.Context, t catalog.Tenant) (Status, error) {
+	tag, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = 'disabling' WHERE tenant = $1`, t.ID)
+	if err != nil {
+		return Status{}, fmt.Errorf("disable analytics of %s: %w", t.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return Status{}, fmt.Errorf("tenant %s: %w", t.ID, ErrDisabled)
+	}
+	return s.Status(ctx, t)
+}
+
+// Status reads the mirror's row; a tenant without one is not Enabled.
+func (s *Service) Status(ctx context.Context, t catalog.Tenant) (Status, error) {
+	st := Status{Tenant: t.ID}
+	var owner *string
+	err := s.Store.Pool().QueryRow(ctx, `SELECT tables, state, error, owner, owner_addr, applied_lsn, applied_rows, lag_bytes, reported_at
+		FROM analytics WHERE tenant = $1`, t.ID).Scan(&st.Tables, &st.State, &st.Error, &owner, &st.DSN, &st.AppliedLSN, &st.AppliedRows, &st.LagBytes, &st.ReportedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return st, nil
+	}
+	if err != nil {
+		return st, fmt.Errorf("analytics status of %s: %w", t.ID, err)
+	}
+	st.Enabled, st.Slot = true, SlotName(t.ID)
+	if owner != nil {
+		st.Owner = *owner
+	}
+	st.DSN = dsn(st.DSN, t)
+	return st, nil
+}
+
+// DSN is the analytics DSN of t on this daemon's port ("" without one).
+func (s *Service) DSN(t catalog.Tenant) string { return dsn(s.addr, t) }
+
+func dsn(addr string, t catalog.Tenant) string {
+	if addr == "" {
+		return ""
+	}
+	role := tenant.PhysicalName(t.ID)
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", role, addr, role)
+}
+
+// Purge is the purge job's hook: the mirror goes before the tenant's
+// storage (a database with a logical slot cannot be dropped). It asks for
+// the mirror's disable and waits for its owner; without an owner within
+// the wait it drops the server side itself (the slot must not outlive the
+// tenant: it would retain WAL for ever).
+func (s *Service) Purge(ctx context.Context, t catalog.Tenant) error {
+	if _, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = 'disabling' WHERE tenant = $1`, t.ID); err != nil {
+		return fmt.Errorf("disable analytics of %s: %w", t.ID, err)
+	}
+	deadline := time.Now().Add(3 * s.Config.Lease.D())
+	for {
+		var n int
+		if err := s.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM analytics WHERE tenant = $1`, t.ID).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("analytics of %s: its owner has not dropped the mirror yet", t.ID)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(s.Config.PollInterval.D() / 2):
+		}
+	}
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return err
+	}
+	return dropServerSide(ctx, cl, t)
+}
+
+// dropServerSide drops the slot (ending the walsender that streams it)
+// and the publication; both may be gone already.
+func dropServerSide(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) error {
+	name := SlotName(t.ID)
+	if err := DropSlot(ctx, cl, name); err != nil {
+		return err
+	}
+	conn, err := cl.Connect(ctx, t.Database)
+	if errors.Is(err, cluster.ErrNotFound) {
+		return nil // the database is gone, and its publication with it
+	}
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+cluster.Ident(name)); err != nil {
+		return fmt.Errorf("drop publication %s: %w", name, cluster.Classify(err))
+	}
+	return nil
+}
+
+// DropSlot drops a replication slot, ending the session that streams it
+// first; a slot that is gone is dropped already.
+func DropSlot(ctx context.Context, cl *cluster.Cluster, name string) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	for range 50 {
+		var active bool
+		err := admin.QueryRow(ctx, `SELECT active FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, name).Scan(&active)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read slot %s: %w", name, cluster.Classify(err))
+		}
+		if active {
+			_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(active_pid) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND active_pid IS NOT NULL`, name)
+		} else {
+			_, err = admin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot($1)`, name)
+		}
+		if err != nil && !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "is active") {
+			return fmt.Errorf("drop slot %s: %w", name, cluster.Classify(err))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("drop slot %s: still there after 5 s", name)
+}
+
+// File is the path of a tenant's DuckDB file.
+func (s *Service) File(id string) string { return filepath.Join(s.Dir, id+".duckdb") }
+
+// removeFile removes a tenant's DuckDB file and its WAL.
+func (s *Service) removeFile(id string) error {
+	var errs []error
+	for _, p := range []string{s.File(id), s.File(id) + ".wal"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Orphan is a slot or publication of pgtenant's analytics that no mirror
+// of the catalog accounts for; a slot retains WAL until dropped.
+type Orphan struct {
+	Cluster string `json:"cluster"`
+	Slot    string `json:"slot"`
+	Tenant  string `json:"tenant"`
+	Active  bool   `json:"active"`
+	// RetainedBytes is the WAL the slot holds back on the primary.
+	RetainedBytes int64 `json:"retained_bytes"`
+}
+
+// Orphans lists the analytics slots of cl without a mirror in the catalog.
+func (s *Service) Orphans(ctx context.Context, cl *cluster.Cluster) ([]Orphan, error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := admin.Query(ctx, `SELECT slot_name::text, active, coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn), 0)::int8
+		FROM pg_catalog.pg_replication_slots WHERE slot_name LIKE 'pgt\_analytics\_%'`)
+	if err != nil {
+		return nil, fmt.Errorf("list slots of %s: %w", cl.Name(), cluster.Classify(err))
+	}
+	slots, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Orphan, error) {
+		o := Orphan{Cluster: cl.Name()}
+		return o, r.Scan(&o.Slot, &o.Active, &o.RetainedBytes)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list slots of %s: %w", cl.Name(), cluster.Classify(err))
+	}
+	var out []Orphan
+	for _, o := range slots {
+		o.Tenant = strings.TrimPrefix(o.Slot, Prefix)
+		var n int
+		if err := s.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM analytics a JOIN tenants t ON t.id = a.tenant WHERE a.tenant = $1 AND t.cluster = $2`,
+			o.Tenant, cl.Name()).Scan(&n); err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			out = append(out, o)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,384 @@
+package analytics
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+)
+
+// relation is a table as the latest Relation message describes it.
+type relation struct {
+	schema, name string // DuckDB's
+	skip         bool   // not mirrored (the state schema)
+	cols         []column
+}
+
+func (r *relation) quoted() string { return quoteDuck(r.schema) + "." + quoteDuck(r.name) }
+
+// entry is the net effect of a batch on one key of one table.
+type entry struct {
+	kind  int // upsert, remove, patch
+	cols  []column
+	vals  []*string
+	key   []column  // the key columns and values the row had in the file
+	keyV  []*string //
+	known []bool    // patch: the columns whose values are known ('u' = unchanged TOAST is not)
+}
+
+const (
+	upsert = iota
+	remove
+	patch
+)
+
+// tableBatch is a batch's changes to one table.
+type tableBatch struct {
+	rel       *relation
+	allCols   map[string]column // every column any change of the batch carries
+	truncated bool              // a TRUNCATE came: all rows before it go
+	entries   map[string]*entry
+	order     []string
+}
+
+// batch gathers whole transactions; apply writes them in one DuckDB
+// transaction with the end LSN of the last.
+type batch struct {
+	t      catalog.Tenant
+	rels   map[uint32]*relation
+	tables map[uint32]*tableBatch
+	order  []uint32
+	txns   int
+	rows   int
+	end    pglogrepl.LSN
+	inTxn  bool
+	skip   bool // a transaction the file holds already
+	// firstCommit is the commit time of the batch's first transaction.
+	firstCommit time.Time
+}
+
+// newBatch starts a batch; rels are the stream's relations (they outlive
+// batches: a Relation message comes once per relation per stream, and
+// again only when it changes).
+func newBatch(t catalog.Tenant, rels map[uint32]*relation) *batch {
+	return &batch{t: t, rels: rels, tables: map[uint32]*tableBatch{}}
+}
+
+func (b *batch) table(id uint32) (*tableBatch, error) {
+	rel, ok := b.rels[id]
+	if !ok {
+		return nil, fmt.Errorf("change to relation %d before its Relation message", id)
+	}
+	tb, ok := b.tables[id]
+	if !ok {
+		tb = &tableBatch{rel: rel, allCols: map[string]column{}, entries: map[string]*entry{}}
+		b.tables[id] = tb
+		b.order = append(b.order, id)
+	}
+	tb.rel = rel
+	for _, c := range rel.cols {
+		tb.allCols[c.name] = c
+	}
+	return tb, nil
+}
+
+// add takes one pgoutput message; it reports a commit.
+func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) {
+	switch msg := msg.(type) {
+	case *pglogrepl.BeginMessage:
+		b.inTxn = true
+		b.skip = msg.FinalLSN < applied // committed before the file's LSN: applied already
+		if !b.skip && b.txns == 0 {
+			b.firstCommit = msg.CommitTime
+		}
+	case *pglogrepl.CommitMessage:
+		b.inTxn = false
+		if !b.skip {
+			b.txns++
+			b.end = msg.TransactionEndLSN
+		}
+		return !b.skip, nil
+	case *pglogrepl.RelationMessage:
+		schema, ok := duckSchema(b.t, msg.Namespace)
+		r := &relation{schema: schema, name: msg.RelationName, skip: !ok}
+		for _, c := range msg.Columns {
+			r.cols = append(r.cols, column{name: c.Name, typ: duckType(c.DataType, c.TypeModifier), key: c.Flags&1 == 1})
+		}
+		b.rels[msg.RelationID] = r
+	case *pglogrepl.InsertMessage:
+		return false, b.change(msg.RelationID, nil, msg.Tuple)
+	case *pglogrepl.UpdateMessage:
+		return false, b.change(msg.RelationID, msg.OldTuple, msg.NewTuple)
+	case *pglogrepl.DeleteMessage:
+		return false, b.change(msg.RelationID, msg.OldTuple, nil)
+	case *pglogrepl.TruncateMessage:
+		if b.skip {
+			return false, nil
+		}
+		for _, id := range msg.RelationIDs {
+			tb, err := b.table(id)
+			if err != nil {
+				return false, err
+			}
+			tb.truncated, tb.entries, tb.order = true, map[string]*entry{}, nil
+		}
+	}
+	return false, nil
+}
+
+func values(t *pglogrepl.TupleData) (vals []*string, known []bool) {
+	if t == nil {
+		return nil, nil
+	}
+	vals, known = make([]*string, len(t.Columns)), make([]bool, len(t.Columns))
+	for i, c := range t.Columns {
+		switch c.DataType {
+		case 't':
+			v := string(c.Data)
+			vals[i], known[i] = &v, true
+		case 'n':
+			known[i] = true
+		}
+	}
+	return vals, known
+}
+
+// keyOf is the key of a row: its key columns' values.
+func keyOf(cols []column, vals []*string) (string, []column, []*string) {
+	var b strings.Builder
+	var kc []column
+	var kv []*string
+	for i, c := range cols {
+		if !c.key || i >= len(vals) {
+			continue
+		}
+		kc, kv = append(kc, c), append(kv, vals[i])
+		if vals[i] == nil {
+			b.WriteString("\x01")
+		} else {
+			b.WriteString(*vals[i])
+		}
+		b.WriteString("\x00")
+	}
+	return b.String(), kc, kv
+}
+
+func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
+	if b.skip {
+		return nil
+	}
+	tb, err := b.table(relID)
+	if err != nil {
+		return err
+	}
+	if tb.rel.skip {
+		return nil
+	}
+	b.rows++
+	cols := tb.rel.cols
+	set := func(k string, e *entry) {
+		if _, ok := tb.entries[k]; !ok {
+			tb.order = append(tb.order, k)
+		}
+		tb.entries[k] = e
+	}
+	oldV, _ := values(old)
+	newV, known := values(new)
+	if new == nil { // delete
+		k, kc, kv := keyOf(cols, oldV)
+		set(k, &entry{kind: remove, key: kc, keyV: kv})
+		return nil
+	}
+	k, kc, kv := keyOf(cols, newV)
+	if old != nil {
+		if ok, okc, okv := keyOf(cols, oldV); ok != k {
+			set(ok, &entry{kind: remove, key: okc, keyV: okv}) // the key changed: the old row goes
+		}
+	}
+	whole := true
+	for _, kn := range known {
+		whole = whole && kn
+	}
+	prev := tb.entries[k]
+	switch {
+	case whole:
+		set(k, &entry{kind: upsert, cols: cols, vals: newV, key: kc, keyV: kv})
+	case prev != nil && prev.kind != remove: // merge what changed into the earlier image
+		merged := &entry{kind: prev.kind, cols: cols, vals: make([]*string, len(cols)), known: make([]bool, len(cols)), key: prev.key, keyV: prev.keyV}
+		byName := map[string]int{}
+		for i, c := range prev.cols {
+			byName[c.name] = i
+		}
+		for i, c := range cols {
+			if known[i] {
+				merged.vals[i], merged.known[i] = newV[i], true
+			} else if j, ok := byName[c.name]; ok && (prev.kind == upsert || prev.known[j]) {
+				merged.vals[i], merged.known[i] = prev.vals[j], true
+			}
+		}
+		set(k, merged)
+	default: // unchanged TOAST values stay as the file has them
+		set(k, &entry{kind: patch, cols: cols, vals: newV, known: known, key: kc, keyV: kv})
+	}
+	return nil
+}
+
+// apply writes the batch and its end LSN in one DuckDB transaction and
+// returns the rows it changed.
+func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
+	if err := w.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer w.rollback()
+	var n int64
+	for _, id := range b.order {
+		tb := b.tables[id]
+		if tb.rel.skip {
+			continue
+		}
+		var cols []column
+		for _, c := range tb.rel.cols {
+			cols = append(cols, c)
+			delete(tb.allCols, c.name)
+		}
+		for _, c := range tb.allCols { // columns of earlier images in the batch
+			cols = append(cols, c)
+		}
+		if err := ensureTable(ctx, w, tb.rel.schema, tb.rel.name, cols); err != nil {
+			return 0, fmt.Errorf("table %s: %w", tb.rel.quoted(), err)
+		}
+		qt := tb.rel.quoted()
+		if tb.truncated {
+			if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qt); err != nil {
+				return 0, fmt.Errorf("truncate %s: %w", qt, err)
+			}
+		}
+		// Every key the batch touched goes first (by its key columns),
+		// then the new images are inserted, then patches update in place.
+		byShape := map[string][]*entry{}
+		var shapes []string
+		for _, k := range tb.order {
+			e := tb.entries[k]
+			if e.kind == patch {
+				continue
+			}
+			shape := colShape(e.key)
+			if _, ok := byShape[shape]; !ok {
+				shapes = append(shapes, shape)
+			}
+			byShape[shape] = append(byShape[shape], e)
+		}
+		for _, shape := range shapes {
+			if err := deleteKeys(ctx, w, qt, byShape[shape]); err != nil {
+				return 0, fmt.Errorf("delete from %s: %w", qt, err)
+			}
+		}
+		inserts := map[string][][]*string{}
+		insertCols := map[string][]column{}
+		shapes = shapes[:0]
+		for _, k := range tb.order {
+			e := tb.entries[k]
+			n++
+			switch e.kind {
+			case upsert:
+				shape := colShape(e.cols)
+				if _, ok := inserts[shape]; !ok {
+					shapes = append(shapes, shape)
+					insertCols[shape] = e.cols
+				}
+				inserts[shape] = append(inserts[shape], e.vals)
+			case patch:
+				if err := patchRow(ctx, w, qt, e); err != nil {
+					return 0, fmt.Errorf("update %s: %w", qt, err)
+				}
+			}
+		}
+		for _, shape := range shapes {
+			if err := insertRows(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
+				return 0, fmt.Errorf("insert into %s: %w", qt, err)
+			}
+		}
+	}
+	if _, err := w.c.ExecContext(ctx, `UPDATE `+stateSchema+`.state SET lsn = ?, applied_rows = applied_rows + ?, applied_at = now()`, uint64(b.end), n); err != nil {
+		return 0, fmt.Errorf("record the applied LSN: %w", err)
+	}
+	return n, w.commit(ctx)
+}
+
+func colShape(cols []column) string {
+	var b strings.Builder
+	for _, c := range cols {
+		b.WriteString(c.name)
+		b.WriteString("\x00")
+		b.WriteString(c.typ)
+		b.WriteString("\x00")
+	}
+	return b.String()
+}
+
+// deleteKeys deletes the rows of the entries' keys (all of one shape):
+// the keys are appended to a staging table, then one DELETE … USING.
+func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
+	key := es[0].key
+	if len(key) == 0 {
+		return fmt.Errorf("no key columns: give the table a primary key or REPLICA IDENTITY FULL")
+	}
+	keys := make([][]*string, len(es))
+	nulls := false
+	for i, e := range es {
+		keys[i] = e.keyV
+		for _, v := range e.keyV {
+			nulls = nulls || v == nil
+		}
+	}
+	// = lets DuckDB hash-join the keys; a NULL in a key (REPLICA IDENTITY
+	// FULL) needs IS NOT DISTINCT FROM.
+	eq := "="
+	if nulls {
+		eq = "IS NOT DISTINCT FROM"
+	}
+	stage, err := w.stage(ctx, len(key), keys)
+	if err != nil {
+		return err
+	}
+	casts := make([]string, len(key))
+	conds := make([]string, len(key))
+	for i, c := range key {
+		casts[i] = fmt.Sprintf("CAST(c%d AS %s) AS k%d", i, c.typ, i)
+		conds[i] = fmt.Sprintf("t.%s %s v.k%d", quoteDuck(c.name), eq, i)
+	}
+	_, err = w.c.ExecContext(ctx, "DELETE FROM "+qt+" AS t USING (SELECT "+strings.Join(casts, ", ")+" FROM "+stage+") AS v WHERE "+strings.Join(conds, " AND "))
+	return err
+}
+
+// patchRow updates the known columns of one row in place.
+func patchRow(ctx context.Context, w *writer, qt string, e *entry) error {
+	var sets, conds []string
+	var args []any
+	for i, c := range e.cols {
+		if e.known[i] {
+			sets = append(sets, quoteDuck(c.name)+" = CAST(? AS "+c.typ+")")
+			args = append(args, strOrNil(e.vals[i]))
+		}
+	}
+	if len(sets) == 0 {
+		return nil
+	}
+	for i, c := range e.key {
+		conds = append(conds, quoteDuck(c.name)+" IS NOT DISTINCT FROM CAST(? AS "+c.typ+")")
+		args = append(args, strOrNil(e.keyV[i]))
+	}
+	_, err := w.c.ExecContext(ctx, "UPDATE "+qt+" SET "+strings.Join(sets, ", ")+" WHERE "+strings.Join(conds, " AND "), args...)
+	return err
+}
+
+func strOrNil(v *string) any {
+	if v == nil {
+		return nil
+	}
+	return *v
+}

@@ -1,0 +1,257 @@
+package analytics
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
+
+// Run claims mirrors (free, or whose owner's lease ended), renews the
+// leases of those it runs, stops those it lost and carries out disables,
+// every PollInterval until ctx is done; then it stops its mirrors (their
+// files keep the applied LSN: the next owner resumes there).
+func (s *Service) Run(ctx context.Context) error {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return fmt.Errorf("analytics dir: %w", err)
+	}
+	served := make(chan error, 1)
+	if s.ln != nil {
+		go func() { served <- s.serve(ctx) }()
+	} else {
+		served <- nil
+	}
+	err := s.manage(ctx)
+	return errors.Join(err, <-served)
+}
+
+func (s *Service) manage(ctx context.Context) error {
+	down := cluster.Outage{What: "run the analytics mirrors"}
+	defer s.stopAll()
+	for {
+		err := s.pass(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		down.Report(s.Logger, err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(s.Config.PollInterval.D()):
+		}
+	}
+}
+
+type row struct {
+	tenant, state string
+	tables        []string
+	mine, free    bool
+}
+
+func (s *Service) pass(ctx context.Context) error {
+	rows, err := s.Store.Pool().Query(ctx, `SELECT tenant, state, tables, coalesce(owner = $1, false),
+		owner IS NULL OR lease_expires < now() FROM analytics ORDER BY tenant`, s.owner)
+	if err != nil {
+		return fmt.Errorf("read mirrors: %w", err)
+	}
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.tenant, &x.state, &x.tables, &x.mine, &x.free)
+	})
+	if err != nil {
+		return fmt.Errorf("read mirrors: %w", err)
+	}
+	seen := map[string]bool{}
+	var errs []error
+	for _, x := range all {
+		seen[x.tenant] = true
+		if x.state == StateDisabling {
+			if x.mine || x.free {
+				errs = append(errs, s.disable(ctx, x.tenant))
+			}
+			continue
+		}
+		if s.running(x.tenant) {
+			tag, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET lease_expires = now() + $2::interval, owner_addr = $3
+				WHERE tenant = $1 AND owner = $4`, x.tenant, s.Config.Lease.D().String(), s.addr, s.owner)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if tag.RowsAffected() == 0 {
+				s.Logger.Warn("lost the lease of a mirror: stopping it", "tenant", x.tenant)
+				s.stop(x.tenant)
+			}
+			continue
+		}
+		if !x.mine && !x.free {
+			continue
+		}
+		tag, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET owner = $2, owner_addr = $3, lease_expires = now() + $4::interval
+			WHERE tenant = $1 AND state <> 'disabling' AND (owner IS NULL OR owner = $2 OR lease_expires < now())`,
+			x.tenant, s.owner, s.addr, s.Config.Lease.D().String())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if tag.RowsAffected() == 1 {
+			if err := s.start(x.tenant, x.tables); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	for _, id := range s.runningIDs() {
+		if !seen[id] {
+			s.stop(id)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// disable stops the mirror here, drops its slot, publication and file and
+// deletes its row.
+func (s *Service) disable(ctx context.Context, id string) error {
+	s.stop(id)
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err != nil {
+		return err
+	}
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return err
+	}
+	if err := dropServerSide(ctx, cl, t); err != nil {
+		return fmt.Errorf("disable analytics of %s: %w", id, err)
+	}
+	if err := s.removeFile(id); err != nil {
+		return fmt.Errorf("disable analytics of %s: %w", id, err)
+	}
+	_, err = s.Store.Pool().Exec(ctx, `DELETE FROM analytics WHERE tenant = $1 AND state = 'disabling'`, id)
+	if err == nil {
+		s.Logger.Info("analytics disabled", "tenant", id)
+		_ = s.Store.AddEvent(ctx, s.Store.Pool(), id, "analytics", "mirror disabled: slot, publication and file dropped")
+	}
+	return err
+}
+
+func (s *Service) running(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.mirrors[id]
+	return ok
+}
+
+func (s *Service) runningIDs() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.mirrors))
+	for id := range s.mirrors {
+		out = append(out, id)
+	}
+	return out
+}
+
+// start runs a mirror in its own goroutine until stop.
+func (s *Service) start(id string, tables []string) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &mirror{s: s, id: id, tables: tables, cancel: cancel, done: make(chan struct{}), log: s.Logger.With("tenant", id)}
+	s.mu.Lock()
+	s.mirrors[id] = m
+	s.mu.Unlock()
+	go m.loop(ctx)
+	return nil
+}
+
+// stop ends a mirror this daemon runs, waiting until its file is closed.
+func (s *Service) stop(id string) {
+	s.mu.Lock()
+	m, ok := s.mirrors[id]
+	delete(s.mirrors, id)
+	s.mu.Unlock()
+	if ok {
+		m.cancel()
+		<-m.done
+	}
+}
+
+func (s *Service) stopAll() {
+	for _, id := range s.runningIDs() {
+		s.stop(id)
+	}
+}
+
+// report records the mirror's progress in its row (for status and metrics).
+func (s *Service) report(ctx context.Context, id, state, lsn string, rows, lag int64, failure string) {
+	_, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = CASE WHEN state = 'disabling' THEN state ELSE $2 END,
+		applied_lsn = $3, applied_rows = $4, lag_bytes = $5, error = $6, reported_at = now() WHERE tenant = $1 AND owner = $7`,
+		id, state, lsn, rows, lag, failure, s.owner)
+	if err != nil && ctx.Err() == nil {
+		s.Logger.Warn("report mirror progress", "tenant", id, "err", err)
+	}
+}
+
+// tenantOf loads a mirrored tenant and its cluster.
+func (s *Service) tenantOf(ctx context.Context, id string) (catalog.Tenant, *cluster.Cluster, error) {
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err != nil {
+		return t, nil, err
+	}
+	cl, err := s.Clusters.Get(t.Cluster)
+	return t, cl, err
+}
+
+// ErrNotHere: this daemon does not run the tenant's mirror (another owns
+// it, or it is not streaming yet).
+var ErrNotHere = errors.New("the mirror is not served by this daemon")
+
+// WithMirror runs f on the tenant's open DuckDB file, if this daemon runs
+// its mirror and the file is past its initial copy; the mirror is not
+// closed while f runs.
+func (s *Service) WithMirror(id string, f func(*sql.DB) error) error {
+	s.mu.Lock()
+	m, ok := s.mirrors[id]
+	s.mu.Unlock()
+	if !ok {
+		return ErrNotHere
+	}
+	db, release, ok := m.borrow()
+	if !ok {
+		return ErrNotHere
+	}
+	defer release()
+	return f(db)
+}
+
+// Progress is a mirror's position as this daemon runs it.
+type Progress struct {
+	Applied    pglogrepl.LSN // the file's LSN
+	CaughtUp   pglogrepl.LSN // every change of the tenant up to here is in the file
+	LagBytes   int64         // received, not yet applied
+	LagSeconds float64       // age of the oldest commit not yet applied (0: caught up)
+	Rows       int64         // rows copied and changes applied
+}
+
+// Progress reports a mirror this daemon runs (ok false otherwise).
+func (s *Service) Progress(id string) (Progress, bool) {
+	s.mu.Lock()
+	m, ok := s.mirrors[id]
+	s.mu.Unlock()
+	if !ok {
+		return Progress{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	p := Progress{Applied: m.applied, CaughtUp: max(m.applied, m.caughtUp), LagBytes: m.lagBytes, Rows: m.rows}
+	if !m.pending.IsZero() {
+		p.LagSeconds = max(0, time.Since(m.pending).Seconds())
+	}
+	return p, m.db != nil
+}

@@ -1,0 +1,721 @@
+package analytics
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/duckdb/duckdb-go/v2"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// stateSchema holds the mirror's own table in its DuckDB file: the applied
+// LSN, committed with the data it covers. A tenant schema of that name is
+// not mirrored.
+const stateSchema = "_pgtenant_mirror"
+
+// mirror is one tenant's mirror run by this daemon.
+type mirror struct {
+	s      *Service
+	id     string
+	tables []string
+	cancel context.CancelFunc
+	done   chan struct{}
+	log    interface {
+		Info(string, ...any)
+		Warn(string, ...any)
+	}
+
+	mu       sync.Mutex
+	db       *sql.DB // open while the mirror runs; sessions borrow it
+	sessions sync.WaitGroup
+	applied  pglogrepl.LSN // the file's LSN
+	caughtUp pglogrepl.LSN // the mirror holds every change of the tenant up to here (≥ applied)
+	lagBytes int64         // received but not yet applied
+	pending  time.Time     // commit time of the oldest change not yet applied (zero: none)
+	rows     int64
+}
+
+// errRecopy: the slot is gone or invalidated; the mirror is made again.
+var errRecopy = errors.New("the mirror's slot is gone or invalidated: copying again")
+
+// loop runs the mirror until ctx is done, retrying after failures.
+func (m *mirror) loop(ctx context.Context) {
+	defer close(m.done)
+	backoff := 500 * time.Millisecond
+	for {
+		err := m.run(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errRecopy) {
+			m.log.Warn("analytics mirror copied again", "err", err)
+			_ = m.s.Store.AddEvent(ctx, m.s.Store.Pool(), m.id, "analytics", err.Error())
+			continue
+		}
+		m.log.Warn("analytics mirror failed; retrying", "err", err, "backoff", backoff)
+		m.s.report(ctx, m.id, StateCopying, m.applied.String(), m.rows, 0, err.Error())
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// open opens the tenant's DuckDB file with its limits: no external access
+// (files, ATTACH, extensions), no extension autoload, the configuration
+// locked so that a session cannot lift them.
+func (m *mirror) open() (*sql.DB, error) {
+	c := m.s.Config
+	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&lock_configuration=true",
+		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20)
+	conn, err := duckdb.NewConnector(dsn, nil)
+	if err != nil {
+		return nil, fmt.Errorf("open mirror file: %w", err)
+	}
+	db := sql.OpenDB(conn)
+	if _, err := db.Exec(`CREATE SCHEMA IF NOT EXISTS ` + stateSchema + `;
+		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ)`); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("mirror state table: %w", err)
+	}
+	return db, nil
+}
+
+// setDB publishes the open file to sessions (nil: closing; waits for them).
+func (m *mirror) setDB(db *sql.DB) {
+	m.mu.Lock()
+	m.db = db
+	m.mu.Unlock()
+}
+
+// borrow returns the open file for a session, which calls release when done.
+func (m *mirror) borrow() (*sql.DB, func(), bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.db == nil {
+		return nil, nil, false
+	}
+	m.sessions.Add(1)
+	return m.db, m.sessions.Done, true
+}
+
+func (m *mirror) closeDB(db *sql.DB) {
+	m.setDB(nil)
+	m.sessions.Wait() // sessions end with the mirror's context (Serve cancels them)
+	db.Close()
+}
+
+func readState(ctx context.Context, db *sql.DB) (lsn pglogrepl.LSN, copied bool, rows int64, err error) {
+	var l uint64
+	err = db.QueryRowContext(ctx, `SELECT lsn, copied, applied_rows FROM `+stateSchema+`.state`).Scan(&l, &copied, &rows)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, 0, nil
+	}
+	return pglogrepl.LSN(l), copied, rows, err
+}
+
+// run makes (or resumes) the mirror and streams until an error or ctx.
+func (m *mirror) run(ctx context.Context) error {
+	t, cl, err := m.s.tenantOf(ctx, m.id)
+	if err != nil {
+		return err
+	}
+	db, err := m.open()
+	if err != nil {
+		return err
+	}
+	lsn, copied, rows, err := readState(ctx, db)
+	if err != nil {
+		db.Close()
+		return fmt.Errorf("read mirror state: %w", err)
+	}
+	if copied {
+		lost, err := slotLost(ctx, cl, SlotName(m.id))
+		if err != nil {
+			db.Close()
+			return err
+		}
+		if lost {
+			db.Close()
+			if err := dropServerSide(ctx, cl, t); err != nil {
+				return err
+			}
+			if err := m.s.removeFile(m.id); err != nil {
+				return err
+			}
+			return errRecopy
+		}
+	} else {
+		// A copy that did not finish: start from nothing.
+		db.Close()
+		if err := DropSlot(ctx, cl, SlotName(m.id)); err != nil {
+			return err
+		}
+		if err := m.s.removeFile(m.id); err != nil {
+			return err
+		}
+		if db, err = m.open(); err != nil {
+			return err
+		}
+	}
+	defer m.closeDB(db)
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	w := &writer{c: conn, staged: map[int]bool{}, cols: map[string]map[string]bool{}}
+
+	repl, err := cl.ConnectReplication(ctx, t.Database)
+	if err != nil {
+		return err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	if !copied {
+		if err := m.publication(ctx, cl, t); err != nil {
+			return err
+		}
+		m.s.report(ctx, m.id, StateCopying, "", 0, 0, "")
+		res, err := pglogrepl.CreateReplicationSlot(ctx, repl, SlotName(m.id), "pgoutput",
+			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
+		if err != nil {
+			return fmt.Errorf("create slot: %w", cluster.Classify(err))
+		}
+		if lsn, err = pglogrepl.ParseLSN(res.ConsistentPoint); err != nil {
+			return err
+		}
+		if rows, err = m.copyAll(ctx, w, cl, t, res.SnapshotName, lsn); err != nil {
+			return fmt.Errorf("initial copy: %w", err)
+		}
+		m.log.Info("analytics mirror copied", "rows", rows, "lsn", lsn)
+	}
+	m.mu.Lock()
+	m.applied, m.rows = lsn, rows
+	m.mu.Unlock()
+	m.setDB(db)
+	m.s.report(ctx, m.id, StateStreaming, lsn.String(), rows, 0, "")
+	return m.stream(ctx, w, repl, t, lsn)
+}
+
+// slotLost reports whether the mirror's slot is missing or invalidated
+// (max_slot_wal_keep_size removed WAL it needed).
+func slotLost(ctx context.Context, cl *cluster.Cluster, slot string) (bool, error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return false, err
+	}
+	var status string
+	err = admin.QueryRow(ctx, `SELECT coalesce(wal_status, '') FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, slot).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read slot %s: %w", slot, cluster.Classify(err))
+	}
+	return status == "lost", nil
+}
+
+// publication makes the tenant's publication: database mode every table
+// of its database (or the tables asked for), schema mode its schema.
+func (m *mirror) publication(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) error {
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	name := SlotName(t.ID)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname = $1`, name).Scan(&n); err != nil {
+		return cluster.Classify(err)
+	}
+	if n > 0 {
+		return nil
+	}
+	var what string
+	switch {
+	case len(m.tables) > 0:
+		var names []string
+		for _, tb := range m.tables {
+			parts := strings.SplitN(tb, ".", 2)
+			if t.Mode == "schema" {
+				parts = []string{tenant.PhysicalName(t.ID), tb}
+			}
+			names = append(names, pgx.Identifier(parts).Sanitize())
+		}
+		what = "FOR TABLE " + strings.Join(names, ", ")
+	case t.Mode == "schema":
+		what = "FOR TABLES IN SCHEMA " + cluster.Ident(tenant.PhysicalName(t.ID))
+	default:
+		what = "FOR ALL TABLES"
+	}
+	if _, err := conn.Exec(ctx, "CREATE PUBLICATION "+cluster.Ident(name)+" "+what); err != nil {
+		return fmt.Errorf("create publication %s: %w", name, cluster.Classify(err))
+	}
+	return nil
+}
+
+// duckSchema is the DuckDB schema of a PostgreSQL one: the tenant's own
+// (its schema in schema mode, public in database mode) is DuckDB's main,
+// so that the tenant's queries name tables as they do on PostgreSQL.
+func duckSchema(t catalog.Tenant, schema string) (string, bool) {
+	switch {
+	case schema == stateSchema:
+		return "", false
+	case t.Mode == "schema" && schema == tenant.PhysicalName(t.ID), t.Mode != "schema" && schema == "public":
+		return "main", true
+	}
+	return schema, true
+}
+
+type column struct {
+	name string
+	typ  string // DuckDB type
+	key  bool
+}
+
+// ensureTable creates the table, or adds the columns it lacks.
+func ensureTable(ctx context.Context, w *writer, schema, table string, cols []column) error {
+	qt := quoteDuck(schema) + "." + quoteDuck(table)
+	known := w.seen[qt]
+	if known == nil {
+		known = w.cols[qt]
+	}
+	if known != nil {
+		missing := false
+		for _, c := range cols {
+			missing = missing || !known[c.name]
+		}
+		if !missing {
+			return nil
+		}
+	}
+	if schema != "main" {
+		if _, err := w.c.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteDuck(schema)); err != nil {
+			return err
+		}
+	}
+	rows, err := w.c.QueryContext(ctx, `SELECT column_name FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? AND database_name = current_database()`, schema, table)
+	if err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			rows.Close()
+			return err
+		}
+		have[c] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(have) == 0 {
+		var defs []string
+		for _, c := range cols {
+			defs = append(defs, quoteDuck(c.name)+" "+c.typ)
+		}
+		if _, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qt+" ("+strings.Join(defs, ", ")+")"); err != nil {
+			return err
+		}
+	} else {
+		for _, c := range cols {
+			if !have[c.name] {
+				if _, err := w.c.ExecContext(ctx, "ALTER TABLE "+qt+" ADD COLUMN "+quoteDuck(c.name)+" "+c.typ); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for _, c := range cols {
+		have[c.name] = true
+	}
+	if w.seen != nil {
+		w.seen[qt] = have // the writer's cache, once this transaction commits
+	}
+	return nil
+}
+
+// insertRows inserts rows (text values, nil = NULL) into a DuckDB table:
+// appended to a staging table of text columns, then one INSERT … SELECT
+// that CASTs each to its column's type.
+func insertRows(ctx context.Context, w *writer, qt string, cols []column, rows [][]*string) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	stage, err := w.stage(ctx, len(cols), rows)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(cols))
+	casts := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = quoteDuck(c.name)
+		casts[i] = fmt.Sprintf("CAST(c%d AS %s)", i, c.typ)
+	}
+	_, err = w.c.ExecContext(ctx, "INSERT INTO "+qt+" ("+strings.Join(names, ", ")+") SELECT "+strings.Join(casts, ", ")+" FROM "+stage)
+	return err
+}
+
+// writer is a mirror's one writing connection: its transactions (explicit,
+// so that the appender's rows belong to them) and its staging tables.
+type writer struct {
+	c      *sql.Conn
+	staged map[int]bool               // staging tables made, by width
+	cols   map[string]map[string]bool // tables' columns as of the last commit
+	seen   map[string]map[string]bool // … and as this transaction left them
+}
+
+func (w *writer) begin(ctx context.Context) error {
+	w.seen = map[string]map[string]bool{}
+	_, err := w.c.ExecContext(ctx, "BEGIN TRANSACTION")
+	return err
+}
+
+func (w *writer) commit(ctx context.Context) error {
+	_, err := w.c.ExecContext(ctx, "COMMIT")
+	if err == nil {
+		for qt, cols := range w.seen {
+			w.cols[qt] = cols
+		}
+	}
+	return err
+}
+
+// rollback ends a transaction that did not commit (after a commit there
+// is none, and DuckDB's error says so).
+func (w *writer) rollback() { _, _ = w.c.ExecContext(context.Background(), "ROLLBACK") }
+
+// stage empties the staging table of width text columns (c0, c1, …) and
+// appends rows to it, in the writer's transaction.
+func (w *writer) stage(ctx context.Context, width int, rows [][]*string) (string, error) {
+	name := fmt.Sprintf("stage_%d", width)
+	qualified := stateSchema + "." + name
+	if !w.staged[width] {
+		defs := make([]string, width)
+		for i := range defs {
+			defs[i] = fmt.Sprintf("c%d VARCHAR", i)
+		}
+		if _, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qualified+" ("+strings.Join(defs, ", ")+")"); err != nil {
+			return "", err
+		}
+		w.staged[width] = true
+	}
+	if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qualified); err != nil {
+		return "", err
+	}
+	err := w.c.Raw(func(dc any) error {
+		a, err := duckdb.NewAppender(dc.(driver.Conn), "", stateSchema, name)
+		if err != nil {
+			return err
+		}
+		vals := make([]driver.Value, width)
+		for _, r := range rows {
+			for j := range vals {
+				vals[j] = nil
+				if j < len(r) && r[j] != nil {
+					vals[j] = *r[j]
+				}
+			}
+			if err := a.AppendRow(vals...); err != nil {
+				a.Close()
+				return err
+			}
+		}
+		return a.Close()
+	})
+	return qualified, err
+}
+
+// copyAll copies the publication's tables as of the slot's snapshot into
+// the file, one DuckDB transaction per table, and last records the slot's
+// consistent point as applied: a crash before that starts again.
+func (m *mirror) copyAll(ctx context.Context, w *writer, cl *cluster.Cluster, t catalog.Tenant, snapshot string, lsn pglogrepl.LSN) (int64, error) {
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return 0, cluster.Classify(err)
+	}
+	if _, err := conn.Exec(ctx, "SET TRANSACTION SNAPSHOT "+cluster.Literal(snapshot)); err != nil {
+		return 0, fmt.Errorf("import the slot's snapshot: %w", cluster.Classify(err))
+	}
+	type rel struct{ schema, name string }
+	relRows, err := conn.Query(ctx, `SELECT schemaname::text, tablename::text FROM pg_catalog.pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2`, SlotName(t.ID))
+	if err != nil {
+		return 0, fmt.Errorf("list the publication's tables: %w", cluster.Classify(err))
+	}
+	rels, err := pgx.CollectRows(relRows,
+		func(r pgx.CollectableRow) (rel, error) {
+			var x rel
+			return x, r.Scan(&x.schema, &x.name)
+		})
+	if err != nil {
+		return 0, fmt.Errorf("list the publication's tables: %w", cluster.Classify(err))
+	}
+	var total int64
+	for _, r := range rels {
+		schema, ok := duckSchema(t, r.schema)
+		if !ok {
+			continue
+		}
+		colRows, err := conn.Query(ctx, `SELECT a.attname::text, a.atttypid::int8, a.atttypmod FROM pg_catalog.pg_attribute a
+			JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, r.schema, r.name)
+		if err != nil {
+			return 0, fmt.Errorf("columns of %s.%s: %w", r.schema, r.name, cluster.Classify(err))
+		}
+		cols, err := pgx.CollectRows(colRows,
+			func(row pgx.CollectableRow) (column, error) {
+				var c column
+				var oid int64
+				var mod int32
+				err := row.Scan(&c.name, &oid, &mod)
+				c.typ = duckType(uint32(oid), mod)
+				return c, err
+			})
+		if err != nil {
+			return 0, fmt.Errorf("columns of %s.%s: %w", r.schema, r.name, cluster.Classify(err))
+		}
+		n, err := copyTable(ctx, w, conn, schema, r.schema, r.name, cols)
+		if err != nil {
+			return 0, fmt.Errorf("copy %s.%s: %w", r.schema, r.name, err)
+		}
+		total += n
+	}
+	if _, err := conn.Exec(ctx, "COMMIT"); err != nil {
+		return 0, cluster.Classify(err)
+	}
+	if err := w.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer w.rollback()
+	if _, err := w.c.ExecContext(ctx, `DELETE FROM `+stateSchema+`.state`); err != nil {
+		return 0, err
+	}
+	if _, err := w.c.ExecContext(ctx, `INSERT INTO `+stateSchema+`.state VALUES (?, true, ?, now())`, uint64(lsn), total); err != nil {
+		return 0, err
+	}
+	return total, w.commit(ctx)
+}
+
+// copyTable streams one table out with COPY … TO STDOUT (type output
+// functions only: no cast a tenant could have defined runs) into DuckDB.
+func copyTable(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, table string, cols []column) (int64, error) {
+	if err := w.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer w.rollback()
+	if err := ensureTable(ctx, w, duckSch, table, cols); err != nil {
+		return 0, err
+	}
+	if len(cols) == 0 {
+		return 0, w.commit(ctx)
+	}
+	names := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = cluster.Ident(c.name)
+	}
+	pr, pw := io.Pipe()
+	copyErr := make(chan error, 1)
+	go func() {
+		_, err := conn.PgConn().CopyTo(ctx, pw, "COPY "+pgx.Identifier{schema, table}.Sanitize()+" ("+strings.Join(names, ", ")+") TO STDOUT")
+		pw.CloseWithError(err)
+		copyErr <- err
+	}()
+	qt := quoteDuck(duckSch) + "." + quoteDuck(table)
+	br := bufio.NewReaderSize(pr, 1<<16)
+	var batch [][]*string
+	var n int64
+	for {
+		row, err := readCopyRow(br)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			pr.CloseWithError(err)
+			<-copyErr
+			return 0, err
+		}
+		batch = append(batch, row)
+		if len(batch) >= 50000 {
+			if err := insertRows(ctx, w, qt, cols, batch); err != nil {
+				pr.CloseWithError(err)
+				<-copyErr
+				return 0, err
+			}
+			n += int64(len(batch))
+			batch = batch[:0]
+		}
+	}
+	if err := <-copyErr; err != nil {
+		return 0, cluster.Classify(err)
+	}
+	if err := insertRows(ctx, w, qt, cols, batch); err != nil {
+		return 0, err
+	}
+	n += int64(len(batch))
+	return n, w.commit(ctx)
+}
+
+// keepalive is how often the stream reports its position to the primary.
+const keepalive = 5 * time.Second
+
+// stream applies the slot's changes from lsn on, a batch of whole
+// transactions per DuckDB transaction (with the batch's end LSN), and
+// confirms to the primary only what is committed in the file.
+func (m *mirror) stream(ctx context.Context, w *writer, repl *pgconn.PgConn, t catalog.Tenant, lsn pglogrepl.LSN) error {
+	slot := SlotName(t.ID)
+	err := pglogrepl.StartReplication(ctx, repl, slot, lsn, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names " + cluster.Literal(slot)}})
+	if err != nil {
+		return fmt.Errorf("start replication: %w", cluster.Classify(err))
+	}
+	rels := map[uint32]*relation{}
+	b := newBatch(t, rels)
+	applied := lsn
+	// confirmed is what the primary may forget: applied, or, while
+	// nothing is pending, the position its keepalives say it has decoded
+	// up to (so that an idle tenant's slot does not hold back the WAL of
+	// the whole cluster).
+	confirmed := lsn
+	var received pglogrepl.LSN // the last change received
+	var firstPending time.Time
+	nextStatus := time.Now().Add(keepalive)
+	publish := func() {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		m.applied = applied
+		m.caughtUp = max(m.caughtUp, confirmed)
+		m.lagBytes, m.pending = 0, time.Time{}
+		if b.txns > 0 || b.inTxn {
+			m.lagBytes = int64(max(received, applied) - applied)
+			m.pending = b.firstCommit
+		}
+	}
+	flush := func() error {
+		if b.txns == 0 {
+			return nil
+		}
+		n, err := b.apply(ctx, w)
+		if err != nil {
+			return fmt.Errorf("apply changes up to %s: %w", b.end, err)
+		}
+		applied = b.end
+		confirmed = max(confirmed, applied)
+		m.mu.Lock()
+		m.rows += n
+		m.mu.Unlock()
+		b = newBatch(t, rels)
+		firstPending = time.Time{}
+		publish()
+		return nil
+	}
+	status := func() error {
+		nextStatus = time.Now().Add(keepalive)
+		err := pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: confirmed, WALFlushPosition: confirmed, WALApplyPosition: confirmed})
+		m.mu.Lock()
+		lag := m.lagBytes
+		m.mu.Unlock()
+		m.s.report(ctx, m.id, StateStreaming, applied.String(), m.rowsNow(), lag, "")
+		return err
+	}
+	for {
+		// A batch ends only between transactions: the file never holds
+		// part of one.
+		if b.txns > 0 && !b.inTxn && (b.rows >= m.s.Config.BatchRows || time.Since(firstPending) >= m.s.Config.FlushInterval.D()) {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := status(); err != nil {
+				return err
+			}
+		}
+		if time.Now().After(nextStatus) {
+			if err := status(); err != nil {
+				return err
+			}
+		}
+		wait := time.Until(nextStatus)
+		if b.txns > 0 && !b.inTxn {
+			wait = min(wait, time.Until(firstPending.Add(m.s.Config.FlushInterval.D())))
+		}
+		rctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
+		msg, err := repl.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("receive: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyData:
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return err
+				}
+				if b.txns == 0 && !b.inTxn {
+					confirmed = max(confirmed, k.ServerWALEnd)
+				}
+				publish()
+				if k.ReplyRequested {
+					if err := status(); err != nil {
+						return err
+					}
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return err
+				}
+				received = max(received, x.WALStart)
+				lm, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("decode pgoutput: %w", err)
+				}
+				committed, err := b.add(lm, applied)
+				if err != nil {
+					return err
+				}
+				if committed && firstPending.IsZero() && b.txns > 0 {
+					firstPending = time.Now()
+					publish()
+				}
+			}
+		}
+	}
+}
+
+func (m *mirror) rowsNow() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.rows
+}

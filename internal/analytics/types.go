@@ -1,0 +1,132 @@
+package analytics
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// duckType is the DuckDB column type of a PostgreSQL type (by OID and
+// typmod). Values travel as PostgreSQL's text output and are CAST to it in
+// DuckDB; a type without a faithful DuckDB twin is kept as its text.
+func duckType(oid uint32, typmod int32) string {
+	switch oid {
+	case 16:
+		return "BOOLEAN"
+	case 20:
+		return "BIGINT"
+	case 21:
+		return "SMALLINT"
+	case 23:
+		return "INTEGER"
+	case 26:
+		return "UBIGINT" // oid
+	case 700:
+		return "REAL"
+	case 701:
+		return "DOUBLE"
+	case 1700: // numeric: DECIMAL when its precision fits, DOUBLE otherwise (NaN, unbounded)
+		if typmod >= 4 {
+			p, sc := ((typmod-4)>>16)&0xffff, (typmod-4)&0xffff
+			if p >= 1 && p <= 38 && sc <= p {
+				return fmt.Sprintf("DECIMAL(%d,%d)", p, sc)
+			}
+		}
+		return "DOUBLE"
+	case 1082:
+		return "DATE"
+	case 1083:
+		return "TIME"
+	case 1114:
+		return "TIMESTAMP"
+	case 1184:
+		return "TIMESTAMPTZ"
+	case 2950:
+		return "UUID"
+	}
+	return "VARCHAR" // text, varchar, bpchar, name, json, jsonb, bytea (hex), arrays, intervals, enums …
+}
+
+// readCopyRow reads one row of COPY's text format: tab-separated fields,
+// \N for NULL, backslash escapes. io.EOF at the end.
+func readCopyRow(r *bufio.Reader) ([]*string, error) {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		if err == io.EOF && line != "" {
+			return nil, io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	line = strings.TrimSuffix(line, "\n")
+	fields := strings.Split(line, "\t")
+	out := make([]*string, len(fields))
+	for i, f := range fields {
+		if f == `\N` {
+			continue
+		}
+		v := unescapeCopy(f)
+		out[i] = &v
+	}
+	return out, nil
+}
+
+func unescapeCopy(f string) string {
+	if !strings.Contains(f, `\`) {
+		return f
+	}
+	var b strings.Builder
+	for i := 0; i < len(f); i++ {
+		c := f[i]
+		if c != '\\' || i+1 == len(f) {
+			b.WriteByte(c)
+			continue
+		}
+		i++
+		switch n := f[i]; n {
+		case 'b':
+			b.WriteByte('\b')
+		case 'f':
+			b.WriteByte('\f')
+		case 'n':
+			b.WriteByte('\n')
+		case 'r':
+			b.WriteByte('\r')
+		case 't':
+			b.WriteByte('\t')
+		case 'v':
+			b.WriteByte('\v')
+		case 'x':
+			j := i + 1
+			for j < len(f) && j < i+3 && isHex(f[j]) {
+				j++
+			}
+			v, _ := strconv.ParseUint(f[i+1:j], 16, 8)
+			b.WriteByte(byte(v))
+			i = j - 1
+		default:
+			if n >= '0' && n <= '7' {
+				j := i
+				for j < len(f) && j < i+3 && f[j] >= '0' && f[j] <= '7' {
+					j++
+				}
+				v, _ := strconv.ParseUint(f[i:j], 8, 8)
+				b.WriteByte(byte(v))
+				i = j - 1
+			} else {
+				b.WriteByte(n)
+			}
+		}
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool {
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F')
+}
+
+// quoteDuck quotes a DuckDB identifier.
+func quoteDuck(name string) string {
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}

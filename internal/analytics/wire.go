@@ -1,0 +1,675 @@
+package analytics
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/duckdb/duckdb-go/v2"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// Listen binds the analytics port (Config.Listen); Run serves it. The
+// tenants' analytics DSNs name this address.
+func (s *Service) Listen(addr string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("analytics.listen: listen on %s: %w", addr, err)
+	}
+	s.ln, s.addr = ln, ln.Addr().String()
+	return ln, nil
+}
+
+// Addr is the analytics port's address, "" without one.
+func (s *Service) Addr() string { return s.addr }
+
+// serve accepts tenants' sessions until ctx is done.
+func (s *Service) serve(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		s.ln.Close()
+	}()
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return fmt.Errorf("analytics port: %w", err)
+		}
+		go s.session(ctx, c)
+	}
+}
+
+// pgError is an error a session sends to its client.
+type pgError struct{ code, msg string }
+
+func (e *pgError) Error() string { return e.msg }
+
+func sendError(be *pgproto3.Backend, severity string, err error) {
+	var pe *pgError
+	code := "XX000"
+	if errors.As(err, &pe) {
+		code = pe.code
+	}
+	be.Send(&pgproto3.ErrorResponse{Severity: severity, SeverityUnlocalized: severity, Code: code, Message: err.Error()})
+}
+
+// session is one client of the analytics port: the tenant's own login
+// (SCRAM-SHA-256 against its role's verifier), then its queries, on its
+// own mirror only, read-only.
+func (s *Service) session(ctx context.Context, c net.Conn) {
+	defer c.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		<-ctx.Done()
+		c.Close()
+	}()
+	be := pgproto3.NewBackend(c, c)
+	be.SetMaxBodyLen(1 << 20)
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // the login
+	id, err := s.login(ctx, be, c)
+	if err != nil {
+		sendError(be, "FATAL", err)
+		_ = be.Flush()
+		return
+	}
+	_ = c.SetDeadline(time.Time{})
+	ss := &sqlSession{s: s, id: id, be: be, stmts: map[string]string{}, oids: map[string][]uint32{}, portals: map[string]portal{}}
+	ss.run(ctx)
+}
+
+var errLogin = &pgError{"28P01", "password authentication failed"}
+
+// login reads the startup message and authenticates the tenant.
+func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (string, error) {
+	var startup *pgproto3.StartupMessage
+	for startup == nil {
+		msg, err := be.ReceiveStartupMessage()
+		if err != nil {
+			return "", err
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
+			if _, err := c.Write([]byte("N")); err != nil { // no TLS on the analytics port
+				return "", err
+			}
+		case *pgproto3.StartupMessage:
+			startup = msg
+		default:
+			return "", &pgError{"08P01", "unsupported startup message"}
+		}
+	}
+	user, database := startup.Parameters["user"], startup.Parameters["database"]
+	id, ok := strings.CutPrefix(user, tenant.Prefix)
+	v := decoyVerifier()
+	known := ok && tenant.ValidID(id) && (database == "" || database == user)
+	var t catalog.Tenant
+	if known {
+		var err error
+		if t, err = s.Store.GetTenant(ctx, nil, id); err != nil || t.State != catalog.StateActive {
+			known = false
+		}
+	}
+	if known {
+		got, err := s.verifier(ctx, t)
+		if err != nil {
+			s.Logger.Warn("analytics login: read the tenant's verifier", "tenant", id, "err", err)
+			known = false
+		} else {
+			v = got
+		}
+	}
+	be.Send(&pgproto3.AuthenticationSASL{AuthMechanisms: []string{"SCRAM-SHA-256"}})
+	if err := be.Flush(); err != nil {
+		return "", err
+	}
+	if err := be.SetAuthType(pgproto3.AuthTypeSASL); err != nil {
+		return "", err
+	}
+	msg, err := be.Receive()
+	if err != nil {
+		return "", err
+	}
+	initial, ok := msg.(*pgproto3.SASLInitialResponse)
+	if !ok || initial.AuthMechanism != "SCRAM-SHA-256" {
+		return "", &pgError{"28000", "SCRAM-SHA-256 authentication is required"}
+	}
+	sc := &scramServer{v: v}
+	first, err := sc.first(string(initial.Data))
+	if err != nil {
+		return "", &pgError{"08P01", err.Error()}
+	}
+	be.Send(&pgproto3.AuthenticationSASLContinue{Data: []byte(first)})
+	if err := be.Flush(); err != nil {
+		return "", err
+	}
+	if err := be.SetAuthType(pgproto3.AuthTypeSASLContinue); err != nil {
+		return "", err
+	}
+	if msg, err = be.Receive(); err != nil {
+		return "", err
+	}
+	resp, ok := msg.(*pgproto3.SASLResponse)
+	if !ok {
+		return "", &pgError{"08P01", "expected a SASL response"}
+	}
+	final, err := sc.final(string(resp.Data))
+	if err != nil || !known {
+		return "", errLogin
+	}
+	be.Send(&pgproto3.AuthenticationSASLFinal{Data: []byte(final)})
+	be.Send(&pgproto3.AuthenticationOk{})
+	for k, v := range map[string]string{"server_version": "15.0 (pgtenant analytics, DuckDB)", "client_encoding": "UTF8", "server_encoding": "UTF8",
+		"DateStyle": "ISO, MDY", "TimeZone": "UTC", "integer_datetimes": "on", "standard_conforming_strings": "on", "default_transaction_read_only": "on"} {
+		be.Send(&pgproto3.ParameterStatus{Name: k, Value: v})
+	}
+	be.Send(&pgproto3.BackendKeyData{ProcessID: 0, SecretKey: []byte{0, 0, 0, 0}})
+	be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+	return id, be.Flush()
+}
+
+// verifier reads the tenant role's SCRAM verifier from pg_authid on its
+// cluster: the same password logs in to the heap and to the mirror, and a
+// rotation reaches both.
+func (s *Service) verifier(ctx context.Context, t catalog.Tenant) (verifier, error) {
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return verifier{}, err
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return verifier{}, err
+	}
+	var pw string
+	var canLogin bool
+	err = admin.QueryRow(ctx, `SELECT coalesce(rolpassword, ''), rolcanlogin AND (rolvaliduntil IS NULL OR rolvaliduntil > now())
+		FROM pg_catalog.pg_authid WHERE rolname = $1`, tenant.PhysicalName(t.ID)).Scan(&pw, &canLogin)
+	if err != nil {
+		return verifier{}, cluster.Classify(err)
+	}
+	if !canLogin {
+		return verifier{}, errors.New("the role cannot log in")
+	}
+	return parseVerifier(pw)
+}
+
+type portal struct {
+	query   string
+	params  []any
+	formats []int16
+}
+
+// sqlSession runs one logged-in tenant's queries.
+type sqlSession struct {
+	s       *Service
+	id      string
+	be      *pgproto3.Backend
+	stmts   map[string]string
+	oids    map[string][]uint32 // statements' parameter types, as described
+	portals map[string]portal
+	failed  bool // an error in an extended-protocol batch: skip to Sync
+}
+
+func (ss *sqlSession) run(ctx context.Context) {
+	for {
+		msg, err := ss.be.Receive()
+		if err != nil {
+			return
+		}
+		if ss.failed {
+			if _, ok := msg.(*pgproto3.Sync); !ok {
+				continue
+			}
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.Terminate:
+			return
+		case *pgproto3.Query:
+			if strings.TrimSpace(strings.Trim(msg.String, "; \n\t")) == "" {
+				ss.be.Send(&pgproto3.EmptyQueryResponse{})
+			} else if err := ss.query(ctx, msg.String, nil, nil, true); err != nil {
+				sendError(ss.be, "ERROR", err)
+			}
+			ss.be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		case *pgproto3.Parse:
+			ss.stmts[msg.Name] = msg.Query
+			ss.be.Send(&pgproto3.ParseComplete{})
+		case *pgproto3.Bind:
+			q, ok := ss.stmts[msg.PreparedStatement]
+			params, err := decodeParams(msg, ss.oids[msg.PreparedStatement])
+			if err != nil {
+				ss.fail(err)
+				continue
+			}
+			if !ok {
+				if !ss.failed {
+					ss.fail(&pgError{"26000", "unknown prepared statement"})
+				}
+				continue
+			}
+			ss.portals[msg.DestinationPortal] = portal{query: q, params: params, formats: msg.ResultFormatCodes}
+			ss.be.Send(&pgproto3.BindComplete{})
+		case *pgproto3.Describe:
+			q, ok := ss.stmts[msg.Name]
+			var formats []int16
+			if msg.ObjectType == 'P' {
+				p, okp := ss.portals[msg.Name]
+				q, ok, formats = p.query, okp, p.formats
+			}
+			if !ok {
+				ss.fail(&pgError{"26000", "unknown statement or portal"})
+				continue
+			}
+			if err := ss.describe(ctx, msg.Name, q, msg.ObjectType == 'S', formats); err != nil {
+				ss.fail(err)
+			}
+		case *pgproto3.Execute:
+			p, ok := ss.portals[msg.Portal]
+			if !ok {
+				ss.fail(&pgError{"34000", "unknown portal"})
+				continue
+			}
+			if err := ss.query(ctx, p.query, p.params, p.formats, false); err != nil {
+				ss.fail(err)
+			}
+		case *pgproto3.Close:
+			if msg.ObjectType == 'S' {
+				delete(ss.stmts, msg.Name)
+			} else {
+				delete(ss.portals, msg.Name)
+			}
+			ss.be.Send(&pgproto3.CloseComplete{})
+		case *pgproto3.Sync:
+			ss.failed = false
+			ss.be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+		case *pgproto3.Flush:
+		default:
+			ss.fail(&pgError{"0A000", fmt.Sprintf("message %T is not supported", msg)})
+		}
+		if err := ss.be.Flush(); err != nil {
+			return
+		}
+	}
+}
+
+func (ss *sqlSession) fail(err error) {
+	sendError(ss.be, "ERROR", err)
+	ss.failed = true
+}
+
+func format(codes []int16, i int) int16 {
+	switch len(codes) {
+	case 0:
+		return 0
+	case 1:
+		return codes[0]
+	}
+	if i < len(codes) {
+		return codes[i]
+	}
+	return 0
+}
+
+var waitRE = regexp.MustCompile(`(?is)^\s*wait\s+for\s+lsn\s+'([0-9a-f]+/[0-9a-f]+)'\s*;?\s*$`)
+
+// errReadOnly answers anything but a query.
+var errReadOnly = &pgError{"25006", "the analytics mirror is read-only: only SELECT and EXPLAIN run here"}
+
+// withStmt prepares q (one statement) on the tenant's mirror and runs f
+// with it, within the statement timeout.
+func (ss *sqlSession) withStmt(ctx context.Context, q string, f func(ctx context.Context, st *duckdb.Stmt) error) error {
+	ctx, cancel := context.WithTimeout(ctx, ss.s.Config.StatementTimeout.D())
+	defer cancel()
+	err := ss.s.WithMirror(ss.id, func(db *sql.DB) error {
+		conn, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		return conn.Raw(func(dc any) error {
+			ds, err := dc.(*duckdb.Conn).PrepareContext(ctx, q)
+			if err != nil {
+				return &pgError{"42601", err.Error()}
+			}
+			defer ds.Close()
+			st := ds.(*duckdb.Stmt)
+			typ, err := st.StatementType()
+			if err != nil {
+				return err
+			}
+			if typ != duckdb.STATEMENT_TYPE_SELECT && typ != duckdb.STATEMENT_TYPE_EXPLAIN {
+				return errReadOnly
+			}
+			return f(ctx, st)
+		})
+	})
+	switch {
+	case errors.Is(err, ErrNotHere):
+		return &pgError{"57P03", "the analytics mirror of this tenant is not ready on this server (not enabled, still copying, or served by another daemon: see `pgtenant analytics status`)"}
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return &pgError{"57014", fmt.Sprintf("canceling statement due to statement timeout (%s)", ss.s.Config.StatementTimeout.D())}
+	}
+	return err
+}
+
+// describe sends a statement's (or portal's) row description.
+func (ss *sqlSession) describe(ctx context.Context, name, q string, stmt bool, formats []int16) error {
+	if waitRE.MatchString(q) {
+		if stmt {
+			ss.be.Send(&pgproto3.ParameterDescription{})
+		}
+		ss.be.Send(&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("applied_lsn"), DataTypeOID: pgtype.TextOID, DataTypeSize: -1, TypeModifier: -1}}})
+		return nil
+	}
+	return ss.withStmt(ctx, q, func(ctx context.Context, st *duckdb.Stmt) error {
+		if stmt {
+			params := make([]uint32, st.NumInput())
+			for i := range params {
+				t, _ := st.ParamType(i + 1)
+				params[i] = oidOfType(t)
+			}
+			ss.oids[name] = params
+			ss.be.Send(&pgproto3.ParameterDescription{ParameterOIDs: params})
+		}
+		n, err := st.ColumnCount()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			ss.be.Send(&pgproto3.NoData{})
+			return nil
+		}
+		fields := make([]pgproto3.FieldDescription, n)
+		for i := range fields {
+			name, _ := st.ColumnName(i)
+			t, _ := st.ColumnType(i)
+			fields[i] = pgproto3.FieldDescription{Name: []byte(name), DataTypeOID: oidOfType(t), DataTypeSize: -1, TypeModifier: -1, Format: format(formats, i)}
+		}
+		ss.be.Send(&pgproto3.RowDescription{Fields: fields})
+		return nil
+	})
+}
+
+// query runs one statement and streams its rows; simple sends the row
+// description first (the simple protocol), the extended one has sent it
+// with Describe.
+func (ss *sqlSession) query(ctx context.Context, q string, params []any, formats []int16, simple bool) error {
+	if m := waitRE.FindStringSubmatch(q); m != nil {
+		return ss.waitLSN(ctx, m[1], simple)
+	}
+	return ss.withStmt(ctx, q, func(ctx context.Context, st *duckdb.Stmt) error {
+		args := make([]driver.NamedValue, len(params))
+		for i, p := range params {
+			args[i] = driver.NamedValue{Ordinal: i + 1, Value: p}
+		}
+		rows, err := st.QueryContext(ctx, args)
+		if err != nil {
+			return &pgError{"42000", err.Error()}
+		}
+		defer rows.Close()
+		cols := rows.Columns()
+		oids := make([]uint32, len(cols))
+		typed, _ := rows.(driver.RowsColumnTypeDatabaseTypeName)
+		for i := range cols {
+			oids[i] = pgtype.TextOID
+			if typed != nil {
+				oids[i] = oidOf(typed.ColumnTypeDatabaseTypeName(i))
+			}
+		}
+		if simple {
+			fields := make([]pgproto3.FieldDescription, len(cols))
+			for i, c := range cols {
+				fields[i] = pgproto3.FieldDescription{Name: []byte(c), DataTypeOID: oids[i], DataTypeSize: -1, TypeModifier: -1}
+			}
+			ss.be.Send(&pgproto3.RowDescription{Fields: fields})
+		}
+		m := pgtype.NewMap()
+		vals := make([]driver.Value, len(cols))
+		var n int
+		for {
+			err := rows.Next(vals)
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return &pgError{"42000", err.Error()}
+			}
+			out := make([][]byte, len(cols))
+			for i, v := range vals {
+				if out[i], err = encode(m, oids[i], format(formats, i), v); err != nil {
+					return &pgError{"22000", fmt.Sprintf("column %s: %v", cols[i], err)}
+				}
+			}
+			ss.be.Send(&pgproto3.DataRow{Values: out})
+			n++
+			if n%1000 == 0 { // stream: a large result is not held in memory
+				if err := ss.be.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		ss.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT " + strconv.Itoa(n))})
+		return nil
+	})
+}
+
+// waitLSN answers `WAIT FOR LSN 'X/Y'` once the mirror has applied the
+// primary's changes up to that LSN (read-your-writes after a write on the
+// primary: SELECT pg_current_wal_lsn() there), within the statement timeout.
+func (ss *sqlSession) waitLSN(ctx context.Context, text string, simple bool) error {
+	want, err := pglogrepl.ParseLSN(text)
+	if err != nil {
+		return &pgError{"22023", err.Error()}
+	}
+	ctx, cancel := context.WithTimeout(ctx, ss.s.Config.StatementTimeout.D())
+	defer cancel()
+	for {
+		applied, caughtUp, ok := ss.s.position(ss.id)
+		// The mirror has every change of the tenant up to caughtUp: what
+		// it applied, or what the primary decoded with nothing pending.
+		if ok && caughtUp >= want {
+			if simple {
+				ss.be.Send(&pgproto3.RowDescription{Fields: []pgproto3.FieldDescription{{Name: []byte("applied_lsn"), DataTypeOID: pgtype.TextOID, DataTypeSize: -1, TypeModifier: -1}}})
+			}
+			ss.be.Send(&pgproto3.DataRow{Values: [][]byte{[]byte(applied.String())}})
+			ss.be.Send(&pgproto3.CommandComplete{CommandTag: []byte("SELECT 1")})
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return &pgError{"57014", fmt.Sprintf("the mirror has not reached %s within the statement timeout", want)}
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// position is what the tenant's mirror has applied and the LSN up to which
+// it holds every change of the tenant.
+func (s *Service) position(id string) (applied, caughtUp pglogrepl.LSN, ok bool) {
+	s.mu.Lock()
+	m, ok := s.mirrors[id]
+	s.mu.Unlock()
+	if !ok {
+		return 0, 0, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.applied, max(m.applied, m.caughtUp), m.db != nil
+}
+
+// decodeParams turns a Bind's parameters (text, or binary of the types
+// Describe announced) into values DuckDB binds.
+func decodeParams(b *pgproto3.Bind, oids []uint32) ([]any, error) {
+	m := pgtype.NewMap()
+	out := make([]any, len(b.Parameters))
+	for i, p := range b.Parameters {
+		if p == nil {
+			continue
+		}
+		f := format(b.ParameterFormatCodes, i)
+		if f == 0 {
+			out[i] = string(p)
+			continue
+		}
+		if i >= len(oids) {
+			return nil, &pgError{"08P01", "a binary parameter of unknown type"}
+		}
+		typ, ok := m.TypeForOID(oids[i])
+		if !ok {
+			return nil, &pgError{"08P01", "a binary parameter of unknown type"}
+		}
+		v, err := typ.Codec.DecodeValue(m, oids[i], f, p)
+		if err != nil {
+			return nil, &pgError{"22P03", fmt.Sprintf("parameter $%d: %v", i+1, err)}
+		}
+		switch x := v.(type) {
+		case pgtype.Numeric:
+			t, _ := x.Value()
+			v = t
+		case [16]uint8:
+			v = pgtype.UUID{Bytes: x, Valid: true}.String()
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// oidOfType is the PostgreSQL type a DuckDB column is described as.
+func oidOfType(t duckdb.Type) uint32 {
+	switch t {
+	case duckdb.TYPE_BOOLEAN:
+		return pgtype.BoolOID
+	case duckdb.TYPE_TINYINT, duckdb.TYPE_SMALLINT, duckdb.TYPE_UTINYINT:
+		return pgtype.Int2OID
+	case duckdb.TYPE_INTEGER, duckdb.TYPE_USMALLINT:
+		return pgtype.Int4OID
+	case duckdb.TYPE_BIGINT, duckdb.TYPE_UINTEGER:
+		return pgtype.Int8OID
+	case duckdb.TYPE_UBIGINT, duckdb.TYPE_HUGEINT, duckdb.TYPE_UHUGEINT, duckdb.TYPE_DECIMAL:
+		return pgtype.NumericOID
+	case duckdb.TYPE_FLOAT:
+		return pgtype.Float4OID
+	case duckdb.TYPE_DOUBLE:
+		return pgtype.Float8OID
+	case duckdb.TYPE_DATE:
+		return pgtype.DateOID
+	case duckdb.TYPE_TIMESTAMP, duckdb.TYPE_TIMESTAMP_S, duckdb.TYPE_TIMESTAMP_MS, duckdb.TYPE_TIMESTAMP_NS:
+		return pgtype.TimestampOID
+	case duckdb.TYPE_TIMESTAMP_TZ:
+		return pgtype.TimestamptzOID
+	case duckdb.TYPE_UUID:
+		return pgtype.UUIDOID
+	case duckdb.TYPE_BLOB:
+		return pgtype.ByteaOID
+	}
+	return pgtype.TextOID
+}
+
+// oidOf maps a DuckDB type name (of a result column) to a PostgreSQL type.
+func oidOf(name string) uint32 {
+	switch {
+	case name == "BOOLEAN":
+		return pgtype.BoolOID
+	case name == "TINYINT", name == "SMALLINT", name == "UTINYINT":
+		return pgtype.Int2OID
+	case name == "INTEGER", name == "USMALLINT":
+		return pgtype.Int4OID
+	case name == "BIGINT", name == "UINTEGER":
+		return pgtype.Int8OID
+	case name == "UBIGINT", name == "HUGEINT", name == "UHUGEINT", strings.HasPrefix(name, "DECIMAL"):
+		return pgtype.NumericOID
+	case name == "FLOAT":
+		return pgtype.Float4OID
+	case name == "DOUBLE":
+		return pgtype.Float8OID
+	case name == "DATE":
+		return pgtype.DateOID
+	case name == "TIMESTAMP", name == "TIMESTAMP_S", name == "TIMESTAMP_MS", name == "TIMESTAMP_NS":
+		return pgtype.TimestampOID
+	case name == "TIMESTAMPTZ", name == "TIMESTAMP WITH TIME ZONE":
+		return pgtype.TimestamptzOID
+	case name == "UUID":
+		return pgtype.UUIDOID
+	case name == "BLOB":
+		return pgtype.ByteaOID
+	}
+	return pgtype.TextOID
+}
+
+// encode writes one value in the client's format for its column's type.
+func encode(m *pgtype.Map, oid uint32, fmtCode int16, v driver.Value) ([]byte, error) {
+	if v == nil {
+		return nil, nil
+	}
+	switch x := v.(type) {
+	case int8:
+		v = int64(x)
+	case int16:
+		v = int64(x)
+	case int32:
+		v = int64(x)
+	case uint8:
+		v = int64(x)
+	case uint16:
+		v = int64(x)
+	case uint32:
+		v = int64(x)
+	case uint64:
+		v = pgtype.Numeric{Int: new(big.Int).SetUint64(x), Valid: true}
+	case *big.Int:
+		v = pgtype.Numeric{Int: x, Valid: true}
+	case duckdb.Decimal:
+		v = pgtype.Numeric{Int: x.Value, Exp: -int32(x.Scale), Valid: true}
+	case []byte:
+		if oid == pgtype.UUIDOID && len(x) == 16 {
+			var u [16]byte
+			copy(u[:], x)
+			v = pgtype.UUID{Bytes: u, Valid: true}
+		}
+	case duckdb.UUID:
+		v = pgtype.UUID{Bytes: x, Valid: true}
+	case *duckdb.UUID:
+		v = pgtype.UUID{Bytes: *x, Valid: true}
+	case time.Time:
+		if oid == pgtype.TextOID {
+			v = x.Format("15:04:05.999999")
+		}
+	}
+	if oid == pgtype.TextOID {
+		if _, ok := v.(string); !ok {
+			v = fmt.Sprint(v)
+		}
+	}
+	buf, err := m.Encode(oid, fmtCode, v, nil)
+	if err != nil {
+		return nil, err
+	}
+	if buf == nil {
+		buf = []byte{}
+	}
+	return buf, nil
+}

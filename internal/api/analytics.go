@@ -1,0 +1,79 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	"github.com/pgtenant/pgtenant/internal/analytics"
+)
+
+// EnableAnalyticsRequest is the body of POST /v1/tenants/{id}/analytics.
+type EnableAnalyticsRequest struct {
+	// Tables limits the mirror to these tables (name, or schema.name in
+	// database mode); empty: every table of the tenant, new ones included.
+	Tables []string `json:"tables,omitempty"`
+}
+
+func (s *Server) enableAnalytics(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	var req EnableAnalyticsRequest
+	if r.ContentLength != 0 {
+		if err := decode(r, &req); err != nil {
+			return err
+		}
+	}
+	st, err := s.Analytics.Enable(r.Context(), t, req.Tables)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, st)
+	return nil
+}
+
+func (s *Server) disableAnalytics(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	st, err := s.Analytics.Disable(r.Context(), t)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, st)
+	return nil
+}
+
+func (s *Server) analyticsStatus(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	st, err := s.Analytics.Status(r.Context(), t)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, st)
+	return nil
+}
+
+// EnableAnalytics asks for a tenant's mirror (tables nil: all of them).
+func (c *Client) EnableAnalytics(ctx context.Context, id string, tables []string) (analytics.Status, error) {
+	var out analytics.Status
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/analytics", EnableAnalyticsRequest{Tables: tables}, &out)
+}
+
+// DisableAnalytics asks for a tenant's mirror to be dropped.
+func (c *Client) DisableAnalytics(ctx context.Context, id string) (analytics.Status, error) {
+	var out analytics.Status
+	return out, c.Do(ctx, http.MethodDelete, "/v1/tenants/"+url.PathEscape(id)+"/analytics", nil, &out)
+}
+
+// AnalyticsStatus shows a tenant's mirror.
+func (c *Client) AnalyticsStatus(ctx context.Context, id string) (analytics.Status, error) {
+	var out analytics.Status
+	return out, c.Do(ctx, http.MethodGet, "/v1/tenants/"+url.PathEscape(id)+"/analytics", nil, &out)
+}
