@@ -2,10 +2,12 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 )
 
 // EnableAnalyticsRequest is the body of POST /v1/tenants/{id}/analytics.
@@ -15,7 +17,14 @@ type EnableAnalyticsRequest struct {
 	Tables []string `json:"tables,omitempty"`
 }
 
+// errNoAnalytics answers the analytics routes of a server built without
+// the mirrors (tests that wire only part of the daemon).
+var errNoAnalytics = fmt.Errorf("%w: this server runs no analytics mirrors", cluster.ErrUnavailable)
+
 func (s *Server) enableAnalytics(w http.ResponseWriter, r *http.Request) error {
+	if s.Analytics == nil {
+		return errNoAnalytics
+	}
 	t, err := s.tenantFromPath(r)
 	if err != nil {
 		return err
@@ -35,6 +44,9 @@ func (s *Server) enableAnalytics(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) disableAnalytics(w http.ResponseWriter, r *http.Request) error {
+	if s.Analytics == nil {
+		return errNoAnalytics
+	}
 	t, err := s.tenantFromPath(r)
 	if err != nil {
 		return err
@@ -48,6 +60,9 @@ func (s *Server) disableAnalytics(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) analyticsStatus(w http.ResponseWriter, r *http.Request) error {
+	if s.Analytics == nil {
+		return errNoAnalytics
+	}
 	t, err := s.tenantFromPath(r)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"net/http"
 	"reflect"
 	"strings"
@@ -65,6 +66,7 @@ var (
 		{method: "POST", path: "/v1/tenants/{id}/restore", summary: "restore a dropped tenant", status: 200, response: LifecycleResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/suspend", summary: "suspend a tenant: no logins, sessions ended", status: 200, response: LifecycleResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/resume", summary: "resume a suspended tenant", status: 200, response: LifecycleResponse{}},
+		{method: "POST", path: "/v1/tenants/{id}/move", summary: "move a tenant to another cluster (a job)", request: MoveTenantRequest{}, status: 202, response: jobs.Job{}},
 		{method: "POST", path: "/v1/tenants/{id}/password", summary: "rotate a tenant's password", request: RotatePasswordRequest{}, optionalBody: true, status: 200, response: RotatePasswordResponse{}},
 		{method: "GET", path: "/v1/jobs", summary: "list jobs, newest first", query: []param{
 			{"state", "string", "a state, or active"}, {"type", "string", "job type"},
@@ -84,6 +86,9 @@ var (
 		{method: "POST", path: "/v1/rollouts/{id}/retry", summary: "rerun a rollout's failed tenants (or one)", request: RetryRolloutRequest{}, optionalBody: true, status: 200, response: migrate.Status{}},
 		{method: "GET", path: "/v1/tenants/{id}/metrics", summary: "a tenant's figures, quota state and minute history", query: []param{{"history", "string", "a duration such as 1h or 7d"}}, status: 200, response: TenantMetrics{}},
 		{method: "PUT", path: "/v1/tenants/{id}/metrics/export", summary: "always export (or stop exporting) a tenant's series on /metrics", request: MetricsExportRequest{}, status: 200, response: TenantMetrics{}},
+		{method: "GET", path: "/v1/tenants/{id}/analytics", summary: "a tenant's analytics mirror: its state, DSN and lag", status: 200, response: analytics.Status{}},
+		{method: "POST", path: "/v1/tenants/{id}/analytics", summary: "enable a tenant's analytics mirror", request: EnableAnalyticsRequest{}, optionalBody: true, status: 202, response: analytics.Status{}},
+		{method: "DELETE", path: "/v1/tenants/{id}/analytics", summary: "disable a tenant's analytics mirror (slot, publication and file dropped)", status: 202, response: analytics.Status{}},
 		{method: "GET", path: "/v1/doctor", summary: "the doctor's report", query: []param{{"cluster", "string", "one cluster (default all)"}}, status: 200, response: doctor.Report{}},
 	}
 )

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"io"
 	"net/http"
 	"net/url"
@@ -119,6 +120,14 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	must(err)
 	_, err = c.RotatePassword(ctx, id, false)
 	must(err)
+	var mv jobs.Job // 409: the tenant is on local already
+	if err := c.Do(ctx, "POST", "/v1/tenants/"+id+"/move", api.MoveTenantRequest{To: "local"}, &mv); err == nil {
+		t.Fatal("a move to the tenant's own cluster was accepted")
+	}
+	var an analytics.Status
+	must(c.Do(ctx, "POST", "/v1/tenants/"+id+"/analytics", nil, &an))
+	must(c.Do(ctx, "GET", "/v1/tenants/"+id+"/analytics", nil, &an))
+	must(c.Do(ctx, "DELETE", "/v1/tenants/"+id+"/analytics", nil, &an))
 	var pw []jobs.Job
 	must(c.Do(ctx, "POST", "/v1/tenants/"+id+"/prewarm", nil, &pw))
 	_, err = c.Prewarm(ctx, api.PrewarmRequest{All: true})

@@ -107,11 +107,9 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
 	s.handle("POST /v1/tenants/{id}/password", s.rotatePassword)
 	s.handle("POST /v1/tenants/{id}/move", s.moveTenant)
-	if s.Analytics != nil {
-		s.handle("GET /v1/tenants/{id}/analytics", s.analyticsStatus)
-		s.handle("POST /v1/tenants/{id}/analytics", s.enableAnalytics)
-		s.handle("DELETE /v1/tenants/{id}/analytics", s.disableAnalytics)
-	}
+	s.handle("GET /v1/tenants/{id}/analytics", s.analyticsStatus)
+	s.handle("POST /v1/tenants/{id}/analytics", s.enableAnalytics)
+	s.handle("DELETE /v1/tenants/{id}/analytics", s.disableAnalytics)
 	s.handle("GET /v1/jobs", s.listJobs)
 	s.handle("GET /v1/jobs/{id}", s.showJob)
 	s.handle("POST /v1/jobs/{id}/cancel", s.cancelJob)
