@@ -9,8 +9,10 @@ STATICCHECK_VERSION := v0.8.2
 build:
 	$(GO) build -o $(BIN) ./cmd/pgtenant
 
+# ARGS go to `pgtenant up`: make run ARGS="--listen 127.0.0.1:9090 --data-dir /tmp/fleet"
+ARGS ?=
 run: build
-	./$(BIN) up
+	./$(BIN) up $(ARGS)
 
 # -p 2: two test packages at a time, each with its own PostgreSQL cluster(s).
 test:

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -241,4 +242,31 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestCLI_WrongUsageExitsNonZero: a filter that cannot match, or a daemon
+// that does not answer, is an error on stderr naming the fix, with exit
+// status 1; nothing is printed as if it had worked.
+func TestCLI_WrongUsageExitsNonZero(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tenant", "list", "--state", "bogus"}, "one of provisioning, active, suspended, dropped, purging, purged, failed"},
+		{[]string{"job", "list", "--state", "bogus"}, "one of queued, running, waiting, paused, succeeded, failed, cancelled, active"},
+		{[]string{"tenant", "list"}, "pgtenant server unreachable at http://127.0.0.1:1"},
+	} {
+		cmd := exec.Command(binary, append([]string{"--server", "http://127.0.0.1:1"}, tc.args...)...)
+		cmd.Env = append(os.Environ(), "PGTENANT_TOKEN=x")
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Errorf("%v: %v, want exit status 1", tc.args, err)
+		}
+		if !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
+			t.Errorf("%v: stdout %q, stderr %q; want nothing on stdout and %q on stderr", tc.args, stdout.String(), stderr.String(), tc.want)
+		}
+	}
 }

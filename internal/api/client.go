@@ -15,7 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -24,6 +23,10 @@ import (
 	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
+
+// ErrServerUnreachable is a request that got no answer from the daemon (not
+// running, wrong --server): nothing is known about the clusters behind it.
+var ErrServerUnreachable = errors.New("pgtenant server unreachable")
 
 // Client calls the API. The CLI and the tests use it.
 type Client struct {
@@ -76,8 +79,11 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return fmt.Errorf("%w: pgtenant server at %s: %v (is the daemon running? start it with `pgtenant up`, or set --server / PGTENANT_SERVER)",
-			cluster.ErrUnavailable, c.BaseURL, err)
+		if ctx.Err() != nil {
+			return err
+		}
+		return fmt.Errorf("%w at %s: %v (is the daemon running? start it with `pgtenant up`, or set --server / PGTENANT_SERVER)",
+			ErrServerUnreachable, c.BaseURL, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)

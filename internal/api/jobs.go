@@ -3,7 +3,9 @@ package api
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
@@ -19,6 +21,13 @@ func jobID(r *http.Request) (int64, error) {
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	f := jobs.Filter{State: q.Get("state"), Type: q.Get("type"), TargetKind: q.Get("target_kind"), Target: q.Get("target")}
+	if f.State != "" && !slices.Contains(jobs.FilterStates, f.State) {
+		return invalid("state %q: one of %s", f.State, strings.Join(jobs.FilterStates, ", "))
+	}
+	// target=KIND:ID, as job lists print it, is the same as target_kind=KIND&target=ID.
+	if kind, id, ok := strings.Cut(f.Target, ":"); ok && f.TargetKind == "" {
+		f.TargetKind, f.Target = kind, id
+	}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 {

@@ -278,8 +278,8 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, h)
 }
 
-// clusterView is the list row of one cluster: from the last probe when
-// fresh, else probed now.
+// clusterView is the list row of one cluster, probed now: a list shows
+// the standbys' current replay lag, not the monitor's last reading.
 func (s *Server) clusterView(ctx context.Context, c catalog.Cluster) Cluster {
 	v := Cluster{Name: c.Name, Kind: c.Kind, DSN: cluster.RedactDSN(c.DSN), CreatedAt: c.CreatedAt, Standbys: []cluster.StandbyState{}, Status: "up"}
 	cl, err := s.Clusters.Get(c.Name)

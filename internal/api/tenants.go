@@ -2,8 +2,10 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -47,7 +49,7 @@ func (s *Server) tenantFromPath(r *http.Request) (catalog.Tenant, error) {
 		return catalog.Tenant{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
 	}
 	t, err := s.Store.GetTenant(r.Context(), nil, id)
-	if err == nil && (t.State == catalog.StateBuilding || t.State == catalog.StateSpare) {
+	if err == nil && t.IsSpare() {
 		return catalog.Tenant{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound) // spares are invisible
 	}
 	return t, err
@@ -55,6 +57,20 @@ func (s *Server) tenantFromPath(r *http.Request) (catalog.Tenant, error) {
 
 func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 	t, err := s.tenantFromPath(r)
+	if errors.Is(err, catalog.ErrNotFound) && tenant.ValidID(r.PathValue("id")) {
+		// A purged tenant is remembered (drop.purged_retention): its row
+		// and its history, nothing else.
+		p, perr := s.Store.GetPurged(r.Context(), r.PathValue("id"))
+		if perr != nil {
+			return err
+		}
+		view := Tenant{Tenant: p}
+		if view.Events, err = s.Store.Events(r.Context(), p.ID); err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, view)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -76,6 +92,9 @@ func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) tenantView(t catalog.Tenant) (Tenant, error) {
+	if t.State == catalog.StatePurged {
+		return Tenant{Tenant: t}, nil // no DSN: nothing is left to connect to
+	}
 	dsn, direct, err := s.Provision.DSNs(t)
 	if err != nil {
 		dsn, direct = "", "" // its cluster was removed; the row is still worth showing
@@ -96,6 +115,12 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	}
 	if f.State == catalog.StateSpare || f.State == catalog.StateBuilding {
 		return invalid("spares are not tenants; see the pool with `pgtenant template show`")
+	}
+	if f.State != "" && !slices.Contains(catalog.ListedStates, f.State) {
+		return invalid("state %q: one of %s", f.State, strings.Join(catalog.ListedStates, ", "))
+	}
+	if f.Mode != "" && f.Mode != "database" && f.Mode != "schema" {
+		return invalid("mode %q: database or schema", f.Mode)
 	}
 	// sort=size|activity orders by the collector's figures: over every match, then cut to limit.
 	sortBy, limit := q.Get("sort"), f.Limit

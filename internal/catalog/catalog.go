@@ -1,6 +1,8 @@
 // Package catalog is pgtenant's own state in PostgreSQL: the schema (embedded
-// goose migrations), row types and queries for clusters, templates, tenants,
-// events and jobs. It does not talk to tenant clusters.
+// goose migrations, every table's, jobs' included), row types and queries
+// for clusters, templates, tenants (and purged tenants' tombstones), events,
+// rollouts, metrics, credentials and secrets. The jobs table's queries live
+// in internal/jobs. It does not talk to tenant clusters.
 package catalog
 
 import (

@@ -28,8 +28,12 @@ const (
 	StateSuspended    = "suspended"
 	StateDropped      = "dropped" // soft-deleted, restorable until purge_after
 	StatePurging      = "purging"
+	StatePurged       = "purged" // gone from the cluster; the row and its events kept for drop.purged_retention
 	StateFailed       = "failed"
 )
+
+// ListedStates are the states of tenants (not spares) that lists filter on.
+var ListedStates = []string{StateProvisioning, StateActive, StateSuspended, StateDropped, StatePurging, StatePurged, StateFailed}
 
 // Tenant is one row of tenants (spares included).
 type Tenant struct {
@@ -48,15 +52,29 @@ type Tenant struct {
 	ClaimedAt  *time.Time `json:"claimed_at,omitempty"` // asked for: claimed from the pool, or a cold create's request; nil for spares
 	DroppedAt  *time.Time `json:"dropped_at,omitempty"`
 	PurgeAfter *time.Time `json:"purge_after,omitempty"`
+	PurgedAt   *time.Time `json:"purged_at,omitempty"` // a purged tenant's tombstone only
+	// DroppedFrom is the state a dropped tenant had before its drop
+	// (active or suspended): what restore brings back.
+	DroppedFrom string `json:"dropped_from,omitempty"`
 }
 
+// IsSpare reports whether the row is a spare rather than a tenant: being
+// built, ready, or retired and being purged without ever being claimed.
+// Spares are never listed nor shown.
+func (t Tenant) IsSpare() bool {
+	return t.State == StateBuilding || t.State == StateSpare || (t.State == StatePurging && t.ClaimedAt == nil)
+}
+
+// notSpare is IsSpare's negation in SQL, over the tenants table.
+const notSpare = `state NOT IN ('building', 'spare') AND NOT (state = 'purging' AND claimed_at IS NULL)`
+
 const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, template, version, tier, state, database,
-	created_at, updated_at, claimed_at, dropped_at, purge_after`
+	created_at, updated_at, claimed_at, dropped_at, purge_after, coalesce(dropped_from, '')`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
 	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Template, &t.Version, &t.Tier, &t.State,
-		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter)
+		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom)
 	return t, err
 }
 
@@ -97,7 +115,8 @@ func (s *Store) TenantByExternalID(ctx context.Context, externalID string) (Tena
 }
 
 // TenantFilter narrows ListTenants. Spares (building/spare) are listed only
-// when State names them.
+// when State names them; retired spares being purged never are. State
+// purged lists the tombstones of purged tenants.
 type TenantFilter struct {
 	State    string
 	Cluster  string
@@ -116,8 +135,11 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 	if f.Limit <= 0 || f.Limit > 100000 {
 		f.Limit = 1000
 	}
+	if f.State == StatePurged {
+		return s.listPurged(ctx, f)
+	}
 	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
-		WHERE (($1 = '' AND state NOT IN ('building', 'spare')) OR state = $1)
+		WHERE (($1 = '' AND `+notSpare+`) OR (state = $1 AND NOT (state = 'purging' AND claimed_at IS NULL)))
 		  AND ($2 = '' OR cluster = $2) AND ($3 = '' OR template = $3) AND ($4 = '' OR mode = $4)
 		  AND id > $5 AND ($7 = '' OR tier = $7)
 		  AND ($8 = '' OR id = $8 OR name ILIKE '%' || $9 || '%' OR external_id ILIKE '%' || $9 || '%')
@@ -143,16 +165,20 @@ func (s *Store) ClaimSpare(ctx context.Context, tx pgx.Tx, cluster, template str
 	return t, notFound(err, "spare")
 }
 
-// ActivateTenant turns a claimed spare or a cold-built tenant into an active
-// tenant with the caller's name, external id and tier.
-func (s *Store) ActivateTenant(ctx context.Context, q Querier, t Tenant) error {
-	_, err := q.Exec(ctx, `UPDATE tenants SET state = 'active', name = $2, external_id = $3, tier = $4,
-		claimed_at = now(), updated_at = now() WHERE id = $1`, t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Tier)
+// ActivateTenant turns a claimed spare into an active
+// tenant with the caller's name, external id and tier, and returns the row.
+func (s *Store) ActivateTenant(ctx context.Context, q Querier, t Tenant) (Tenant, error) {
+	// A spare's created_at was when it was built; from its claim on it is
+	// when the tenant was created (a cold create's row was inserted at its
+	// request: its created_at stays).
+	out, err := scanTenant(q.QueryRow(ctx, `UPDATE tenants SET state = 'active', name = $2, external_id = $3, tier = $4,
+		created_at = CASE WHEN state = 'spare' THEN now() ELSE created_at END,
+		claimed_at = now(), updated_at = now() WHERE id = $1 RETURNING `+tenantColumns, t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Tier))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-		return fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
+		return Tenant{}, fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
 	}
-	return err
+	return out, notFound(err, "tenant "+t.ID)
 }
 
 // SetTenantState moves a tenant from one of the states in from to state. It
@@ -172,10 +198,84 @@ func (s *Store) SetTenantState(ctx context.Context, q Querier, id, state string,
 	return nil
 }
 
-// DeleteTenant removes a tenant row and its events.
+// DeleteTenant removes a tenant row and its events, leaving nothing.
 func (s *Store) DeleteTenant(ctx context.Context, q Querier, id string) error {
-	_, err := q.Exec(ctx, `DELETE FROM tenants WHERE id = $1`, id)
+	_, err := q.Exec(ctx, `WITH e AS (DELETE FROM tenant_events WHERE tenant = $1) DELETE FROM tenants WHERE id = $1`, id)
 	return err
+}
+
+// ForgetTenant removes a purged tenant's row. A tenant that was claimed
+// (not a spare) is remembered with keep > 0: its row moves to
+// purged_tenants with a purged event and its events stay, until
+// SweepPurged removes them. A spare, or keep == 0, leaves nothing. Done
+// in one transaction: a crash leaves the row or its tombstone, and the
+// purge's catalog step runs again.
+func (s *Store) ForgetTenant(ctx context.Context, id string, keep bool, detail any) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		t, err := s.LockTenant(ctx, tx, id)
+		if errors.Is(err, ErrNotFound) {
+			return nil // forgotten already
+		}
+		if err != nil {
+			return err
+		}
+		if !keep || t.ClaimedAt == nil {
+			return s.DeleteTenant(ctx, tx, id)
+		}
+		if err := s.AddEvent(ctx, tx, id, "purged", detail); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO purged_tenants (id, name, external_id, mode, cluster, template, version, tier, database,
+			created_at, claimed_at, dropped_at)
+			SELECT id, name, external_id, mode, cluster, template, version, tier, database, created_at, claimed_at, dropped_at
+			FROM tenants WHERE id = $1 ON CONFLICT (id) DO NOTHING`, id); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM tenants WHERE id = $1`, id)
+		return err
+	})
+}
+
+const purgedColumns = `id, name, coalesce(external_id, ''), mode, cluster, template, version, tier, 'purged', database,
+	created_at, purged_at, claimed_at, dropped_at, NULL::timestamptz, '', purged_at`
+
+func scanPurged(row pgx.Row) (Tenant, error) {
+	var t Tenant
+	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Template, &t.Version, &t.Tier, &t.State,
+		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom, &t.PurgedAt)
+	return t, err
+}
+
+// GetPurged returns the tombstone of a purged tenant (state purged), or
+// ErrNotFound.
+func (s *Store) GetPurged(ctx context.Context, id string) (Tenant, error) {
+	t, err := scanPurged(s.pool.QueryRow(ctx, `SELECT `+purgedColumns+` FROM purged_tenants WHERE id = $1`, id))
+	return t, notFound(err, "tenant "+id)
+}
+
+func (s *Store) listPurged(ctx context.Context, f TenantFilter) ([]Tenant, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+purgedColumns+` FROM purged_tenants
+		WHERE ($1 = '' OR cluster = $1) AND ($2 = '' OR template = $2) AND ($3 = '' OR mode = $3) AND id > $4
+		  AND ($6 = '' OR tier = $6)
+		  AND ($7 = '' OR id = $7 OR name ILIKE '%' || $8 || '%' OR external_id ILIKE '%' || $8 || '%')
+		ORDER BY id LIMIT $5`, f.Cluster, f.Template, f.Mode, f.After, f.Limit, f.Tier, f.Search, likeEscape(f.Search))
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanPurged(r) })
+}
+
+// SweepPurged forgets the tombstones (and their events) of tenants purged
+// more than keep ago, at most 1000 at a time, and returns how many.
+func (s *Store) SweepPurged(ctx context.Context, keep time.Duration) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `WITH gone AS (
+			DELETE FROM purged_tenants WHERE id IN (SELECT id FROM purged_tenants
+				WHERE purged_at < now() - make_interval(secs => $1) ORDER BY purged_at LIMIT 1000)
+			RETURNING id),
+		e AS (DELETE FROM tenant_events WHERE tenant IN (SELECT id FROM gone))
+		SELECT count(*) FROM gone`, keep.Seconds()).Scan(&n)
+	return n, err
 }
 
 // PoolCount is a pool's spares by state.
@@ -252,7 +352,7 @@ func (s *Store) StaleSpares(ctx context.Context) ([]Tenant, error) {
 }
 
 const tenantColumnsQualified = `t.id, t.name, coalesce(t.external_id, ''), t.mode, t.cluster, t.template, t.version, t.tier,
-	t.state, t.database, t.created_at, t.updated_at, t.claimed_at, t.dropped_at, t.purge_after`
+	t.state, t.database, t.created_at, t.updated_at, t.claimed_at, t.dropped_at, t.purge_after, coalesce(t.dropped_from, '')`
 
 // Event is one entry of a tenant's history.
 type Event struct {
@@ -288,7 +388,7 @@ func (s *Store) Events(ctx context.Context, tenant string) ([]Event, error) {
 
 // TenantCounts counts tenants by cluster (spares excluded), for placement.
 func (s *Store) TenantCounts(ctx context.Context) (map[string]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT cluster, count(*) FROM tenants WHERE state NOT IN ('building', 'spare') GROUP BY cluster`)
+	rows, err := s.pool.Query(ctx, `SELECT cluster, count(*) FROM tenants WHERE `+notSpare+` GROUP BY cluster`)
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,9 @@ func newJobCmd(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List jobs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := oneOf("--state", state, jobs.FilterStates...); err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -46,7 +49,7 @@ func newJobCmd(g *globals) *cobra.Command {
 	}
 	list.Flags().StringVar(&state, "state", "", "queued, running, waiting, paused, succeeded, failed, cancelled, or active (any unfinished)")
 	list.Flags().StringVar(&typ, "type", "", "job type, e.g. tenant.build, tenant.purge, template.build")
-	list.Flags().StringVar(&target, "target", "", "target id (tenant id, template name)")
+	list.Flags().StringVar(&target, "target", "", "target as the TARGET column prints it (tenant:ID, template:NAME), or a bare id")
 	list.Flags().IntVar(&limit, "limit", 50, "at most this many")
 
 	byID := func(use, short string, do func(cmd *cobra.Command, id int64) (jobs.Job, error)) *cobra.Command {

@@ -67,7 +67,7 @@ a crash resumes where it was; no tenant gets a version twice.`,
 	}
 	f := cmd.Flags()
 	f.IntVar(&req.To, "to", 0, "target version (default: the template's current version)")
-	f.IntVar(&req.Canary, "canary", 0, "migrate this many tenants, then pause until `pgtenant rollout continue`")
+	f.IntVar(&req.Canary, "canary", 0, "migrate `N` tenants, then pause until pgtenant rollout continue")
 	f.IntVar(&req.Parallel, "parallel", 0, "tenants migrated at once over all clusters (default: migrate.parallel; per cluster at most migrate.per_cluster)")
 	f.StringVar(&req.Cluster, "cluster", "", "only the tenants of this cluster")
 	f.BoolVar(&req.DryRun, "dry-run", false, "show what the rollout would do and change nothing")

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -33,3 +34,12 @@ func row(w io.Writer, cells ...any) {
 
 // humanBytes formats a byte count with 1024-based units.
 func humanBytes(n int64) string { return config.ByteSize(n).Human() }
+
+// oneOf checks a filter flag: empty, or one of valid. The error names the
+// valid values (the daemon checks too; this answers without it).
+func oneOf(flag, v string, valid ...string) error {
+	if v == "" || slices.Contains(valid, v) {
+		return nil
+	}
+	return fmt.Errorf("%s %q: one of %s", flag, v, strings.Join(valid, ", "))
+}

@@ -42,7 +42,12 @@ standbys. The daemon does this by itself after a restart, a failover or a resume
 					}
 				}
 			}
-			return g.print(js, func(w io.Writer) { jobTable(w, js) })
+			return g.print(js, func(w io.Writer) {
+				jobTable(w, js)
+				if hint := prewarmHint(js, wait); hint != "" {
+					fmt.Fprintln(w, hint)
+				}
+			})
 		},
 	}
 	cmd.Flags().StringVar(&req.Cluster, "cluster", "", "every tenant of this cluster")
@@ -79,6 +84,23 @@ prewarmed yet.`,
 	capCmd.Flags().StringVar(&capture.Cluster, "cluster", "", "only this cluster")
 	cmd.AddCommand(capCmd)
 	return cmd
+}
+
+// prewarmHint explains a prewarm that had nothing to load (every job done
+// with 0 blocks planned): no hot set was captured yet.
+func prewarmHint(js []jobs.Job, waited bool) string {
+	if len(js) == 0 {
+		return "nothing to prewarm: no tenant matched"
+	}
+	if !waited {
+		return ""
+	}
+	for _, j := range js {
+		if j.State != jobs.Succeeded || j.ProgressTotal > 0 {
+			return ""
+		}
+	}
+	return "nothing to prewarm: no hot set has been captured yet (the daemon captures every prewarm.capture_interval; `pgtenant prewarm capture` captures now)"
 }
 
 func jobTable(w io.Writer, js []jobs.Job) {

@@ -3,10 +3,13 @@ package cli
 import (
 	"fmt"
 	"io"
+	"sort"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
 )
 
 func newReconcileCmd(g *globals) *cobra.Command {
@@ -31,7 +34,7 @@ runs it periodically (reconcile.interval) with --fix.`,
 				return err
 			}
 			return g.print(rep, func(w io.Writer) {
-				fmt.Fprintf(w, "checked %v on %v: %d finding(s)\n", rep.Checked, rep.Clusters, len(rep.Findings))
+				fmt.Fprintln(w, reconcileSummary(rep))
 				if len(rep.Findings) > 0 {
 					row(w, "CLUSTER", "KIND", "OBJECT", "DETAIL", "ACTION", "FIXED")
 				}
@@ -51,4 +54,27 @@ runs it periodically (reconcile.interval) with --fix.`,
 	cmd.Flags().StringVar(&req.Cluster, "cluster", "", "only this cluster")
 	cmd.Flags().BoolVar(&req.Fix, "fix", false, "repair what can be attributed to interrupted jobs")
 	return cmd
+}
+
+// reconcileSummary is the report's first line: what was looked at, by
+// kind in name order, on which clusters, and how many findings.
+func reconcileSummary(rep reconcile.Report) string {
+	kinds := make([]string, 0, len(rep.Checked))
+	for k := range rep.Checked {
+		kinds = append(kinds, k)
+	}
+	sort.Strings(kinds)
+	checked := make([]string, len(kinds))
+	for i, k := range kinds {
+		checked[i] = fmt.Sprintf("%d %s", rep.Checked[k], k)
+	}
+	what := strings.Join(checked, ", ")
+	if what == "" {
+		what = "nothing"
+	}
+	clusters := strings.Join(rep.Clusters, ", ")
+	if clusters == "" {
+		clusters = "no cluster"
+	}
+	return fmt.Sprintf("checked %s on %s: %d finding(s)", what, clusters, len(rep.Findings))
 }

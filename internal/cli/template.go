@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -36,18 +35,28 @@ func newTemplateCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if wait {
-				for _, j := range out.BuildJobs {
-					if _, err := g.waitJob(cmd.Context(), c, j.ID); err != nil {
-						return err
-					}
-				}
-			}
-			return g.print(out, func(w io.Writer) {
+			header := func(w io.Writer) {
 				fmt.Fprintf(w, "template %s version %d stored (%d files)\n", out.Template, out.Version, len(files))
 				for _, j := range out.BuildJobs {
 					fmt.Fprintf(w, "materialising on cluster %s: job %d\n", j.Cluster, j.ID)
 				}
+			}
+			if !wait {
+				return g.print(out, header)
+			}
+			// The header comes first, then the builds' progress (on
+			// stderr), then the outcome; -o json prints the answer once
+			// the builds are done.
+			if g.output != "json" {
+				header(g.stdout)
+			}
+			for _, j := range out.BuildJobs {
+				if _, err := g.waitJob(cmd.Context(), c, j.ID); err != nil {
+					return err
+				}
+			}
+			return g.print(out, func(w io.Writer) {
+				fmt.Fprintf(w, "template %s version %d built on every cluster\n", out.Template, out.Version)
 			})
 		}
 	}
@@ -120,17 +129,16 @@ waits for the version before it to be built (or to fail).`,
 					row(w, "deleting", "yes (`pgtenant job list --type template.delete --target "+d.Name+"`)")
 				}
 				for _, v := range d.Versions {
-					names := make([]string, len(v.Files))
-					for i, f := range v.Files {
-						names[i] = f.Name
-					}
 					state := v.State
 					if v.Version == d.CurrentVersion {
 						state = "current"
 					}
-					row(w, fmt.Sprintf("version %d", v.Version), state+": "+strings.Join(names, ", "))
+					row(w, fmt.Sprintf("version %d", v.Version), fmt.Sprintf("%s, %d file(s), checksum %s", state, len(v.Files), shortSum(v.Checksum)))
 					if v.Error != "" {
 						row(w, fmt.Sprintf("version %d error", v.Version), v.Error)
+					}
+					for _, f := range v.Files {
+						row(w, "  "+f.Name, "sha256 "+shortSum(f.Checksum))
 					}
 				}
 				for _, b := range d.Builds {
@@ -192,6 +200,15 @@ returns the job at work; a failed delete is retried with 'pgtenant job retry'.`,
 	del.Flags().BoolVar(&deleteWait, "wait", false, "wait until the template is deleted, with a progress bar")
 	cmd.AddCommand(create, push, list, show, del)
 	return cmd
+}
+
+// shortSum is the first 16 hex digits of a checksum, as tables show it
+// (-o json has it whole).
+func shortSum(sum string) string {
+	if len(sum) > 16 {
+		return sum[:16]
+	}
+	return sum
 }
 
 // readTemplateDir reads the .sql files of a directory.

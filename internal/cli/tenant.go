@@ -4,15 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/provision"
 )
 
@@ -96,6 +99,12 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 	list := &cobra.Command{
 		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := oneOf("--state", q.state, catalog.ListedStates...); err != nil {
+				return err
+			}
+			if err := oneOf("--mode", q.mode, "database", "schema"); err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -124,7 +133,7 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 		},
 	}
 	lf := list.Flags()
-	lf.StringVar(&q.state, "state", "", "only tenants in this state (active, suspended, dropped, …)")
+	lf.StringVar(&q.state, "state", "", "only tenants in this state: "+strings.Join(catalog.ListedStates, ", ")+" (purged: remembered for drop.purged_retention)")
 	lf.StringVar(&q.cluster, "cluster", "", "only tenants on this cluster")
 	lf.StringVar(&q.template, "template", "", "only tenants of this template")
 	lf.StringVar(&q.mode, "mode", "", "only database or schema tenants")
@@ -212,6 +221,18 @@ Dropping a dropped tenant again is not an error.`,
 					return err
 				}
 				out.Job = &j
+				// The tenant as the purge left it: purged, with its history
+				// (or gone, with drop.purged_retention 0).
+				t, err := c.Tenant(cmd.Context(), args[0])
+				var apiErr *api.Error
+				switch {
+				case err == nil:
+					out.Tenant = t
+				case errors.As(err, &apiErr) && apiErr.Status == http.StatusNotFound:
+					out.Tenant = api.Tenant{}
+				default:
+					return err
+				}
 			}
 			return g.print(out, func(w io.Writer) {
 				if out.Tenant.ID != "" {
@@ -308,11 +329,16 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	row(w, "tier", t.Tier)
 	row(w, "state", t.State)
 	metricsDetail(w, t.Metrics)
-	row(w, "dsn", t.DSN)
-	directRow(w, t.DSN, t.DirectDSN)
+	if t.DSN != "" {
+		row(w, "dsn", t.DSN)
+		directRow(w, t.DSN, t.DirectDSN)
+	}
 	row(w, "created", t.CreatedAt.Format("2006-01-02 15:04:05 MST"))
 	if t.PurgeAfter != nil {
 		row(w, "purge_after", t.PurgeAfter.Format("2006-01-02 15:04:05 MST"))
+	}
+	if t.PurgedAt != nil {
+		row(w, "purged", t.PurgedAt.Format("2006-01-02 15:04:05 MST"))
 	}
 	if t.Prewarm != nil {
 		for _, h := range t.Prewarm.HotSets {

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -34,6 +36,10 @@ type upInfo struct {
 
 	// CredentialsKeyFile seals the passwords kept for retried creates.
 	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
+
+	// Templates are the templates the catalog holds already (a restarted
+	// fleet): the next steps printed use them instead of creating saas.
+	Templates []string `json:"templates,omitempty"`
 }
 
 type nodeInfo struct {
@@ -159,6 +165,13 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, standbys, maxRest
 	if pc, ok := opts.Poolers["local"]; ok {
 		info.Pooler = pc.Listen
 	}
+	if ts, err := d.Store().Templates(ctx); err == nil {
+		for _, t := range ts {
+			if !t.Deleting {
+				info.Templates = append(info.Templates, t.Name)
+			}
+		}
+	}
 	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
 		info.Nodes = append(info.Nodes, nodeInfo{Name: n.Name,
 			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
@@ -253,8 +266,18 @@ func printUp(w io.Writer, in upInfo) {
 	fmt.Fprintf(w, "In another shell:\n")
 	fmt.Fprintf(w, "  export PGTENANT_TOKEN=%s PGTENANT_SERVER=%s\n", in.Token, in.URL)
 	fmt.Fprintf(w, "  ./bin/pgtenant cluster show local\n")
-	fmt.Fprintf(w, "  ./bin/pgtenant template create saas --from examples/templates/saas\n")
-	fmt.Fprintf(w, "  ./bin/pgtenant tenant create --template saas --name \"Acme Inc\"\n\n")
+	template := "saas"
+	if len(in.Templates) == 0 {
+		fmt.Fprintf(w, "  ./bin/pgtenant template create saas --from examples/templates/saas\n")
+	} else {
+		template = in.Templates[0]
+		if slices.Contains(in.Templates, "saas") {
+			template = "saas"
+		}
+		fmt.Fprintf(w, "  ./bin/pgtenant template list     # this fleet has %s already\n", strings.Join(in.Templates, ", "))
+		fmt.Fprintf(w, "  ./bin/pgtenant tenant list\n")
+	}
+	fmt.Fprintf(w, "  ./bin/pgtenant tenant create --template %s --name \"Acme Inc\"\n\n", template)
 	fmt.Fprintf(w, "A server that dies is restarted. Ctrl-C stops the daemon, then the clusters.\n")
 }
 

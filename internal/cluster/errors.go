@@ -11,8 +11,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Domain errors callers branch on. Classify maps PostgreSQL errors onto them;
-// it is the one place SQLSTATEs are interpreted.
+// Domain errors callers branch on. Classify maps PostgreSQL errors onto
+// them. A few callers still read a raw code through SQLState (catalog and
+// migrate: unique violations of their own rows; catalog: a missing catalog
+// database), an exception to be moved here rather than copied.
 var (
 	ErrUnavailable      = errors.New("cluster unavailable")               // cannot connect, server shutting down
 	ErrDuplicate        = errors.New("object already exists")             // 42P04, 42P06, 42710, 42P07

@@ -323,6 +323,10 @@ type DropConfig struct {
 	BatchRelations int `yaml:"batch_relations"`
 	// CheckInterval is how often dropped tenants past their retention are looked for.
 	CheckInterval Duration `yaml:"check_interval"`
+	// PurgedRetention is how long a purged tenant is remembered: its row
+	// (state purged) and its events, for `tenant show` and `tenant list
+	// --state purged` (0: forgotten at once).
+	PurgedRetention Duration `yaml:"purged_retention"`
 }
 
 // MetricsConfig tunes the per-tenant metrics collector (internal/metrics)
@@ -407,7 +411,8 @@ func Default() Config {
 			MaxPoolSize: 50, PoolDemandWindow: Duration(time.Minute), PoolDemandFactor: 1,
 			PoolIdleAfter: Duration(10 * time.Minute), RefillParallel: 4,
 			ReservedConnections: 20, ConnectionOvercommit: 1},
-		Drop:      DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute)},
+		Drop: DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute),
+			PurgedRetention: Duration(30 * 24 * time.Hour)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
 		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second),
 			NoTransactionLockTimeout: Duration(time.Minute), Retries: 5,
@@ -699,6 +704,9 @@ func (c Config) Validate() error {
 	}
 	if c.Drop.CheckInterval.D() <= 0 {
 		bad("drop.check_interval", "must be positive")
+	}
+	if c.Drop.PurgedRetention.D() < 0 {
+		bad("drop.purged_retention", "must not be negative (0: purged tenants are forgotten at once)")
 	}
 	if c.Drop.Retention.D() < 0 {
 		bad("drop.retention", "must not be negative")

@@ -21,6 +21,9 @@ func TestParse_Defaults(t *testing.T) {
 	if got, want := cfg.Drop.Retention.D(), 7*24*time.Hour; got != want {
 		t.Errorf("drop.retention = %v, want %v", got, want)
 	}
+	if got, want := cfg.Drop.PurgedRetention.D(), 30*24*time.Hour; got != want {
+		t.Errorf("drop.purged_retention = %v, want %v", got, want)
+	}
 	if got, want := cfg.ConsoleSessionTTL.D(), 12*time.Hour; got != want {
 		t.Errorf("console_session_ttl = %v, want %v", got, want)
 	}
@@ -83,6 +86,7 @@ func TestParse_Errors(t *testing.T) {
 		{"duplicate cluster", "clusters:\n  - {name: a, dsn: x}\n  - {name: a, dsn: y}\n", "clusters[1].name"},
 		{"bad size", "pacer:\n  max_replay_lag: lots\n", "bad size"},
 		{"bad duration", "drop:\n  retention: soon\n", "bad duration"},
+		{"negative purged_retention", "drop:\n  purged_retention: -1h\n", "drop.purged_retention"},
 		{"bad standby_down", "pacer:\n  standby_down: maybe\n", "pacer.standby_down"},
 		{"bad pool mode", "pools:\n  - {template: saas, mode: table, size: 1}\n", "pools[0].mode"},
 		{"unquoted DSN in a flow map", "clusters:\n  - {name: c1, dsn: postgres://a@h:5432/p?sslmode=require}\n", "quote values such as DSNs"},

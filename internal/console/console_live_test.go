@@ -221,29 +221,37 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 			t.Errorf("%s: status %d, want 403", tc.name, status)
 		}
 	}
-	state := func() string {
+	state := func(id string) string {
 		t.Helper()
-		tn, err := f.c.Tenant(ctx, f.acme.ID)
+		tn, err := f.c.Tenant(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tn.State
 	}
-	if got := state(); got != catalog.StateActive {
+	if got := state(f.acme.ID); got != catalog.StateActive {
 		t.Fatalf("refused posts left the tenant %s", got)
 	}
-	for _, step := range []struct{ action, want string }{{"suspend", catalog.StateSuspended}, {"restore", ""}, {"resume", catalog.StateActive}} {
-		status, loc, body := b.post("/tenants/"+f.acme.ID+"/"+step.action, f.base, url.Values{"csrf": {csrf}})
-		if step.want == "" { // refused by the API: its status and message
-			if status != http.StatusConflict || !strings.Contains(body, "is suspended, not dropped") {
-				t.Errorf("%s of a suspended tenant: %d, want the API's 409\n%s", step.action, status, body)
+	for _, step := range []struct {
+		tenant, action, want string // want "": refused by the API, with its status and message
+	}{
+		{f.acme.ID, "suspend", catalog.StateSuspended},
+		{f.acme.ID, "resume", catalog.StateActive},
+		{f.globex.ID, "drop", catalog.StateDropped},
+		{f.globex.ID, "password", ""},
+		{f.globex.ID, "restore", catalog.StateActive},
+	} {
+		status, loc, body := b.post("/tenants/"+step.tenant+"/"+step.action, f.base, url.Values{"csrf": {csrf}})
+		if step.want == "" {
+			if status != http.StatusConflict || !strings.Contains(body, "is dropped and cannot log in") {
+				t.Errorf("%s of a dropped tenant: %d, want the API's 409 and its message\n%s", step.action, status, body)
 			}
 			continue
 		}
-		if status != http.StatusSeeOther || loc != "/tenants/"+f.acme.ID+"?done="+step.action {
+		if status != http.StatusSeeOther || loc != "/tenants/"+step.tenant+"?done="+step.action {
 			t.Fatalf("%s: %d %s\n%s", step.action, status, loc, body)
 		}
-		if got := state(); got != step.want {
+		if got := state(step.tenant); got != step.want {
 			t.Errorf("after %s: %s, want %s", step.action, got, step.want)
 		}
 	}

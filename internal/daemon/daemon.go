@@ -79,6 +79,8 @@ type Daemon struct {
 	// creds keeps passwords for retried creates; its Run deletes them when
 	// their window ends.
 	creds *credentials.Service
+	// metrics is every collector /metrics serves.
+	metrics *prometheus.Registry
 	// collector measures tenants (and checks quotas); capper enforces statement caps.
 	collector *metrics.Collector
 	capper    *quota.Capper
@@ -137,6 +139,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	}
 
 	reg := prometheus.NewRegistry()
+	d.metrics = reg
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		metrics.NewClusterCollector(d.clusters))
 	reg.MustRegister(metrics.NewTemplateCollector(store))
@@ -380,6 +383,11 @@ func (d *Daemon) MetricsAddr() string {
 
 // Token is the API bearer token.
 func (d *Daemon) Token() string { return d.token }
+
+// Metrics is the registry of every series /metrics serves: its Describe
+// lists them all, with or without samples (the README's names are checked
+// against it).
+func (d *Daemon) Metrics() *prometheus.Registry { return d.metrics }
 
 // Store is the catalog (for tests and the in-process CLI).
 func (d *Daemon) Store() *catalog.Store { return d.store }

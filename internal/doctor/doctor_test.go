@@ -2,6 +2,7 @@ package doctor_test
 
 import (
 	"strings"
+	"syscall"
 	"testing"
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
@@ -11,6 +12,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/doctor"
+	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -298,6 +300,31 @@ func TestChecks(t *testing.T) {
 				t.Errorf("%s flagged without a fix: %+v", tc.check, got)
 			}
 		})
+	}
+}
+
+// TestChecks_UpsSettingsPass: the files and locks checks pass a cluster
+// with the settings `up` writes (fleet.DefaultSettings), serving tenants
+// of the shipped wide template, with the open-file limit its servers get:
+// doctor asks nothing of a fleet that up configured.
+func TestChecks_UpsSettingsPass(t *testing.T) {
+	f := base()
+	for k, v := range fleet.DefaultSettings() {
+		f.Settings[k] = strings.Trim(v, "'")
+	}
+	f.Largest = &catalog.LargestBuild{Template: "wide", Version: 1, Relations: 2221}
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &l); err != nil {
+		t.Fatal(err)
+	}
+	f.OpenFilesLimit = int64(l.Max)
+	if l.Max < 5100 {
+		t.Skipf("hard open-file limit %d: too low for the wide template's files, whatever up writes", l.Max)
+	}
+	for _, name := range []string{"files", "locks"} {
+		if got := find(doctor.Checks(f), name); got.Status != doctor.OK {
+			t.Errorf("%s on up's settings = %s (%s; fix: %s), want ok", name, got.Status, got.Got, got.Fix)
+		}
 	}
 }
 

@@ -29,6 +29,12 @@ const (
 	Cancelled = "cancelled"
 )
 
+// Active is the filter of List for every unfinished state.
+const Active = "active"
+
+// FilterStates are the states List filters on: every state, and Active.
+var FilterStates = []string{Queued, Running, Waiting, Paused, Succeeded, Failed, Cancelled, Active}
+
 // Finished reports whether a state is final.
 func Finished(state string) bool { return state == Succeeded || state == Failed || state == Cancelled }
 
@@ -233,13 +239,18 @@ func Cancel(ctx context.Context, q Querier, id int64) (Job, error) {
 	return Get(ctx, q, id)
 }
 
+// RetriedMsg is the progress message of a job requeued by Retry until it
+// runs again: the failure it had is no longer its state.
+const RetriedMsg = "queued again by a retry"
+
 // Retry requeues a failed or cancelled job. Its completed steps stay
 // recorded, so it resumes after the last one (a handler whose cleanup undid
-// them cleared them).
+// them cleared them). Its last error and progress message are cleared: a
+// retried job shows the failure it had no longer.
 func Retry(ctx context.Context, q Querier, id int64) (Job, error) {
 	tag, err := q.Exec(ctx, `UPDATE jobs SET state = 'queued', attempts = 0, cancel_requested = false,
-		run_after = now(), finished_at = NULL, updated_at = now()
-		WHERE id = $1 AND state IN ('failed', 'cancelled')`, id)
+		run_after = now(), finished_at = NULL, updated_at = now(), last_error = '', progress_msg = $2
+		WHERE id = $1 AND state IN ('failed', 'cancelled')`, id, RetriedMsg)
 	if err != nil {
 		return Job{}, err
 	}

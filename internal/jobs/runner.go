@@ -27,6 +27,10 @@ import (
 type Step struct {
 	Name string
 	Run  func(ctx context.Context, r *Run) error
+	// Doing is the job's progress message while the step runs, until the
+	// step reports its own ("step NAME" when empty): a job never shows an
+	// empty line while it works.
+	Doing string
 }
 
 // Handler runs one job type.
@@ -355,6 +359,11 @@ func (r *Runner) runSteps(ctx context.Context, run *Run, log *slog.Logger) error
 			return err
 		}
 		start := time.Now()
+		doing := st.Doing
+		if doing == "" {
+			doing = "step " + st.Name
+		}
+		run.Note(ctx, doing)
 		if err := st.Run(ctx, run); err != nil {
 			return fmt.Errorf("step %s: %w", st.Name, err)
 		}
@@ -450,7 +459,7 @@ func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.
 		if err != nil {
 			log.Error("record job failure", "err", err)
 		}
-		r.finish(ctx, run, Failed, "failed: "+firstLine(msg))
+		r.finish(ctx, run, Failed, firstLine(msg)) // the state says failed: the message says why
 		return
 	}
 	backoff := min(r.cfg.Backoff.D()<<min(attempts-1, 20), r.cfg.MaxBackoff.D())
@@ -525,6 +534,12 @@ func (r *Run) Progress(ctx context.Context, done, total int64, msg string) {
 	if err != nil && ctx.Err() == nil {
 		r.runner.log.Warn("record progress", "job", r.Job.ID, "err", err)
 	}
+}
+
+// Note sets the job's progress message, keeping its counts: what the job
+// is doing now (a wait, a long statement).
+func (r *Run) Note(ctx context.Context, msg string) {
+	r.Progress(ctx, r.Job.ProgressDone, r.Job.ProgressTotal, msg)
 }
 
 // LoadData decodes the job's saved state into v (left as is if none saved).

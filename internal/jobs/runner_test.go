@@ -159,8 +159,9 @@ func TestRunner_RetriesWithBackoffThenFails(t *testing.T) {
 	if !strings.Contains(j.LastError, "boom") {
 		t.Errorf("last_error = %q, want the step's error", j.LastError)
 	}
-	if !strings.HasPrefix(j.ProgressMsg, "failed: ") {
-		t.Errorf("progress_msg = %q, want failed: …", j.ProgressMsg)
+	// The state says failed; the message is the error alone (no "failed: failed:").
+	if !strings.Contains(j.ProgressMsg, "boom") || strings.HasPrefix(j.ProgressMsg, "failed:") {
+		t.Errorf("progress_msg = %q, want the error without a failed: prefix", j.ProgressMsg)
 	}
 	if j.FinishedAt == nil || j.LeaseOwner != "" {
 		t.Errorf("finished_at = %v, lease_owner = %q; want set and empty", j.FinishedAt, j.LeaseOwner)
@@ -212,6 +213,20 @@ func TestRunner_PermanentErrorFailsAtOnce(t *testing.T) {
 	}
 	if got, want := h.execs(t, j.ID), []string{"one", "boom", "cleanup"}; !slices.Equal(got, want) {
 		t.Errorf("executed %v, want %v", got, want)
+	}
+	// A retried job no longer shows the failure it had (read in the retry's
+	// transaction: the runner cannot have run it again yet).
+	var rj jobs.Job
+	err := pgx.BeginFunc(testCtx(t), h.pool, func(tx pgx.Tx) error {
+		var err error
+		rj, err = jobs.Retry(testCtx(t), tx, j.ID)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rj.State != jobs.Queued || rj.LastError != "" || rj.ProgressMsg != jobs.RetriedMsg {
+		t.Errorf("retried job = %s, last_error %q, progress %q; want queued, no error, %q", rj.State, rj.LastError, rj.ProgressMsg, jobs.RetriedMsg)
 	}
 }
 
@@ -352,6 +367,10 @@ func TestCancel_RunningJobStopsAndCleansUp(t *testing.T) {
 	h.startDaemon(t, 2, blocking(h, &block))
 	j := h.enqueue(t, jobs.Spec{Type: "block"})
 	h.waitExec(t, j.ID, "block", 1)
+	// A step that reports nothing still shows what the job is doing.
+	if got := h.get(t, j.ID); got.ProgressMsg != "step block" {
+		t.Errorf("progress while the step runs = %q, want %q", got.ProgressMsg, "step block")
+	}
 
 	asked := time.Now()
 	c, err := jobs.Cancel(ctx, h.pool, j.ID)
@@ -460,7 +479,8 @@ func TestRunner_LostLeaseSkipsCleanup(t *testing.T) {
 					}
 					time.Sleep(5 * time.Millisecond)
 				}
-			}))}
+			})),
+			"marker": h.handler(owner, h.step(owner, "marker", nil))}
 	})
 	j := h.enqueue(t, jobs.Spec{Type: "stolen"})
 	h.waitExec(t, j.ID, "two", 1)
@@ -468,7 +488,11 @@ func TestRunner_LostLeaseSkipsCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitExec(t, j.ID, "gave up", 1)
-	time.Sleep(time.Second) // time for the old worker to (wrongly) clean up
+	// The runner's one worker takes the marker job only once it is done
+	// with the stolen one: whatever it (wrongly) did to it is done by then.
+	if m := h.waitFinished(t, h.enqueue(t, jobs.Spec{Type: "marker"}).ID); m.State != jobs.Succeeded {
+		t.Fatalf("marker job = %s (%s), want succeeded", m.State, m.LastError)
+	}
 
 	if got, want := h.execs(t, j.ID), []string{"one", "two", "gave up"}; !slices.Equal(got, want) {
 		t.Errorf("executed %v, want %v", got, want)

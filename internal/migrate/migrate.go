@@ -10,7 +10,9 @@
 // each tenant records its version inside itself (Marker) in the same
 // transaction as the version's files.
 //
-// It owns the rollouts and rollout_tenants tables and the version markers. It
+// It owns the version markers and the meaning of the rollouts and
+// rollout_tenants tables, whose queries live in catalog (rollouts.go) but
+// for the row lock of lockRollout and the job's reset of running tenants. It
 // never creates or drops tenants, and it changes nothing in a tenant but the
 // template's files and the marker.
 package migrate

@@ -58,9 +58,9 @@ func (s *Service) BuildHandler() jobs.Handler {
 			}
 			b := &tenantBuilder{s: s, a: a}
 			return []jobs.Step{
-				{Name: "role", Run: b.step(b.role)},
-				{Name: "storage", Run: b.step(b.storage)},
-				{Name: "ready", Run: b.step(b.ready)},
+				{Name: "role", Run: b.step(b.role), Doing: "creating the tenant's role"},
+				{Name: "storage", Run: b.step(b.storage), Doing: "building the tenant's database or schema from the template"},
+				{Name: "ready", Run: b.step(b.ready), Doing: "recording the tenant ready"},
 			}, nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {

@@ -401,7 +401,7 @@ func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.T
 		return catalog.Tenant{}, err
 	}
 	t.Name, t.ExternalID, t.Tier = want.Name, want.ExternalID, want.Tier
-	if err := s.Store.ActivateTenant(ctx, tx, t); err != nil {
+	if t, err = s.Store.ActivateTenant(ctx, tx, t); err != nil {
 		return catalog.Tenant{}, err
 	}
 	if err := s.Store.AddEvent(ctx, tx, t.ID, "created", map[string]any{"path": "pool", "tier": t.Tier}); err != nil {
@@ -420,9 +420,6 @@ func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.T
 	if err := tx.Commit(ctx); err != nil {
 		return catalog.Tenant{}, err
 	}
-	t.State = catalog.StateActive
-	now := time.Now()
-	t.ClaimedAt = &now
 	return t, nil
 }
 

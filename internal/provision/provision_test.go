@@ -276,6 +276,36 @@ func TestSpares_UnusableBeforeClaim(t *testing.T) {
 	if _, err := c.Tenant(ctx, spares[0].id); !errors.Is(err, catalog.ErrNotFound) {
 		t.Errorf("show spare: %v, want not found", err)
 	}
+
+	// A spare being retired (purging, never claimed, as a pool shrinking
+	// leaves it while its purge runs) is no tenant either.
+	var retired string
+	if err := cat.QueryRow(ctx, `UPDATE tenants SET state = 'purging' WHERE id = (SELECT id FROM tenants
+		WHERE state = 'spare' AND mode = 'schema' ORDER BY id LIMIT 1) RETURNING id`).Scan(&retired); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []url.Values{{}, {"state": {"purging"}}} {
+		if list, err := c.Tenants(ctx, q); err != nil || len(list) != 0 {
+			t.Errorf("tenant list %v = %d rows, %v; want a retiring spare not listed", q, len(list), err)
+		}
+	}
+	if _, err := c.Tenant(ctx, retired); !errors.Is(err, catalog.ErrNotFound) {
+		t.Errorf("show a retiring spare: %v, want not found", err)
+	}
+
+	// A tenant claimed from the pool was created at its claim, not when its
+	// spare was built.
+	var built time.Time
+	if err := cat.QueryRow(ctx, `SELECT max(created_at) FROM tenants WHERE state = 'spare' AND mode = 'database'`).Scan(&built); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database"})
+	if err != nil || got.Path != "pool" {
+		t.Fatalf("create = %+v, %v; want from the pool", got, err)
+	}
+	if tn := got.Tenant; tn.ClaimedAt == nil || !tn.CreatedAt.Equal(*tn.ClaimedAt) || !tn.CreatedAt.After(built) {
+		t.Errorf("claimed tenant: created_at %s, claimed_at %v; want its claim, after the spares were built (%s)", tn.CreatedAt, tn.ClaimedAt, built)
+	}
 }
 
 // TestCreate_RetryByExternalID: retries (sequential and concurrent) with one

@@ -33,7 +33,7 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `UPDATE tenants SET state = 'dropped', dropped_at = now(),
+			_, err := tx.Exec(ctx, `UPDATE tenants SET state = 'dropped', dropped_at = now(), dropped_from = state,
 				purge_after = now() + make_interval(secs => $2), updated_at = now() WHERE id = $1`,
 				t.ID, s.Config.Drop.Retention.D().Seconds())
 			if err != nil {
@@ -63,35 +63,52 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 	s.Poolers.Sync(ctx, clusterName, "drop "+id)
 	res.Tenant, err = s.Store.GetTenant(ctx, nil, id)
 	if errors.Is(err, catalog.ErrNotFound) && res.Job != nil {
-		err = nil // purged already
+		res.Tenant, err = s.Store.GetPurged(ctx, id) // purged already
+		if errors.Is(err, catalog.ErrNotFound) {
+			err = nil // and forgotten (drop.purged_retention 0)
+		}
 	}
 	return res, err
 }
 
-// Restore brings a dropped tenant back, as it was, within its retention.
+// Restore brings a dropped tenant back, as it was, within its retention:
+// in the state it had before the drop (a suspended tenant stays suspended,
+// locked out, until resumed).
 func (s *Service) Restore(ctx context.Context, id string) (Result, error) {
-	return s.transition(ctx, id, catalog.StateDropped, catalog.StateActive, "restored", "LOGIN",
-		`, dropped_at = NULL, purge_after = NULL`)
+	return s.transition(ctx, id, catalog.StateDropped, "", "restored", `, dropped_at = NULL, purge_after = NULL, dropped_from = NULL`)
 }
 
 // Suspend locks a tenant out without the deletion clock.
 func (s *Service) Suspend(ctx context.Context, id string) (Result, error) {
-	return s.transition(ctx, id, catalog.StateActive, catalog.StateSuspended, "suspended", "NOLOGIN", "")
+	return s.transition(ctx, id, catalog.StateActive, catalog.StateSuspended, "suspended", "")
 }
 
 // Resume lets a suspended tenant in again.
 func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
-	return s.transition(ctx, id, catalog.StateSuspended, catalog.StateActive, "resumed", "LOGIN", "")
+	return s.transition(ctx, id, catalog.StateSuspended, catalog.StateActive, "resumed", "")
 }
 
-// transition moves a tenant from one state to another, changing its role's
-// LOGIN on the cluster in the same catalog transaction. Already in the target
-// state is not an error (retries are idempotent).
-func (s *Service) transition(ctx context.Context, id, from, to, event, login, extraSet string) (Result, error) {
-	var clusterName string
+// transition moves a tenant from one state to another (to "": back to the
+// state it had before its drop), changing its role's LOGIN on the cluster
+// in the same catalog transaction: LOGIN for active, NOLOGIN otherwise.
+// Already in the target state is not an error (retries are idempotent).
+func (s *Service) transition(ctx context.Context, id, from, to, event, extraSet string) (Result, error) {
+	var clusterName, reached string
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
 		clusterName = t.Cluster
-		if t.State == to {
+		target := to
+		if target == "" { // restore
+			if t.State == catalog.StateActive || t.State == catalog.StateSuspended {
+				reached = t.State
+				return nil // restored already
+			}
+			target = catalog.StateActive
+			if t.DroppedFrom == catalog.StateSuspended {
+				target = catalog.StateSuspended
+			}
+		}
+		reached = target
+		if t.State == target {
 			return nil
 		}
 		if t.State != from {
@@ -101,24 +118,28 @@ func (s *Service) transition(ctx context.Context, id, from, to, event, login, ex
 			return fmt.Errorf("%w: tenant %s's retention ended at %s; it is being purged", catalog.ErrConflict, t.ID, t.PurgeAfter.Format(time.RFC3339))
 		}
 		role := tenant.PhysicalName(t.ID)
-		if login == "NOLOGIN" {
+		if target != catalog.StateActive {
 			if err := LockOut(ctx, cl, role); err != nil {
 				return err
 			}
 		} else if err := allowLogin(ctx, cl, role); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now()`+extraSet+` WHERE id = $1`, t.ID, to); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now()`+extraSet+` WHERE id = $1`, t.ID, target); err != nil {
 			return err
 		}
-		return s.Store.AddEvent(ctx, tx, t.ID, event, map[string]any{"from": t.State})
+		detail := map[string]any{"from": t.State}
+		if to == "" {
+			detail["to"] = target
+		}
+		return s.Store.AddEvent(ctx, tx, t.ID, event, detail)
 	})
 	if err != nil {
 		return Result{}, err
 	}
 	s.Poolers.Sync(ctx, clusterName, event+" "+id)
 	t, err := s.Store.GetTenant(ctx, nil, id)
-	if err == nil && to == catalog.StateActive && s.OnResume != nil {
+	if err == nil && reached == catalog.StateActive && s.OnResume != nil {
 		if herr := s.OnResume(ctx, t); herr != nil {
 			s.Logger.Warn("after resume", "tenant", id, "err", herr)
 		}
@@ -136,10 +157,15 @@ func (s *Service) change(ctx context.Context, id string, f func(context.Context,
 	}
 	return pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
 		t, err := s.Store.LockTenant(ctx, tx, id)
+		if errors.Is(err, catalog.ErrNotFound) {
+			if p, perr := s.Store.GetPurged(ctx, id); perr == nil {
+				return fmt.Errorf("%w: tenant %s was purged at %s: nothing of it is left to change", catalog.ErrConflict, id, p.PurgedAt.Format(time.RFC3339))
+			}
+		}
 		if err != nil {
 			return err
 		}
-		if t.State == catalog.StateBuilding || t.State == catalog.StateSpare {
+		if t.IsSpare() {
 			return fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
 		}
 		cl, err := s.Clusters.Get(t.Cluster)
@@ -202,7 +228,8 @@ func (s *Service) PurgeSpare(ctx context.Context, t catalog.Tenant, reason strin
 	return err
 }
 
-// Retention purges dropped tenants whose retention has ended.
+// Retention purges dropped tenants whose retention has ended, and forgets
+// purged tenants after drop.purged_retention.
 type Retention struct {
 	S        *Service
 	Interval time.Duration
@@ -214,11 +241,18 @@ func (r *Retention) Run(ctx context.Context) error {
 	down := cluster.Outage{What: "retention pass"}
 	for {
 		n, err := r.S.PurgeExpired(ctx)
+		forgotten := 0
+		if err == nil {
+			forgotten, err = r.S.Store.SweepPurged(ctx, r.S.Config.Drop.PurgedRetention.D())
+		}
 		if ctx.Err() == nil {
 			down.Report(log, err)
 		}
 		if n > 0 {
 			log.Info("retention ended: purging dropped tenants", "tenants", n)
+		}
+		if forgotten > 0 {
+			log.Info("purged tenants forgotten after drop.purged_retention", "tenants", forgotten)
 		}
 		select {
 		case <-ctx.Done():

@@ -1,8 +1,9 @@
 // Package purge removes tenants for good: it locks the tenant out, drops its
 // database (one at a time per cluster: each DROP DATABASE forces a
 // checkpoint) or its schema's relations in small batches paced by the
-// standby's replay lag, then its role and its catalog row. It touches
-// nothing outside the tenant. Soft delete, restore and retention live here too.
+// standby's replay lag, then its role, and turns its catalog row into a
+// tombstone (kept for drop.purged_retention). It touches nothing outside the
+// tenant. Soft delete, restore and retention live here too.
 package purge
 
 import (
@@ -58,19 +59,20 @@ func (s *Service) Handler() jobs.Handler {
 		if err := j.DecodeArgs(&a); err != nil {
 			return nil, err
 		}
-		p := &purger{s: s, id: a.Tenant}
+		p := &purger{s: s, id: a.Tenant, reason: a.Reason}
 		return []jobs.Step{
-			{Name: "lock-out", Run: p.lockOut},
-			{Name: "storage", Run: p.storage},
-			{Name: "role", Run: p.role},
-			{Name: "catalog", Run: p.catalog},
+			{Name: "lock-out", Run: p.lockOut, Doing: "locking the tenant out: NOLOGIN and its sessions ended on the primary"},
+			{Name: "storage", Run: p.storage, Doing: "dropping the tenant's storage"},
+			{Name: "role", Run: p.role, Doing: "dropping the tenant's roles"},
+			{Name: "catalog", Run: p.catalog, Doing: "recording the purge in the catalog"},
 		}, nil
 	}}
 }
 
 type purger struct {
-	s  *Service
-	id string
+	s      *Service
+	id     string
+	reason string // why it is purged: retention ended, purge now, a spare retired …
 }
 
 // load returns the tenant and its cluster.
@@ -101,7 +103,7 @@ func (p *purger) lockOut(ctx context.Context, r *jobs.Run) error {
 				return err
 			}
 		}
-		return LockOut(ctx, cl, tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID))
+		return lockOut(ctx, cl, r.Note, tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID))
 	})
 }
 
@@ -117,6 +119,11 @@ const ReplayWait = 10 * time.Second
 // A role that does not exist is locked out already; a standby that does
 // not answer has no sessions to end.
 func LockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
+	return lockOut(ctx, cl, nil, roles...)
+}
+
+// lockOut is LockOut telling report (when not nil) what it waits for.
+func lockOut(ctx context.Context, cl *cluster.Cluster, report func(context.Context, string), roles ...string) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
@@ -138,7 +145,7 @@ func LockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	if _, err := EndSessions(ctx, cl, roles...); err != nil { // logged in meanwhile
 		return err
 	}
-	_, _, err = OnStandbys(ctx, cl, true, roles...)
+	_, _, err = onStandbys(ctx, cl, true, report, roles)
 	return err
 }
 
@@ -169,6 +176,10 @@ func EndSessions(ctx context.Context, cl *cluster.Cluster, roles ...string) (int
 // not replayed within the wait (their sessions are ended all the same). A
 // standby that does not answer is skipped: it serves no sessions.
 func OnStandbys(ctx context.Context, cl *cluster.Cluster, end bool, roles ...string) (ended int, late []string, err error) {
+	return onStandbys(ctx, cl, end, nil, roles)
+}
+
+func onStandbys(ctx context.Context, cl *cluster.Cluster, end bool, report func(context.Context, string), roles []string) (ended int, late []string, err error) {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return 0, nil, err
@@ -178,6 +189,10 @@ func OnStandbys(ctx context.Context, cl *cluster.Cluster, end bool, roles ...str
 		return 0, nil, cluster.Classify(err)
 	}
 	for _, node := range cl.Nodes()[1:] {
+		if report != nil {
+			report(ctx, fmt.Sprintf("waiting for standby %s/%s to replay the change (at most %s; a standby that does not answer is skipped)",
+				cl.Name(), node, ReplayWait))
+		}
 		n, replayed, err := onStandby(ctx, cl, node, lsn, end, roles)
 		if err != nil {
 			return ended, late, err
@@ -242,8 +257,10 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 			}
 			defer release()
 			cl.ClosePool(name)
+			r.Note(ctx, fmt.Sprintf("dropping database %s: DROP DATABASE forces a checkpoint (and a scan of shared_buffers on the primary and each standby)", name))
 			return cluster.DropDatabase(ctx, admin, name)
 		}
+		r.Note(ctx, fmt.Sprintf("dropping schema %s in %s in batches of at most %d relations", name, t.Database, p.s.Config.Drop.BatchRelations))
 		conn, err := cl.Connect(ctx, t.Database)
 		if errors.Is(err, cluster.ErrNotFound) {
 			return nil // the shared database is gone: nothing of the tenant is left in it
@@ -301,6 +318,10 @@ func dependentsHelp(err error, t catalog.Tenant) error {
 	return err
 }
 
+// catalog forgets the tenant: a claimed tenant's row becomes its tombstone
+// (state purged, with its events, for drop.purged_retention); a spare
+// leaves nothing.
 func (p *purger) catalog(ctx context.Context, r *jobs.Run) error {
-	return p.s.Store.DeleteTenant(ctx, p.s.Store.Pool(), p.id)
+	keep := p.s.Config.Drop.PurgedRetention.D() > 0
+	return p.s.Store.ForgetTenant(ctx, p.id, keep, map[string]any{"job": r.Job.ID, "reason": p.reason})
 }

@@ -223,15 +223,66 @@ func TestDropRestore_RoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var kinds []string
-			for _, ev := range shown.Events {
-				kinds = append(kinds, ev.Kind)
-			}
-			if got := strings.Join(kinds, ","); got != "created,dropped,restored" {
+			if got := eventKinds(shown); got != "created,dropped,restored" {
 				t.Errorf("history = %s, want created,dropped,restored", got)
 			}
 		})
 	}
+}
+
+// TestDropRestore_SuspendedStaysSuspended: a tenant dropped while
+// suspended is restored suspended (still locked out), and resume lets it in.
+func TestDropRestore_SuspendedStaysSuspended(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	tn := e.tenant(t, "saas", "database")
+	if _, err := e.c.TenantAction(ctx, tn.Tenant.ID, "suspend"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.c.DropTenant(ctx, tn.Tenant.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := e.c.TenantAction(ctx, tn.Tenant.ID, "restore")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.Tenant.State != catalog.StateSuspended || restored.Tenant.PurgeAfter != nil {
+		t.Fatalf("restored = %s (purge_after %v), want suspended as before the drop, without a purge time", restored.Tenant.State, restored.Tenant.PurgeAfter)
+	}
+	if conn, err := pgx.Connect(ctx, tn.DSN); err == nil {
+		conn.Close(ctx)
+		t.Error("a tenant restored suspended logged in")
+	}
+	if again, err := e.c.TenantAction(ctx, tn.Tenant.ID, "restore"); err != nil || again.Tenant.State != catalog.StateSuspended {
+		t.Errorf("restore again = %s, %v; want suspended, no error", again.Tenant.State, err)
+	}
+	if r, err := e.c.TenantAction(ctx, tn.Tenant.ID, "resume"); err != nil || r.Tenant.State != catalog.StateActive {
+		t.Fatalf("resume = %+v, %v", r.Tenant, err)
+	}
+	connect(t, tn.DSN)
+}
+
+func eventKinds(tn api.Tenant) string {
+	var kinds []string
+	for _, ev := range tn.Events {
+		kinds = append(kinds, ev.Kind)
+	}
+	return strings.Join(kinds, ",")
+}
+
+// listed reports whether the tenant list with q holds id.
+func listed(t *testing.T, c *api.Client, q url.Values, id string) bool {
+	t.Helper()
+	list, err := c.Tenants(pgtest.Context(t), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range list {
+		if tn.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // TestSuspendResume: the same lock-out without the deletion clock.
@@ -247,8 +298,10 @@ func TestSuspendResume(t *testing.T) {
 		conn.Close(ctx)
 		t.Error("a suspended tenant logged in")
 	}
-	if _, err := e.c.TenantAction(ctx, tn.Tenant.ID, "restore"); !errors.Is(err, catalog.ErrConflict) {
-		t.Errorf("restore of a suspended tenant: %v, want conflict", err)
+	// Restore changes nothing of a tenant that is not dropped (it may
+	// have been restored suspended already).
+	if r, err := e.c.TenantAction(ctx, tn.Tenant.ID, "restore"); err != nil || r.Tenant.State != catalog.StateSuspended {
+		t.Errorf("restore of a suspended tenant: %s, %v; want it left suspended", r.Tenant.State, err)
 	}
 	if r, err := e.c.TenantAction(ctx, tn.Tenant.ID, "resume"); err != nil || r.Tenant.State != catalog.StateActive {
 		t.Fatalf("resume = %+v, %v", r.Tenant, err)
@@ -279,8 +332,20 @@ func TestPurge_LeavesNothingAndSparesNeighbours(t *testing.T) {
 		if left := objectsLeft(t, e, tn.Tenant.Tenant); len(left) > 0 {
 			t.Errorf("%s purge left %v", mode, left)
 		}
-		if _, err := e.c.Tenant(ctx, tn.Tenant.ID); !errors.Is(err, catalog.ErrNotFound) {
-			t.Errorf("show purged %s tenant: %v, want not found", mode, err)
+		// It is remembered: shown purged with its history, listed with
+		// --state purged, and no longer among the tenants.
+		shown, err := e.c.Tenant(ctx, tn.Tenant.ID)
+		if err != nil {
+			t.Fatalf("show purged %s tenant: %v", mode, err)
+		}
+		if shown.State != catalog.StatePurged || shown.PurgedAt == nil || shown.DSN != "" {
+			t.Errorf("purged %s tenant shown as %s (purged_at %v, dsn %q), want purged, a time, no DSN", mode, shown.State, shown.PurgedAt, shown.DSN)
+		}
+		if got, want := eventKinds(shown), "created,dropped,purging,purged"; got != want {
+			t.Errorf("purged %s tenant's history = %s, want %s", mode, got, want)
+		}
+		if !listed(t, e.c, url.Values{"state": {"purged"}}, tn.Tenant.ID) || listed(t, e.c, url.Values{}, tn.Tenant.ID) {
+			t.Errorf("purged %s tenant: want it listed with --state purged only", mode)
 		}
 	}
 	for i, n := range neighbours {
@@ -291,7 +356,8 @@ func TestPurge_LeavesNothingAndSparesNeighbours(t *testing.T) {
 }
 
 // TestDrop_UnknownAndWrongState: an unknown id is 404; a purging tenant
-// cannot be restored.
+// cannot be restored (409, and its purge goes on to the end); a purged one
+// neither, nor changed in any way.
 func TestDrop_UnknownAndWrongState(t *testing.T) {
 	e := start(t, nil)
 	ctx := pgtest.Context(t)
@@ -300,6 +366,68 @@ func TestDrop_UnknownAndWrongState(t *testing.T) {
 		var apiErr *api.Error
 		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusNotFound {
 			t.Errorf("drop %q: %v, want 404", id, err)
+		}
+	}
+
+	tn := e.tenant(t, "saas", "database")
+	res, err := e.c.DropTenant(ctx, tn.Tenant.ID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Purging (or, if the purge was quick, purged): restore is a conflict
+	// either way.
+	if _, err := e.c.TenantAction(ctx, tn.Tenant.ID, "restore"); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("restore of a purging tenant: %v, want conflict", err)
+	}
+	waitJob(t, e.c, res.Job)
+	if left := objectsLeft(t, e, tn.Tenant.Tenant); len(left) > 0 {
+		t.Errorf("purge after a refused restore left %v", left)
+	}
+	for _, verb := range []string{"restore", "resume", "suspend"} {
+		if _, err := e.c.TenantAction(ctx, tn.Tenant.ID, verb); !errors.Is(err, catalog.ErrConflict) || !strings.Contains(err.Error(), "purged") {
+			t.Errorf("%s of a purged tenant: %v, want a conflict saying it was purged", verb, err)
+		}
+	}
+	if _, err := e.c.DropTenant(ctx, tn.Tenant.ID, true); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("drop of a purged tenant: %v, want conflict", err)
+	}
+	if shown, err := e.c.Tenant(ctx, tn.Tenant.ID); err != nil || shown.State != catalog.StatePurged {
+		t.Errorf("purged tenant after the refused changes: %s, %v; want purged", shown.State, err)
+	}
+}
+
+// TestPurged_ForgottenAfterRetention: a purged tenant's tombstone and its
+// events go once drop.purged_retention has passed; with 0 nothing is kept.
+func TestPurged_ForgottenAfterRetention(t *testing.T) {
+	for _, keep := range []time.Duration{0, time.Second} {
+		e := start(t, func(c *config.Config) {
+			c.Drop.PurgedRetention = config.Duration(keep)
+			c.Drop.CheckInterval = config.Duration(200 * time.Millisecond)
+		})
+		ctx := pgtest.Context(t)
+		tn := e.tenant(t, "saas", "schema")
+		res, err := e.c.DropTenant(ctx, tn.Tenant.ID, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitJob(t, e.c, res.Job)
+		for {
+			_, err := e.c.Tenant(ctx, tn.Tenant.ID)
+			if errors.Is(err, catalog.ErrNotFound) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("purged_retention %s: the purged tenant is still shown", keep)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		var events int
+		if err := pg.Conn(t, e.catalog).QueryRow(ctx, `SELECT count(*) FROM tenant_events WHERE tenant = $1`, tn.Tenant.ID).Scan(&events); err != nil || events != 0 {
+			t.Errorf("purged_retention %s: %d events left, %v; want none", keep, events, err)
 		}
 	}
 }

@@ -40,10 +40,10 @@ func (s *Service) BuildHandler() jobs.Handler {
 			}
 			b := &builder{s: s, a: a, jobID: j.ID}
 			return []jobs.Step{
-				{Name: "owner-role", Run: b.ownerRole},
-				{Name: "shared-database", Run: b.sharedDatabase},
-				{Name: "build", Run: b.build},
-				{Name: "finalize", Run: b.finalize},
+				{Name: "owner-role", Run: b.ownerRole, Doing: "creating the template owner role"},
+				{Name: "shared-database", Run: b.sharedDatabase, Doing: "creating the shared database of schema tenants"},
+				{Name: "build", Run: b.build, Doing: "building the template database"},
+				{Name: "finalize", Run: b.finalize, Doing: "recording the build"},
 			}, nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {

@@ -77,11 +77,11 @@ func (s *Service) DeleteHandler() jobs.Handler {
 		}
 		d := &deleter{s: s, name: a.Template, jobID: j.ID}
 		return []jobs.Step{
-			{Name: "stop-jobs", Run: d.stopJobs},
-			{Name: "spares", Run: d.spares},
-			{Name: "template-databases", Run: d.templateDatabases},
-			{Name: "shared-database", Run: d.sharedDatabase},
-			{Name: "catalog", Run: d.catalog},
+			{Name: "stop-jobs", Run: d.stopJobs, Doing: "stopping the template's builds and rollouts"},
+			{Name: "spares", Run: d.spares, Doing: "purging the template's spares"},
+			{Name: "template-databases", Run: d.templateDatabases, Doing: "dropping the template databases"},
+			{Name: "shared-database", Run: d.sharedDatabase, Doing: "dropping the shared database and its connect role"},
+			{Name: "catalog", Run: d.catalog, Doing: "deleting the template's catalog rows"},
 		}, nil
 	}}
 }

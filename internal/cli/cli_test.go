@@ -1,0 +1,298 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+)
+
+var pg *pgtest.Cluster
+
+func TestMain(m *testing.M) { pgtest.Main(m, pgtest.Options{}, &pg) }
+
+// cliEnv is a daemon and the data dir whose token the CLI reads.
+type cliEnv struct {
+	d       *daemon.Daemon
+	dataDir string
+}
+
+func startCLI(t *testing.T) cliEnv {
+	t.Helper()
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	d, _ := daemontest.Start(t, pg, cfg)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "token"), []byte(d.Token()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PGTENANT_TOKEN", "")
+	return cliEnv{d: d, dataDir: dir}
+}
+
+// run runs the command line against the daemon; stdout and stderr go to
+// one buffer, in the order they are written.
+func (e cliEnv) run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	all := append([]string{"--server", e.d.URL(), "--data-dir", e.dataDir}, args...)
+	err := Run(pgtest.Context(t), all, &out, &out)
+	return out.String(), err
+}
+
+// TestFlags_HelpNamesAreWords: every flag's help shows a one-word value
+// name (pflag takes the first `quoted` word of the usage as the name: a
+// quoted phrase garbles the help).
+func TestFlags_HelpNamesAreWords(t *testing.T) {
+	word := regexp.MustCompile(`^[A-Za-z0-9_.|-]*$`)
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		check := func(f *pflag.Flag) {
+			if name, _ := pflag.UnquoteUsage(f); !word.MatchString(name) {
+				t.Errorf("%s --%s: help shows the value name %q, want one word", c.CommandPath(), f.Name, name)
+			}
+		}
+		c.LocalFlags().VisitAll(check)
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	root := newRoot(&bytes.Buffer{}, &bytes.Buffer{})
+	walk(root)
+	var help bytes.Buffer
+	root.SetOut(&help)
+	root.SetArgs([]string{"--help"})
+	if err := root.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(help.String(), "--data-dir DIR ") {
+		t.Errorf("root help does not show --data-dir DIR:\n%s", help.String())
+	}
+}
+
+// TestMakeRun_TakesArgs: `make run ARGS="…"` hands its flags to `up`.
+func TestMakeRun_TakesArgs(t *testing.T) {
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make not installed")
+	}
+	out, err := exec.Command("make", "-n", "-C", "../..", "run", "ARGS=--listen 127.0.0.1:9090 --data-dir /tmp/fleet").CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n run: %v\n%s", err, out)
+	}
+	if want := "bin/pgtenant up --listen 127.0.0.1:9090 --data-dir /tmp/fleet"; !strings.Contains(string(out), want) {
+		t.Errorf("make -n run prints\n%s\nwant a line running %q", out, want)
+	}
+}
+
+// TestCLI_FiltersValidated: a filter with a value that cannot match is an
+// error naming the valid values (the command exits non-zero), and a job
+// target as job lists print it (KIND:ID) finds its jobs.
+func TestCLI_FiltersValidated(t *testing.T) {
+	e := startCLI(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"tenant", "list", "--state", "bogus"}, "provisioning, active, suspended, dropped, purging, purged, failed"},
+		{[]string{"tenant", "list", "--mode", "bogus"}, "one of database, schema"},
+		{[]string{"job", "list", "--state", "bogus"}, "queued, running, waiting, paused, succeeded, failed, cancelled, active"},
+	} {
+		out, err := e.run(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v (printed %q), want an error naming %s", c.args, err, out, c.want)
+		}
+	}
+	// The daemon checks them too, for every client.
+	c := api.NewClient(e.d.URL(), e.d.Token())
+	if _, err := c.Tenants(pgtest.Context(t), url.Values{"state": {"bogus"}}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "purged") {
+		t.Errorf("GET /v1/tenants?state=bogus: %v, want invalid naming the states", err)
+	}
+	if _, err := c.Jobs(pgtest.Context(t), url.Values{"state": {"bogus"}}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "cancelled") {
+		t.Errorf("GET /v1/jobs?state=bogus: %v, want invalid naming the states", err)
+	}
+	if _, err := e.run(t, "template", "create", "saas", "--from", "../../examples/templates/saas", "--wait"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.run(t, "job", "list", "--target", "template:saas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "template.build") {
+		t.Errorf("job list --target template:saas:\n%s\nwant the template's build job", out)
+	}
+}
+
+// TestCLI_ReadableOutput: what reconcile, template create --wait and
+// template show print reads as text (no Go map syntax; the header before
+// the progress; the files' checksums).
+func TestCLI_ReadableOutput(t *testing.T) {
+	e := startCLI(t)
+	out, err := e.run(t, "template", "create", "saas", "--from", "../../examples/templates/saas", "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	progress := -1
+	if loc := regexp.MustCompile(`(?m)^job \d+ (queued|running|waiting|succeeded)`).FindStringIndex(out); loc != nil {
+		progress = loc[0]
+	}
+	stored, built := strings.Index(out, "version 1 stored"), strings.Index(out, "built on every cluster")
+	if stored < 0 || progress < 0 || built < 0 || !(stored < progress && progress < built) {
+		t.Errorf("template create --wait printed\n%s\nwant the header, then the progress, then the outcome", out)
+	}
+
+	out, err = e.run(t, "template", "show", "saas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := os.ReadFile("../../examples/templates/saas/0001_init.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(body)
+	if want := "0001_init.sql  sha256 " + hex.EncodeToString(sum[:])[:16]; !strings.Contains(out, want) {
+		t.Errorf("template show:\n%s\nwant the file's checksum (%s)", out, want)
+	}
+
+	// drop --purge-now --wait shows the tenant as the purge left it.
+	out, err = e.run(t, "-o", "json", "tenant", "create", "--template", "saas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := regexp.MustCompile(`"id": "([a-z0-9]+)"`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("tenant create printed no id:\n%s", out)
+	}
+	out, err = e.run(t, "tenant", "drop", id[1], "--purge-now", "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^state +purged$`).MatchString(out) || !regexp.MustCompile(`(?m)^purge job +\d+ \(succeeded\)$`).MatchString(out) ||
+		!strings.Contains(out, "purged {") {
+		t.Errorf("tenant drop --purge-now --wait printed\n%s\nwant state purged, the purge job succeeded and the purged event", out)
+	}
+
+	out, err = e.run(t, "reconcile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, _ := strings.Cut(out, "\n")
+	if strings.Contains(first, "map[") || !regexp.MustCompile(`^checked \d+ [a-z_ ]+(, \d+ [a-z_ ]+)* on local: \d+ finding\(s\)$`).MatchString(first) {
+		t.Errorf("reconcile's summary = %q, want checked N kind, … on local: N finding(s)", first)
+	}
+}
+
+// TestCLI_Hints: a prewarm with nothing captured says why it did nothing;
+// a daemon that does not answer is named as such, not as a cluster.
+func TestCLI_Hints(t *testing.T) {
+	e := startCLI(t)
+	out, err := e.run(t, "prewarm", "--all", "--wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "nothing to prewarm") {
+		t.Errorf("prewarm --all --wait before any capture:\n%s\nwant a hint that nothing was captured", out)
+	}
+
+	var buf bytes.Buffer
+	err = Run(context.Background(), []string{"--server", "http://127.0.0.1:1", "--data-dir", e.dataDir, "tenant", "list"}, &buf, &buf)
+	if err == nil || !strings.Contains(err.Error(), "pgtenant server unreachable") || strings.Contains(err.Error(), "cluster") {
+		t.Errorf("tenant list with no daemon: %v, want the server named unreachable", err)
+	}
+}
+
+// TestPrintUp_NextSteps: a new fleet is told to create the example
+// template; a restarted one, which has templates, is not.
+func TestPrintUp_NextSteps(t *testing.T) {
+	var fresh, restarted bytes.Buffer
+	printUp(&fresh, upInfo{URL: "http://x"})
+	printUp(&restarted, upInfo{URL: "http://x", Templates: []string{"billing", "saas"}})
+	if !strings.Contains(fresh.String(), "template create saas") {
+		t.Errorf("new fleet:\n%s\nwant template create saas", fresh.String())
+	}
+	if s := restarted.String(); strings.Contains(s, "template create") || !strings.Contains(s, "tenant create --template saas") {
+		t.Errorf("restarted fleet:\n%s\nwant no template create, and a tenant create of its template", s)
+	}
+}
+
+// TestREADME_MetricsExist: every series the README names is one the
+// daemon (or up's supervisor) exports; a name ending in _ or _* is a
+// prefix some series has, and the per-tenant list names pgtenant_tenant_<name>.
+func TestREADME_MetricsExist(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startCLI(t)
+	exported := map[string]bool{}
+	descs := make(chan *prometheus.Desc)
+	go func() {
+		e.d.Metrics().Describe(descs)
+		restartCounter(pg.Cluster).Describe(descs)
+		close(descs)
+	}()
+	fqName := regexp.MustCompile(`fqName: "([a-z_]+)"`)
+	for d := range descs {
+		if m := fqName.FindStringSubmatch(d.String()); m != nil {
+			exported[m[1]] = true
+		}
+	}
+	hasPrefix := func(p string) bool {
+		for n := range exported {
+			if strings.HasPrefix(n, p) {
+				return true
+			}
+		}
+		return false
+	}
+	notMetrics := map[string]bool{"pgtenant_session": true} // the console's cookie
+	named := 0
+	for _, m := range regexp.MustCompile(`pgtenant_[a-z_]+\*?`).FindAllString(string(readme), -1) {
+		if notMetrics[m] {
+			continue
+		}
+		named++
+		if p := strings.TrimSuffix(m, "*"); strings.HasSuffix(p, "_") {
+			if !hasPrefix(p) {
+				t.Errorf("README names series %s…, none is exported", p)
+			}
+		} else if !exported[m] {
+			t.Errorf("README names %s, which is not exported", m)
+		}
+	}
+	// Per-tenant series: "`pgtenant_tenant_*{…}` (`size_bytes`, `connections{state}`, …) exist only".
+	s := string(readme)
+	i := strings.Index(s, "Per-tenant series `pgtenant_tenant_*")
+	j := strings.Index(s[max(i, 0):], "exist only")
+	if i < 0 || j < 0 {
+		t.Fatal("README has no list of per-tenant series")
+	}
+	for _, m := range regexp.MustCompile("`([a-z_]+)(\\{[^}]*\\})?`").FindAllStringSubmatch(s[i:i+j], -1) {
+		if m[1] == "pgtenant_tenant_" {
+			continue
+		}
+		named++
+		if !exported["pgtenant_tenant_"+m[1]] {
+			t.Errorf("README's per-tenant series %s: pgtenant_tenant_%s is not exported", m[1], m[1])
+		}
+	}
+	if named < 30 {
+		t.Errorf("found %d metric names in the README, want the whole list (30+)", named)
+	}
+}
