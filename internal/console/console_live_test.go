@@ -236,6 +236,7 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 		tenant, action, want string // want "": refused by the API, with its status and message
 	}{
 		{f.acme.ID, "suspend", catalog.StateSuspended},
+		{f.acme.ID, "restore", catalog.StateSuspended}, // not dropped: a no-op (retries are idempotent)
 		{f.acme.ID, "resume", catalog.StateActive},
 		{f.globex.ID, "drop", catalog.StateDropped},
 		{f.globex.ID, "password", ""},
