@@ -292,7 +292,9 @@ func (s *Store) GetPurged(ctx context.Context, id string) (Tenant, error) {
 func (s *Store) listPurged(ctx context.Context, f TenantFilter) ([]Tenant, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+purgedColumns+` FROM purged_tenants
 		WHERE ($1 = '' OR cluster = $1) AND ($2 = '' OR template = $2) AND ($3 = '' OR mode = $3) AND id > $4
-		ORDER BY id LIMIT $5`, f.Cluster, f.Template, f.Mode, f.After, f.Limit)
+		  AND ($6 = '' OR tier = $6)
+		  AND ($7 = '' OR id = $7 OR name ILIKE '%' || $8 || '%' OR external_id ILIKE '%' || $8 || '%')
+		ORDER BY id LIMIT $5`, f.Cluster, f.Template, f.Mode, f.After, f.Limit, f.Tier, f.Search, likeEscape(f.Search))
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package console_test
 
 import (
 	"context"
+	"fmt"
 	"html"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -18,8 +20,10 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	tpl "github.com/pgtenant/pgtenant/internal/templates"
 )
 
 var pg *pgtest.Cluster
@@ -30,11 +34,13 @@ func TestMain(m *testing.M) {
 
 // fleet is a daemon with template saas and two tenants.
 type fleet struct {
-	base   string
-	token  string
-	c      *api.Client
-	acme   api.Tenant
-	globex api.Tenant
+	base    string
+	token   string
+	c       *api.Client
+	catalog string // DSN
+	acme    api.Tenant
+	globex  api.Tenant
+	dsn     map[string]string // by tenant id, with the password
 }
 
 func startFleet(t *testing.T) fleet {
@@ -52,7 +58,7 @@ func startFleet(t *testing.T) fleet {
 			t.Fatalf("build: %v %s %s", err, j.State, j.LastError)
 		}
 	}
-	f := fleet{base: d.URL(), token: d.Token(), c: c}
+	f := fleet{base: d.URL(), token: d.Token(), c: c, catalog: cfg.Catalog.DSN, dsn: map[string]string{}}
 	for _, x := range []struct {
 		name, ext string
 		out       *api.Tenant
@@ -63,6 +69,7 @@ func startFleet(t *testing.T) fleet {
 			t.Fatal(err)
 		}
 		*x.out = r.Tenant
+		f.dsn[r.Tenant.ID] = r.DSN
 	}
 	return f
 }
@@ -214,25 +221,38 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 			t.Errorf("%s: status %d, want 403", tc.name, status)
 		}
 	}
-	state := func() string {
+	state := func(id string) string {
 		t.Helper()
-		tn, err := f.c.Tenant(ctx, f.acme.ID)
+		tn, err := f.c.Tenant(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tn.State
 	}
-	if got := state(); got != catalog.StateActive {
+	if got := state(f.acme.ID); got != catalog.StateActive {
 		t.Fatalf("refused posts left the tenant %s", got)
 	}
-	// A restore of a tenant that is not dropped is a no-op (retries are
-	// idempotent): it stays suspended.
-	for _, step := range []struct{ action, want string }{{"suspend", catalog.StateSuspended}, {"restore", catalog.StateSuspended}, {"resume", catalog.StateActive}} {
-		status, loc, body := b.post("/tenants/"+f.acme.ID+"/"+step.action, f.base, url.Values{"csrf": {csrf}})
-		if status != http.StatusSeeOther || loc != "/tenants/"+f.acme.ID+"?done="+step.action {
+	for _, step := range []struct {
+		tenant, action, want string // want "": refused by the API, with its status and message
+	}{
+		{f.acme.ID, "suspend", catalog.StateSuspended},
+		{f.acme.ID, "restore", catalog.StateSuspended}, // not dropped: a no-op (retries are idempotent)
+		{f.acme.ID, "resume", catalog.StateActive},
+		{f.globex.ID, "drop", catalog.StateDropped},
+		{f.globex.ID, "password", ""},
+		{f.globex.ID, "restore", catalog.StateActive},
+	} {
+		status, loc, body := b.post("/tenants/"+step.tenant+"/"+step.action, f.base, url.Values{"csrf": {csrf}})
+		if step.want == "" {
+			if status != http.StatusConflict || !strings.Contains(body, "is dropped and cannot log in") {
+				t.Errorf("%s of a dropped tenant: %d, want the API's 409 and its message\n%s", step.action, status, body)
+			}
+			continue
+		}
+		if status != http.StatusSeeOther || loc != "/tenants/"+step.tenant+"?done="+step.action {
 			t.Fatalf("%s: %d %s\n%s", step.action, status, loc, body)
 		}
-		if got := state(); got != step.want {
+		if got := state(step.tenant); got != step.want {
 			t.Errorf("after %s: %s, want %s", step.action, got, step.want)
 		}
 	}
@@ -246,4 +266,109 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 		t.Fatalf("the new password shown does not log in: %v", err)
 	}
 	conn.Close(ctx)
+}
+
+// TestConsole_RolloutErrorsAndRetry: a rollout that fails for one tenant
+// (its data breaks the new version's constraint) shows that tenant's error
+// on the rollout page with a Retry action; once the data is fixed, the
+// retry posted from the console migrates it.
+func TestConsole_RolloutErrorsAndRetry(t *testing.T) {
+	f := startFleet(t)
+	ctx := pgtest.Context(t)
+	exec := func(sql string) {
+		t.Helper()
+		conn, err := pgx.Connect(ctx, f.dsn[f.globex.ID])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exec(`INSERT INTO organizations (name, slug) VALUES ('bad', 'bad')`)
+	if _, err := f.c.PushTemplate(ctx, "saas", append(templates.Saas(), tpl.Upload{Name: "0002_check.sql",
+		Body: "ALTER TABLE organizations ADD CONSTRAINT org_name_ok CHECK (name <> 'bad');"})); err != nil {
+		t.Fatal(err)
+	}
+	started, err := f.c.StartRollout(ctx, migrate.Request{Template: "saas", To: 2})
+	if err != nil || started.Rollout == nil {
+		t.Fatalf("start rollout: %v", err)
+	}
+	id := started.Rollout.ID
+	waitRollout := func(want string) {
+		t.Helper()
+		for {
+			st, err := f.c.Rollout(ctx, id, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.State == want {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("rollout %d is %s, want %s", id, st.State, want)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+	waitRollout(catalog.RolloutFailed)
+
+	b := newBrowser(t, f.base)
+	b.post("/login", f.base, url.Values{"token": {f.token}})
+	path := fmt.Sprintf("/rollouts/%d", id)
+	_, page := b.get(path)
+	for _, want := range []string{`id="state">failed`, "org_name_ok", f.globex.ID, `id="action-retry"`, "1 failed"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("failed rollout page lacks %q:\n%s", want, page)
+		}
+	}
+	_, confirm := b.get(path + "/retry")
+	m := csrfRE.FindStringSubmatch(confirm)
+	if m == nil {
+		t.Fatalf("retry confirmation without a CSRF token:\n%s", confirm)
+	}
+	exec(`DELETE FROM organizations WHERE name = 'bad'`)
+	if status, loc, body := b.post(path+"/retry", f.base, url.Values{"csrf": {m[1]}}); status != http.StatusSeeOther || loc != path+"?done=retry" {
+		t.Fatalf("retry: %d %s\n%s", status, loc, body)
+	}
+	waitRollout(catalog.RolloutSucceeded)
+	if _, page := b.get(path); !strings.Contains(page, `id="state">succeeded`) || strings.Contains(page, `id="action-retry"`) {
+		t.Errorf("succeeded rollout page:\n%s", page)
+	}
+}
+
+// TestConsole_TenantCharts: a tenant's minute rollups (as the collector
+// writes them) become the four charts of its page, through the API's
+// history.
+func TestConsole_TenantCharts(t *testing.T) {
+	f := startFleet(t)
+	ctx := pgtest.Context(t)
+	store, err := catalog.Open(ctx, f.catalog, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	now := time.Now().Truncate(time.Minute)
+	var rs []catalog.Rollup
+	for i := 10; i >= 1; i-- {
+		size, commits := int64(8<<20+i<<10), int64(60*i)
+		rs = append(rs, catalog.Rollup{Tenant: f.acme.ID, Minute: now.Add(-time.Duration(i) * time.Minute), SizeBytes: &size,
+			Connections: i, Commits: &commits, BlksHit: 90, BlksRead: 10})
+	}
+	if err := store.InsertRollups(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	b := newBrowser(t, f.base)
+	b.post("/login", f.base, url.Values{"token": {f.token}})
+	_, page := b.get("/tenants/" + f.acme.ID + "?history=1h")
+	if n := strings.Count(page, "<polyline"); n != 4 {
+		t.Errorf("%d charts drawn, want 4 (size, connections, commits/s, hit ratio):\n%s", n, page)
+	}
+	for _, want := range []string{"size: 8.0 MB", "connections: 1", "commits/s: 1.00/s", "buffer hit ratio: 90.0%", "<b>1h</b>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("tenant page lacks %q", want)
+		}
+	}
 }

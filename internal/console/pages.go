@@ -145,7 +145,7 @@ func (c *Console) tenants(w http.ResponseWriter, r *http.Request, v view) error 
 		return err
 	}
 	v["Tenants"], v["Filters"], v["Templates"], v["ClusterNames"] = ts, filters, tpls, cls
-	v["States"] = []string{catalog.StateActive, catalog.StateSuspended, catalog.StateDropped, catalog.StateProvisioning, catalog.StatePurging}
+	v["States"] = catalog.ListedStates
 	v["Modes"] = []string{"database", "schema"}
 	c.render(w, http.StatusOK, "tenants.html", v)
 	return nil
