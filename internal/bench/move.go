@@ -131,19 +131,19 @@ func (e *Env) Move(ctx context.Context, o MoveOptions) (MoveResult, Table, error
 		if _, err := load.Exec(ctx, `INSERT INTO accounts (id, filler) SELECT i, repeat('x', 500) FROM generate_series($1::bigint, $2::bigint) i`,
 			from, min(from+99999, rows)); err != nil {
 			load.Close(ctx)
-			// The load's WAL replayed on move-a's standby first: the lag sampled
-			// from here on is the moves'.
-			for lctx := ctx; ; {
-				lag, err := standbyLag(lctx, a)
-				if err != nil || lag < 1<<20 {
-					break
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
 			return res, Table{}, err
 		}
 	}
 	load.Close(ctx)
+	// The load's WAL replayed on move-a's standby first: the lag sampled
+	// from here on is the moves'.
+	for {
+		lag, err := standbyLag(ctx, a)
+		if err != nil || lag < 1<<20 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	// The clients: TPC-B-like transactions through the pooler DSN, each
 	// acknowledged one counted, each one's latency kept with its start.
