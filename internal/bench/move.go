@@ -135,6 +135,15 @@ func (e *Env) Move(ctx context.Context, o MoveOptions) (MoveResult, Table, error
 		}
 	}
 	load.Close(ctx)
+	// The load's WAL replayed on move-a's standby first: the lag sampled
+	// from here on is the moves'.
+	for {
+		lag, err := standbyLag(ctx, a)
+		if err != nil || lag < 1<<20 {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 
 	// The clients: TPC-B-like transactions through the pooler DSN, each
 	// acknowledged one counted, each one's latency kept with its start.
@@ -342,7 +351,11 @@ func moveTable(res MoveResult, o MoveOptions) Table {
 		}
 		return m
 	}
+	for i, m := range res.Moves {
+		t.Notes = append(t.Notes, fmt.Sprintf("move %d: the pause's phases (ms) %s", i+1, m.Phases))
+	}
 	t.Notes = append(t.Notes,
+		fmt.Sprintf("pause as the server recorded it (PAUSE to RESUME): p50 %s, max %s", ms(percentile(server, 50)), ms(maxOf(server))),
 		fmt.Sprintf("transactions %d, failed %d; rows acknowledged %d, found on the last cluster %d (%d distinct)", res.Transactions, res.Failed, res.RowsAcked, res.RowsFound, res.RowsDistinct),
 		fmt.Sprintf("peak standby replay lag: %s on %s, %s on %s", kb(res.PeakLagSource), "move-a", kb(res.PeakLagTarget), "move-b"),
 		"pause (client max): the longest client transaction that started during the move, queued at the pooler while paused")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
 )
 
 // TestFinding12_MoveRunsNoTenantCodeWithPrivilege: a tenant moved to
@@ -33,7 +35,15 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 	e := startOn(t, nil, false, []*pgtest.Cluster{pg2})
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
-			l := e.tenant(t, mode, hostileTier)
+			// On local: placement would put the second on local2.
+			r, err := e.c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: hostileTier, Cluster: "local"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l := login{ID: r.Tenant.ID, Mode: mode, Database: r.Tenant.Database, DSN: r.DSN, Tier: hostileTier, Role: "t_" + r.Tenant.ID, Schema: "public"}
+			if mode == "schema" {
+				l.Schema = l.Role
+			}
 			conn := connect(t, l.DSN)
 			plantPayload(t, conn, l)
 			s := cluster.Ident(l.Schema)
@@ -64,6 +74,7 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 					if _, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.victim (v) VALUES ('during')`, s)); err != nil {
 						return
 					}
+					time.Sleep(5 * time.Millisecond)
 				}
 			}()
 			j, err := e.c.MoveTenant(ctx, l.ID, "local2")

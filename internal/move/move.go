@@ -848,18 +848,21 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return err
 	}
 	// The target catches up first, unpaused: a sentinel's round trip is
-	// the apply backlog; the pause starts once it is short (or after 20
-	// tries: the wait while paused is bounded by SwitchTimeout anyway).
-	for try := 0; try < 20; try++ {
+	// the apply backlog; the pause starts once it is short, or after a
+	// minute of tries (a tenant that writes faster than the apply worker
+	// applies: then the paused catch-up, bounded by SwitchTimeout, is
+	// what lets the move end).
+	for until := time.Now().Add(time.Minute); time.Now().Before(until); {
 		began := time.Now()
 		token, err := sentinel(ctx, sconn, e.t)
 		if err != nil {
 			return err
 		}
-		if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, 5*time.Minute); err != nil {
+		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, time.Until(until))
+		if err != nil && ctx.Err() != nil {
 			return err
 		}
-		if time.Since(began) < 100*time.Millisecond {
+		if err == nil && time.Since(began) < 100*time.Millisecond {
 			break
 		}
 	}
