@@ -20,6 +20,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // binary is the pgtenant binary built once for the end-to-end tests here.
@@ -51,8 +52,9 @@ type upProcess struct {
 			Name string `json:"name"`
 			DSN  string `json:"dsn"`
 		} `json:"nodes"`
-		Pooler   string `json:"pooler"`
-		Clusters []struct {
+		Pooler    string   `json:"pooler"`
+		Templates []string `json:"templates"`
+		Clusters  []struct {
 			Name   string `json:"name"`
 			Pooler string `json:"pooler"`
 			Nodes  []struct {
@@ -142,6 +144,20 @@ func TestUp_StartStopRestart(t *testing.T) {
 	} else {
 		conn.Close()
 	}
+	// up writes what doctor asks for a tenant fleet (its files check).
+	if d, err := c.Cluster(ctx, "local"); err != nil || d.Info == nil || d.Info.Settings["max_files_per_process"] == "1000" {
+		t.Errorf("cluster show local: %v; want max_files_per_process above PostgreSQL's default of 1000", err)
+	}
+	if len(p.info.Templates) != 0 {
+		t.Errorf("a new fleet printed templates %v, want none", p.info.Templates)
+	}
+	files, err := os.ReadFile("../../examples/templates/saas/0001_init.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateTemplate(ctx, "saas", []templates.Upload{{Name: "0001_init.sql", Body: string(files)}}); err != nil {
+		t.Errorf("template create: %v", err)
+	}
 	// A second up on the same data dir is refused while the first runs.
 	out, err := exec.Command(binary, "up", "--data-dir", dataDir, "--listen", "127.0.0.1:0").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "another `pgtenant up`") {
@@ -166,6 +182,10 @@ func TestUp_StartStopRestart(t *testing.T) {
 	}
 	if p.info.Pooler != firstPooler {
 		t.Errorf("restarted pooler on %s, want the same %s", p.info.Pooler, firstPooler)
+	}
+	// Its next steps use the template it has, not a template create.
+	if fmt.Sprint(p.info.Templates) != "[saas]" {
+		t.Errorf("restarted fleet printed templates %v, want [saas]", p.info.Templates)
 	}
 	c = api.NewClient(p.info.URL, p.info.Token)
 	if _, err := c.Clusters(ctx); err != nil {
