@@ -180,8 +180,18 @@ func dsn(addr string, t catalog.Tenant) string {
 // the wait it drops the server side itself (the slot must not outlive the
 // tenant: it would retain WAL for ever).
 func (s *Service) Purge(ctx context.Context, t catalog.Tenant) error {
-	if _, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = 'disabling' WHERE tenant = $1`, t.ID); err != nil {
+	tag, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = 'disabling' WHERE tenant = $1`, t.ID)
+	if err != nil {
 		return fmt.Errorf("disable analytics of %s: %w", t.ID, err)
+	}
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		// No mirror (or a disable that finished): a slot left by a crash
+		// is all there can be.
+		return DropSlot(ctx, cl, SlotName(t.ID))
 	}
 	deadline := time.Now().Add(3 * s.Config.Lease.D())
 	for {
@@ -200,10 +210,6 @@ func (s *Service) Purge(ctx context.Context, t catalog.Tenant) error {
 			return ctx.Err()
 		case <-time.After(s.Config.PollInterval.D() / 2):
 		}
-	}
-	cl, err := s.Clusters.Get(t.Cluster)
-	if err != nil {
-		return err
 	}
 	return dropServerSide(ctx, cl, t)
 }

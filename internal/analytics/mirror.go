@@ -407,14 +407,16 @@ func (w *writer) rollback() { _, _ = w.c.ExecContext(context.Background(), "ROLL
 // stage empties the staging table of width text columns (c0, c1, …) and
 // appends rows to it, in the writer's transaction.
 func (w *writer) stage(ctx context.Context, width int, rows [][]*string) (string, error) {
-	name := fmt.Sprintf("stage_%d", width)
-	qualified := stateSchema + "." + name
+	// Temporary tables live in memory, outside the file and its WAL:
+	// staged rows cost nothing at commit.
+	name := fmt.Sprintf("pgtenant_stage_%d", width)
+	qualified := "temp.main." + name
 	if !w.staged[width] {
 		defs := make([]string, width)
 		for i := range defs {
 			defs[i] = fmt.Sprintf("c%d VARCHAR", i)
 		}
-		if _, err := w.c.ExecContext(ctx, "CREATE TABLE IF NOT EXISTS "+qualified+" ("+strings.Join(defs, ", ")+")"); err != nil {
+		if _, err := w.c.ExecContext(ctx, "CREATE TEMP TABLE IF NOT EXISTS "+name+" ("+strings.Join(defs, ", ")+")"); err != nil {
 			return "", err
 		}
 		w.staged[width] = true
@@ -423,7 +425,7 @@ func (w *writer) stage(ctx context.Context, width int, rows [][]*string) (string
 		return "", err
 	}
 	err := w.c.Raw(func(dc any) error {
-		a, err := duckdb.NewAppender(dc.(driver.Conn), "", stateSchema, name)
+		a, err := duckdb.NewAppender(dc.(driver.Conn), "temp", "main", name)
 		if err != nil {
 			return err
 		}

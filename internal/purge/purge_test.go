@@ -506,8 +506,8 @@ func TestPurge_InterruptedResumes(t *testing.T) {
 	}
 	_, second := daemontest.Start(t, pg, cfg)
 	got := waitJob(t, second, res.Job)
-	if len(got.Steps) != 4 {
-		t.Errorf("steps = %+v, want 4", got.Steps)
+	if len(got.Steps) != 5 { // lock-out, analytics, storage, role, catalog
+		t.Errorf("steps = %+v, want 5", got.Steps)
 	}
 	if l := objectsLeft(t, e, tn.Tenant.Tenant); len(l) > 0 {
 		t.Errorf("resumed purge left %v", l)
