@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
@@ -337,26 +336,7 @@ func runPgbench(ctx context.Context, bin, dir, script, dsn string, clients int, 
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
 		r.windows = append(r.windows, v)
 	}
-	logs, _ := filepath.Glob(prefix + ".*")
-	var lat []time.Duration
-	for _, l := range logs {
-		f, err := os.Open(l)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) >= 3 {
-				if us, err := strconv.ParseInt(fs[2], 10, 64); err == nil {
-					lat = append(lat, time.Duration(us)*time.Microsecond)
-				}
-			}
-		}
-		f.Close()
-		os.Remove(l)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	lat := pgbenchLatencies(prefix)
 	r.p50 = percentile(lat, 50)
 	return r, nil
 }

@@ -392,6 +392,33 @@ func (e *Env) waitPoolerSpares(ctx context.Context, d *benchDaemon, n int) error
 	}
 }
 
+// pgbenchLatencies reads (and removes) the per-transaction logs pgbench
+// --log --log-prefix=prefix wrote: each line's third field is the
+// transaction's latency in microseconds. Sorted, for percentile.
+func pgbenchLatencies(prefix string) []time.Duration {
+	logs, _ := filepath.Glob(prefix + ".*")
+	var lat []time.Duration
+	for _, l := range logs {
+		f, err := os.Open(l)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fs := strings.Fields(sc.Text())
+			if len(fs) >= 3 {
+				if us, err := strconv.ParseInt(fs[2], 10, 64); err == nil {
+					lat = append(lat, time.Duration(us)*time.Microsecond)
+				}
+			}
+		}
+		f.Close()
+		os.Remove(l)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat
+}
+
 var tpsRE = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 
 // pgbench runs Busy clients for Duration with the simple protocol (the
@@ -416,26 +443,7 @@ func (e *Env) pgbench(ctx context.Context, bin, dir, flag, dsn string, o PoolerO
 	if m := regexp.MustCompile(`number of failed transactions: ([0-9]+)`).FindSubmatch(out); m != nil {
 		row.Failed, _ = strconv.Atoi(string(m[1]))
 	}
-	logs, _ := filepath.Glob(prefix + ".*")
-	var lat []time.Duration
-	for _, l := range logs {
-		f, err := os.Open(l)
-		if err != nil {
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fs := strings.Fields(sc.Text())
-			if len(fs) >= 3 {
-				if us, err := strconv.ParseInt(fs[2], 10, 64); err == nil {
-					lat = append(lat, time.Duration(us)*time.Microsecond)
-				}
-			}
-		}
-		f.Close()
-		os.Remove(l)
-	}
-	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	lat := pgbenchLatencies(prefix)
 	row.P50, row.P95 = percentile(lat, 50), percentile(lat, 95)
 	return row, nil
 }
