@@ -264,7 +264,7 @@ func TestREADME_MetricsExist(t *testing.T) {
 	}
 	notMetrics := map[string]bool{"pgtenant_session": true} // the console's cookie
 	named := 0
-	for _, m := range regexp.MustCompile(`pgtenant_[a-z_]+\*?`).FindAllString(string(readme), -1) {
+	for _, m := range regexp.MustCompile(`\bpgtenant_[a-z_]+\*?`).FindAllString(string(readme), -1) {
 		if notMetrics[m] {
 			continue
 		}
