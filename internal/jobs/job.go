@@ -123,7 +123,9 @@ func scanJob(row pgx.Row) (Job, error) {
 }
 
 // Enqueue inserts a job. With a Key, an unfinished job with the same key is
-// returned instead of a new one (submission is idempotent).
+// returned instead of a new one (submission is idempotent). Services go
+// through Runner.Enqueue, which supplies the configured attempts and wakes
+// a worker.
 func Enqueue(ctx context.Context, q Querier, s Spec, defaultAttempts int) (Job, error) {
 	args, err := json.Marshal(s.Args)
 	if err != nil {

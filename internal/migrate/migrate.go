@@ -175,8 +175,8 @@ func (s *Service) Start(ctx context.Context, req Request) (Started, error) {
 	if _, err := s.Store.AddRolloutTenants(ctx, tx, id); err != nil {
 		return Started{}, err
 	}
-	j, err := jobs.Enqueue(ctx, tx, jobs.Spec{Type: Job, Key: "rollout:" + tpl.Name, TargetKind: "template", Target: tpl.Name,
-		Cluster: req.Cluster, Args: jobArgs{Rollout: id}}, s.Config.Jobs.MaxAttempts)
+	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: Job, Key: "rollout:" + tpl.Name, TargetKind: "template", Target: tpl.Name,
+		Cluster: req.Cluster, Args: jobArgs{Rollout: id}})
 	if err != nil {
 		return Started{}, err
 	}

@@ -82,7 +82,7 @@ func (s *Service) BuildHandler() jobs.Handler {
 			if err := s.Store.SetTenantState(ctx, s.Store.Pool(), t.ID, catalog.StateFailed, t.State); err != nil {
 				return err
 			}
-			_, err = jobs.Enqueue(ctx, s.Store.Pool(), purge.Spec(t, "build failed"), s.Config.Jobs.MaxAttempts)
+			_, err = s.Runner.Enqueue(ctx, s.Store.Pool(), purge.Spec(t, "build failed"))
 			return err
 		},
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
-	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -212,7 +211,7 @@ func (p *Pool) fill(ctx context.Context, clusterName, template string, version i
 			if err := s.Store.InsertTenant(ctx, tx, t); err != nil {
 				return err
 			}
-			_, err := jobs.Enqueue(ctx, tx, buildSpec(t, nil), s.Config.Jobs.MaxAttempts)
+			_, err := s.Runner.Enqueue(ctx, tx, buildSpec(t, nil))
 			return err
 		})
 		if err != nil {
@@ -266,7 +265,7 @@ func (p *Pool) shrink(ctx context.Context, clusterName, template string, version
 		if err := s.Store.SetTenantState(ctx, tx, t.ID, catalog.StatePurging, catalog.StateSpare); err != nil {
 			return err
 		}
-		_, err := jobs.Enqueue(ctx, tx, purge.Spec(t, fmt.Sprintf("spare above the pool's size %d, idle", size)), s.Config.Jobs.MaxAttempts)
+		_, err := s.Runner.Enqueue(ctx, tx, purge.Spec(t, fmt.Sprintf("spare above the pool's size %d, idle", size)))
 		return err
 	})
 	if errors.Is(err, catalog.ErrConflict) {
@@ -295,7 +294,7 @@ func (p *Pool) retire(ctx context.Context) error {
 			if err := s.Store.SetTenantState(ctx, tx, t.ID, catalog.StatePurging, catalog.StateSpare); err != nil {
 				return err
 			}
-			_, err := jobs.Enqueue(ctx, tx, purge.Spec(t, "spare of an old template version"), s.Config.Jobs.MaxAttempts)
+			_, err := s.Runner.Enqueue(ctx, tx, purge.Spec(t, "spare of an old template version"))
 			return err
 		})
 		if err != nil && !errors.Is(err, catalog.ErrConflict) {

@@ -472,7 +472,7 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	// earlier (which only someone later would use).
 	spec := buildSpec(want, &activation{Verifier: verifier, Tier: want.Tier})
 	spec.Priority = coldPriority
-	enqueued, err := jobs.Enqueue(ctx, tx, spec, s.Config.Jobs.MaxAttempts)
+	enqueued, err := s.Runner.Enqueue(ctx, tx, spec)
 	if err != nil {
 		return Created{}, err
 	}

@@ -193,7 +193,7 @@ func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, r
 	if err := s.Store.AddEvent(ctx, tx, t.ID, "purging", map[string]any{"reason": reason}); err != nil {
 		return jobs.Job{}, err
 	}
-	return jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
+	return s.Runner.Enqueue(ctx, tx, Spec(t, reason))
 }
 
 // PurgeSpare purges a template's unclaimed tenant (a delete of its
@@ -219,7 +219,7 @@ func (s *Service) PurgeSpare(ctx context.Context, t catalog.Tenant, reason strin
 				return err
 			}
 		}
-		_, err := jobs.Enqueue(ctx, tx, Spec(t, reason), s.Config.Jobs.MaxAttempts)
+		_, err := s.Runner.Enqueue(ctx, tx, Spec(t, reason))
 		return err
 	})
 	if err == nil {

@@ -659,7 +659,7 @@ func (s *scan) enqueuePurge(t catalog.Tenant) func(context.Context) error {
 					return err
 				}
 			}
-			_, err := jobs.Enqueue(ctx, tx, purge.Spec(t, "reconcile: rolled back"), s.r.Config.Jobs.MaxAttempts)
+			_, err := s.r.Runner.Enqueue(ctx, tx, purge.Spec(t, "reconcile: rolled back"))
 			return err
 		})
 	}

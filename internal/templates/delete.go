@@ -51,8 +51,8 @@ func (s *Service) Delete(ctx context.Context, name string) (Deleted, error) {
 	if err := s.Store.MarkTemplateDeleting(ctx, tx, name); err != nil {
 		return Deleted{}, err
 	}
-	j, err := jobs.Enqueue(ctx, tx, jobs.Spec{Type: DeleteJob, Key: "template-delete:" + name, TargetKind: "template", Target: name,
-		Args: deleteArgs{Template: name}}, s.Config.Jobs.MaxAttempts)
+	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: DeleteJob, Key: "template-delete:" + name, TargetKind: "template", Target: name,
+		Args: deleteArgs{Template: name}})
 	if err != nil {
 		return Deleted{}, err
 	}
