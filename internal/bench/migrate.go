@@ -435,9 +435,9 @@ func (e *Env) migrateSequential(ctx context.Context, fc *fleet.Cluster, admin *p
 				if err := tx.QueryRow(ctx, q).Scan(&comment); err != nil {
 					return err
 				}
-				mk := migrate.Built(t.Version)
+				mk := tenant.BuiltMarker(t.Version)
 				if comment != nil {
-					mk, _ = migrate.ParseMarker(*comment)
+					mk, _ = tenant.ParseMarker(*comment)
 				}
 				if mk.Version >= 2 || !apply {
 					return nil

@@ -7,7 +7,7 @@
 // back, recorded with its error and skipped while the others go on; a canary
 // pauses the rollout after its first tenants; and a rollout interrupted at
 // any point resumes without applying a version to a tenant twice, because
-// each tenant records its version inside itself (Marker) in the same
+// each tenant records its version inside itself (tenant.Marker) in the same
 // transaction as the version's files.
 //
 // It owns the version markers and the meaning of the rollouts and

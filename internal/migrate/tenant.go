@@ -99,16 +99,16 @@ func (vs *versions) after(from int) []int {
 }
 
 // markerAfter is the marker a tenant carries once seg is committed.
-func (vs *versions) markerAfter(built int, seg segment) Marker {
+func (vs *versions) markerAfter(built int, seg segment) tenant.Marker {
 	if seg.end == vs.counts[seg.version] {
-		return Marker{Built: built, Version: seg.version}
+		return tenant.Marker{Built: built, Version: seg.version}
 	}
 	prev := vs.prev[seg.version]
-	return Marker{Built: built, Version: prev, Extra: seg.end - vs.counts[prev], Next: seg.version}
+	return tenant.Marker{Built: built, Version: prev, Extra: seg.end - vs.counts[prev], Next: seg.version}
 }
 
 // position is how many of the template's files a marker says are applied.
-func (vs *versions) position(m Marker) (int, bool) {
+func (vs *versions) position(m tenant.Marker) (int, bool) {
 	n, ok := vs.counts[m.Version]
 	return n + m.Extra, ok
 }
@@ -273,35 +273,35 @@ func (m *tenantMove) markerSchema() string {
 }
 
 // readMarker reads the tenant's marker as it is committed now.
-func (m *tenantMove) readMarker(ctx context.Context, conn *pgx.Conn) (Marker, error) {
+func (m *tenantMove) readMarker(ctx context.Context, conn *pgx.Conn) (tenant.Marker, error) {
 	var comment *string
 	err := conn.QueryRow(ctx, m.markerQuery(), pgx.QueryExecModeSimpleProtocol).Scan(&comment)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return Marker{}, cluster.Classify(err)
+		return tenant.Marker{}, cluster.Classify(err)
 	}
 	return m.parseMarker(err == nil, comment)
 }
 
-func (m *tenantMove) parseMarker(exists bool, comment *string) (Marker, error) {
+func (m *tenantMove) parseMarker(exists bool, comment *string) (tenant.Marker, error) {
 	schema := m.markerSchema()
 	switch {
 	case !exists && m.t.Mode == "schema":
-		return Marker{}, fmt.Errorf("schema %s: %w", schema, errGone)
+		return tenant.Marker{}, fmt.Errorf("schema %s: %w", schema, errGone)
 	case !exists:
-		return Marker{}, fmt.Errorf("%w: database %s has no schema %s holding its marker", ErrMarkerMismatch, m.t.Database, schema)
+		return tenant.Marker{}, fmt.Errorf("%w: database %s has no schema %s holding its marker", ErrMarkerMismatch, m.t.Database, schema)
 	case comment == nil:
-		return Marker{}, fmt.Errorf("%w: schema %s has no pgtenant marker", ErrMarkerMismatch, schema)
+		return tenant.Marker{}, fmt.Errorf("%w: schema %s has no pgtenant marker", ErrMarkerMismatch, schema)
 	}
-	mk, ok := ParseMarker(*comment)
+	mk, ok := tenant.ParseMarker(*comment)
 	if !ok {
-		return Marker{}, fmt.Errorf("%w: the comment of schema %s is %q, not a pgtenant marker", ErrMarkerMismatch, schema, *comment)
+		return tenant.Marker{}, fmt.Errorf("%w: the comment of schema %s is %q, not a pgtenant marker", ErrMarkerMismatch, schema, *comment)
 	}
 	return mk, nil
 }
 
 // check compares the tenant's marker with the segment: errApplied if the
 // tenant has it already, an error if it is neither there nor just before it.
-func (m *tenantMove) check(mk Marker, seg segment) error {
+func (m *tenantMove) check(mk tenant.Marker, seg segment) error {
 	pos, ok := m.vs.position(mk)
 	switch {
 	case !ok:
@@ -332,7 +332,7 @@ func (m *tenantMove) roleSQL(local bool) string {
 
 // markerSQL sets the tenant's marker. The agent may: it is a member of the
 // tenant's role (schema mode) and owns the marker schema (database mode).
-func (m *tenantMove) markerSQL(mk Marker) string {
+func (m *tenantMove) markerSQL(mk tenant.Marker) string {
 	return "COMMENT ON SCHEMA " + cluster.Ident(m.markerSchema()) + " IS " + cluster.Literal(mk.String())
 }
 

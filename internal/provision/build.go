@@ -11,7 +11,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
-	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
@@ -40,9 +39,9 @@ func buildSpec(t catalog.Tenant, act *activation) jobs.Spec {
 
 // schemaMarker is the comment a schema tenant gets once fully built; a schema
 // without it is a half-built one, dropped and built again. It is the
-// tenant's version marker (migrate.Marker), which rollouts move on; a
+// tenant's version marker (tenant.Marker), which rollouts move on; a
 // database tenant carries the same on its database.
-func schemaMarker(version int) string { return migrate.Built(version).String() }
+func schemaMarker(version int) string { return tenant.BuiltMarker(version).String() }
 
 // BuildHandler is the job handler of BuildJob. Steps: the role (NOLOGIN, the
 // tier's settings), the storage (a database copied from the template

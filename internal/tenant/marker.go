@@ -1,4 +1,4 @@
-package migrate
+package tenant
 
 import (
 	"fmt"
@@ -67,5 +67,5 @@ func ParseMarker(s string) (m Marker, ok bool) {
 	return m, m.Built > 0 && m.Version >= m.Built
 }
 
-// Built returns the marker of a tenant built from a version.
-func Built(version int) Marker { return Marker{Built: version, Version: version} }
+// BuiltMarker returns the marker of a tenant built from a version.
+func BuiltMarker(version int) Marker { return Marker{Built: version, Version: version} }

@@ -1,4 +1,4 @@
-package migrate
+package tenant
 
 import (
 	"strings"
@@ -10,7 +10,7 @@ func TestMarker_RoundTrip(t *testing.T) {
 		m    Marker
 		want string
 	}{
-		{Built(1), "pgtenant: built from version 1"},
+		{BuiltMarker(1), "pgtenant: built from version 1"},
 		{Marker{Built: 1, Version: 3}, "pgtenant: built from version 1, at version 3"},
 		{Marker{Built: 2, Version: 3, Extra: 1, Next: 4}, "pgtenant: built from version 2, at version 3, +1 file of version 4"},
 		{Marker{Built: 2, Version: 2, Extra: 2, Next: 3}, "pgtenant: built from version 2, at version 2, +2 files of version 3"},
