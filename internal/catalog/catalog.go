@@ -14,7 +14,6 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -82,9 +81,8 @@ func ensureDatabase(ctx context.Context, cc *pgx.ConnConfig) error {
 	if err == nil {
 		return conn.Close(ctx)
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
-		return fmt.Errorf("connect to catalog: %w", cluster.Classify(err))
+	if err = cluster.Classify(err); !errors.Is(err, cluster.ErrNotFound) { // 3D000: no such database
+		return fmt.Errorf("connect to catalog: %w", err)
 	}
 	admin := cc.Copy()
 	admin.Database = "postgres"
@@ -93,7 +91,7 @@ func ensureDatabase(ctx context.Context, cc *pgx.ConnConfig) error {
 		return fmt.Errorf("catalog database %q does not exist and cannot connect to create it: %w", cc.Database, cluster.Classify(err))
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+cluster.Ident(cc.Database)); err != nil && cluster.SQLState(err) != "42P04" {
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+cluster.Ident(cc.Database)); err != nil && !errors.Is(cluster.Classify(err), cluster.ErrDuplicate) {
 		return fmt.Errorf("create catalog database %q: %w", cc.Database, err)
 	}
 	return nil

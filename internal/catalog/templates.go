@@ -108,7 +108,7 @@ func (s *Store) AddTemplateVersion(ctx context.Context, tx pgx.Tx, name string, 
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && create:
 		if _, err := tx.Exec(ctx, `INSERT INTO templates (name, current_version) VALUES ($1, 0)`, name); err != nil {
-			if cluster.SQLState(err) == "23505" {
+			if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
 				return 0, fmt.Errorf("%w: template %s was just created by another request", ErrConflict, name)
 			}
 			return 0, err

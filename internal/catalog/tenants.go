@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
 )
 
 // Querier is a pool or a transaction, so that callers can group writes.
@@ -126,8 +128,7 @@ func (s *Store) InsertTenant(ctx context.Context, q Querier, t Tenant) error {
 	_, err := q.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, tier, state, database, claimed_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, CASE WHEN $9 = 'provisioning' THEN now() END)`,
 		t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Mode, t.Cluster, t.Template, t.Version, t.Tier, t.State, t.Database)
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
 		return fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
 	}
 	return err
@@ -210,8 +211,7 @@ func (s *Store) ActivateTenant(ctx context.Context, q Querier, t Tenant) (Tenant
 	out, err := scanTenant(q.QueryRow(ctx, `UPDATE tenants SET state = 'active', name = $2, external_id = $3, tier = $4,
 		created_at = CASE WHEN state = 'spare' THEN now() ELSE created_at END,
 		claimed_at = now(), updated_at = now() WHERE id = $1 RETURNING `+tenantColumns, t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Tier))
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+	if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
 		return Tenant{}, fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
 	}
 	return out, notFound(err, "tenant "+t.ID)

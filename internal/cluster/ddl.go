@@ -409,7 +409,7 @@ func CreateExtension(ctx context.Context, cl *Cluster, name string) error {
 // suggested only when the server has no such extension (58P01: no control
 // file); a concurrent creation (another worker or daemon) is no error.
 func ExtensionError(name, where string, err error) error {
-	switch SQLState(err) {
+	switch sqlState(err) {
 	case "23505", "42710": // created at the same moment by someone else
 		return nil
 	case "58P01":

@@ -12,9 +12,8 @@ import (
 )
 
 // Domain errors callers branch on. Classify maps PostgreSQL errors onto
-// them. A few callers still read a raw code through SQLState (catalog and
-// migrate: unique violations of their own rows; catalog: a missing catalog
-// database), an exception to be moved here rather than copied.
+// them: it is the one place that reads SQLSTATEs (ExtensionError, beside
+// it, the one other).
 var (
 	ErrUnavailable      = errors.New("cluster unavailable")               // cannot connect, server shutting down
 	ErrDuplicate        = errors.New("object already exists")             // 42P04, 42P06, 42710, 42P07
@@ -88,8 +87,8 @@ func Classify(err error) error {
 	return err
 }
 
-// SQLState returns the SQLSTATE of err, or "".
-func SQLState(err error) string {
+// sqlState returns the SQLSTATE of err, or "".
+func sqlState(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code

@@ -364,7 +364,7 @@ func (s *Service) Retry(ctx context.Context, id int64, tenant string) (Status, e
 		switch {
 		case j.State == jobs.Failed || j.State == jobs.Cancelled:
 			if _, err := jobs.Retry(ctx, tx, j.ID); err != nil {
-				if cluster.SQLState(err) == "23505" {
+				if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
 					return fmt.Errorf("%w: another rollout of template %s is running; retry this one when it ends", catalog.ErrConflict, r.Template)
 				}
 				return err
