@@ -328,8 +328,13 @@ func (c *Cluster) saveState() error {
 }
 
 func (c *Cluster) loadPassword() (string, error) {
-	p := filepath.Join(c.opts.Dir, "superuser.password")
-	if b, err := os.ReadFile(p); err == nil {
+	return PasswordFile(filepath.Join(c.opts.Dir, "superuser.password"), "superuser password")
+}
+
+// PasswordFile returns the password kept in path, made (random, 0600) on
+// first use; what names it in the error.
+func PasswordFile(path, what string) (string, error) {
+	if b, err := os.ReadFile(path); err == nil {
 		return strings.TrimSpace(string(b)), nil
 	}
 	buf := make([]byte, 18)
@@ -337,8 +342,8 @@ func (c *Cluster) loadPassword() (string, error) {
 		return "", err
 	}
 	pw := hex.EncodeToString(buf)
-	if err := os.WriteFile(p, []byte(pw+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("store superuser password: %w", err)
+	if err := os.WriteFile(path, []byte(pw+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("store %s: %w", what, err)
 	}
 	return pw, nil
 }

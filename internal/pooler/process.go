@@ -3,8 +3,6 @@ package pooler
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -82,19 +80,7 @@ func (p *Process) ConfigPath() string { return p.path(configFile) }
 // AdminPassword returns the admin console's password, made (random, 0600,
 // readable by pgtenant only: PgBouncer gets its verifier) on first use.
 func (p *Process) AdminPassword() (string, error) {
-	path := p.path(adminFile)
-	if b, err := os.ReadFile(path); err == nil {
-		return strings.TrimSpace(string(b)), nil
-	}
-	buf := make([]byte, 18)
-	if _, err := rand.Read(buf); err != nil {
-		return "", err
-	}
-	pw := hex.EncodeToString(buf)
-	if err := os.WriteFile(path, []byte(pw+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("store the pooler's admin password: %w", err)
-	}
-	return pw, nil
+	return fleet.PasswordFile(p.path(adminFile), "the pooler's admin password")
 }
 
 // AdminVerifier is the SCRAM verifier of password with a salt derived from
