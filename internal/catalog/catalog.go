@@ -1,8 +1,12 @@
 // Package catalog is pgtenant's own state in PostgreSQL: the schema (embedded
-// goose migrations, every table's, jobs' included), row types and queries
-// for clusters, templates, tenants (and purged tenants' tombstones), events,
-// rollouts, metrics, credentials and secrets. The jobs table's queries live
-// in internal/jobs. It does not talk to tenant clusters.
+// goose migrations, every table's, jobs' included), row types and every
+// query of the catalog's tables but two packages': clusters, templates and
+// their builds, tenants (and purged tenants' tombstones), events, rollouts,
+// metrics history and quotas, prewarm state (hot sets, last prewarms, node
+// lives), credentials and secrets. The jobs and job_steps tables' queries
+// live in internal/jobs, the analytics table's in internal/analytics.
+// Services group methods in one transaction by passing a pgx.Tx as the
+// Querier. It does not talk to tenant clusters.
 package catalog
 
 import (
@@ -125,8 +129,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	return nil
 }
 
-// Pool exposes the catalog pool to packages that keep their own tables here
-// (jobs). Others use the Store's methods.
+// Pool exposes the catalog pool: for transactions that group the Store's
+// methods, and to the packages that keep their own tables' queries (jobs,
+// analytics). No other service queries the catalog's tables but through
+// the Store (internal/bench, which measures a fleet from outside, reads
+// them).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 
 // Close closes the pool.

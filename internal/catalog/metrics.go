@@ -246,14 +246,6 @@ func (s *Store) LargestTemplateBuild(ctx context.Context) (LargestBuild, int64, 
 	return b, maxSize, notFound(err, "template build")
 }
 
-// JobsFinished counts jobs of a type that succeeded on a cluster since a time.
-func (s *Store) JobsFinished(ctx context.Context, cluster, jobType string, since time.Time) (int, error) {
-	var n int
-	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE cluster = $1 AND type = $2 AND state = 'succeeded'
-		AND finished_at >= $3`, cluster, jobType, since).Scan(&n)
-	return n, err
-}
-
 // SpareCounts counts a cluster's spares (ready and being built) by mode: the
 // doctor's estimate of what the pools hold on disk.
 func (s *Store) SpareCounts(ctx context.Context, cluster string) (map[string]int, error) {

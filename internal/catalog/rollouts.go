@@ -177,6 +177,22 @@ func scanRollout(row pgx.Row) (Rollout, error) {
 	return r, err
 }
 
+// LockRollout reads a rollout FOR UPDATE in tx: changes of its state
+// (continue, retry, the end of its migrate step) serialise on it.
+func (s *Store) LockRollout(ctx context.Context, tx pgx.Tx, id int64) (Rollout, error) {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM rollouts WHERE id = $1 FOR UPDATE`, id); err != nil {
+		return Rollout{}, err
+	}
+	return s.GetRollout(ctx, tx, id)
+}
+
+// RequeueRunningRolloutTenants sets a rollout's tenants in flight back to
+// pending (their migration was rolled back when its job stopped).
+func (s *Store) RequeueRunningRolloutTenants(ctx context.Context, q Querier, id int64) error {
+	_, err := q.Exec(ctx, `UPDATE rollout_tenants SET state = 'pending' WHERE rollout = $1 AND state = 'running'`, id)
+	return err
+}
+
 // GetRollout returns a rollout with its counts.
 func (s *Store) GetRollout(ctx context.Context, q Querier, id int64) (Rollout, error) {
 	if q == nil {

@@ -383,6 +383,17 @@ func (s *Store) GetBuild(ctx context.Context, template string, version int, clus
 	return b, notFound(err, fmt.Sprintf("template %s version %d on cluster %s", template, version, cluster))
 }
 
+// NewestReadyVersion is the newest version of a template that is ready
+// (built on every cluster) and whose build on cluster is ready; nil if
+// none is.
+func (s *Store) NewestReadyVersion(ctx context.Context, template, cluster string) (*int, error) {
+	var v *int
+	err := s.pool.QueryRow(ctx, `SELECT max(b.version) FROM template_builds b
+		JOIN template_versions v ON v.template = b.template AND v.version = b.version
+		WHERE b.template = $1 AND b.cluster = $2 AND b.state = 'ready' AND v.state = 'ready'`, template, cluster).Scan(&v)
+	return v, err
+}
+
 // Builds lists builds, optionally of one template.
 func (s *Store) Builds(ctx context.Context, template string) ([]TemplateBuild, error) {
 	rows, err := s.pool.Query(ctx, `SELECT template, version, cluster, state, database, relations, size_bytes, error, updated_at

@@ -84,15 +84,6 @@ func scanTenant(row pgx.Row) (Tenant, error) {
 	return t, err
 }
 
-// UnfinishedJob reports whether a job of a type on a target is queued,
-// running, waiting or paused (a tenant's move, for a rollout).
-func (s *Store) UnfinishedJob(ctx context.Context, typ, target string) (bool, error) {
-	var ok bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND target = $2
-		AND state IN ('queued', 'running', 'waiting', 'paused'))`, typ, target).Scan(&ok)
-	return ok, err
-}
-
 // FrontCluster is the cluster whose pooler serves the tenant's DSN.
 func (t Tenant) FrontCluster() string {
 	if t.Front != "" {
@@ -232,6 +223,34 @@ func (s *Store) SetTenantState(ctx context.Context, q Querier, id, state string,
 		return fmt.Errorf("%w: tenant %s is %s, not %v", ErrConflict, id, t.State, from)
 	}
 	return nil
+}
+
+// DropTenant soft-deletes a tenant: dropped, remembering the state it had
+// (what a restore brings back), to be purged after retention. The caller
+// holds the row (LockTenant) and has checked its state.
+func (s *Store) DropTenant(ctx context.Context, q Querier, id string, retention time.Duration) error {
+	_, err := q.Exec(ctx, `UPDATE tenants SET state = 'dropped', dropped_at = now(), dropped_from = state,
+		purge_after = now() + make_interval(secs => $2), updated_at = now() WHERE id = $1`, id, retention.Seconds())
+	return err
+}
+
+// RestoreTenant brings a dropped tenant back to state (the one it was
+// dropped from), clearing its deletion clock. The caller holds the row
+// (LockTenant) and has checked its state.
+func (s *Store) RestoreTenant(ctx context.Context, q Querier, id, state string) error {
+	_, err := q.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now(),
+		dropped_at = NULL, purge_after = NULL, dropped_from = NULL WHERE id = $1`, id, state)
+	return err
+}
+
+// ExpiredDrops lists dropped tenants whose retention has ended, the
+// longest expired first, at most 1000.
+func (s *Store) ExpiredDrops(ctx context.Context) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id FROM tenants WHERE state = 'dropped' AND purge_after <= now() ORDER BY purge_after LIMIT 1000`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // DeleteTenant removes a tenant row and its events, leaving nothing.

@@ -4,6 +4,10 @@
 // that any daemon can resume a job whose worker died from its last completed
 // step. The pacer (pacer.go) holds heavy steps while a cluster is over budget.
 // Steps must be idempotent; this package knows nothing of what they do.
+//
+// Every query of the jobs and job_steps tables is here (their schema is in
+// catalog's migrations): services read jobs through List, Get, Unfinished,
+// Busy, SucceededSince and Targets, never with SQL of their own.
 package jobs
 
 import (
@@ -297,4 +301,64 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p permanentError
 	return errors.As(err, &p)
+}
+
+// Busy reports whether a job of a type on a cluster is queued, running or
+// waiting (paused ones do not count: they wait for an operator).
+func Busy(ctx context.Context, q Querier, typ, cluster string) (bool, error) {
+	var busy bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND cluster = $2
+		AND state IN ('queued', 'running', 'waiting'))`, typ, cluster).Scan(&busy)
+	return busy, err
+}
+
+// Unfinished reports whether a job of a type on a target is queued,
+// running, waiting or paused.
+func Unfinished(ctx context.Context, q Querier, typ, target string) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND target = $2
+		AND state IN ('queued', 'running', 'waiting', 'paused'))`, typ, target).Scan(&ok)
+	return ok, err
+}
+
+// SucceededSince counts the jobs of a type that succeeded on a cluster
+// since a time.
+func SucceededSince(ctx context.Context, q Querier, cluster, typ string, since time.Time) (int, error) {
+	var n int
+	err := q.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE cluster = $1 AND type = $2 AND state = 'succeeded'
+		AND finished_at >= $3`, cluster, typ, since).Scan(&n)
+	return n, err
+}
+
+// TargetJobs is what the jobs table holds of one target: whether one of
+// its jobs is unfinished, and its newest job of one type.
+type TargetJobs struct {
+	Active               bool
+	Last                 int64 // id of the newest job of the type; 0 if none
+	LastState, LastError string
+}
+
+// Targets summarises the jobs of every target (jobs without a target left
+// out), the newest job of type typ included: reconcile tells by it what
+// pgtenant ever had a job for.
+func Targets(ctx context.Context, q Querier, typ string) (map[string]TargetJobs, error) {
+	rows, err := q.Query(ctx, `SELECT target, bool_or(state IN ('queued', 'running', 'waiting', 'paused')),
+		       coalesce((array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1], 0),
+		       coalesce((array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1], ''),
+		       coalesce((array_agg(last_error ORDER BY id DESC) FILTER (WHERE type = $1))[1], '')
+		FROM jobs WHERE target <> '' GROUP BY target`, typ)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]TargetJobs{}
+	for rows.Next() {
+		var target string
+		var t TargetJobs
+		if err := rows.Scan(&target, &t.Active, &t.Last, &t.LastState, &t.LastError); err != nil {
+			return nil, err
+		}
+		out[target] = t
+	}
+	return out, rows.Err()
 }

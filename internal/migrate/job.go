@@ -44,7 +44,7 @@ func (s *Service) Handler() jobs.Handler {
 			}
 			return pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
 				// Tenants in flight were rolled back: they are pending again.
-				if _, err := tx.Exec(ctx, `UPDATE rollout_tenants SET state = 'pending' WHERE rollout = $1 AND state = 'running'`, a.Rollout); err != nil {
+				if err := s.Store.RequeueRunningRolloutTenants(ctx, tx, a.Rollout); err != nil {
 					return err
 				}
 				return s.Store.SetRolloutState(ctx, tx, a.Rollout, state)
@@ -175,7 +175,7 @@ func (s *Service) finish(ctx context.Context, id int64) (bool, error) {
 	var failed error
 	over := false
 	err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
-		ro, err := s.lockRollout(ctx, tx, id)
+		ro, err := s.Store.LockRollout(ctx, tx, id)
 		if err != nil {
 			return err
 		}

@@ -11,8 +11,7 @@
 // transaction as the version's files.
 //
 // It owns the version markers and the meaning of the rollouts and
-// rollout_tenants tables, whose queries live in catalog (rollouts.go) but
-// for the row lock of lockRollout and the job's reset of running tenants. It
+// rollout_tenants tables, whose queries live in catalog (rollouts.go). It
 // never creates or drops tenants, and it changes nothing in a tenant but the
 // template's files and the marker.
 package migrate
@@ -308,19 +307,10 @@ func (s *Service) List(ctx context.Context, template string, limit int) ([]Statu
 	return out, nil
 }
 
-// lockRollout reads a rollout FOR UPDATE in tx: Continue, Retry and the end
-// of the migrate step serialise on it.
-func (s *Service) lockRollout(ctx context.Context, tx pgx.Tx, id int64) (catalog.Rollout, error) {
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM rollouts WHERE id = $1 FOR UPDATE`, id); err != nil {
-		return catalog.Rollout{}, err
-	}
-	return s.Store.GetRollout(ctx, tx, id)
-}
-
 // Continue lets a rollout paused after its canary go on.
 func (s *Service) Continue(ctx context.Context, id int64) (Status, error) {
 	err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
-		r, err := s.lockRollout(ctx, tx, id)
+		r, err := s.Store.LockRollout(ctx, tx, id)
 		if err != nil {
 			return err
 		}
@@ -349,7 +339,7 @@ func (s *Service) Continue(ctx context.Context, id int64) (Status, error) {
 // `rollout continue`.
 func (s *Service) Retry(ctx context.Context, id int64, tenant string) (Status, error) {
 	err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
-		r, err := s.lockRollout(ctx, tx, id)
+		r, err := s.Store.LockRollout(ctx, tx, id)
 		if err != nil {
 			return err
 		}

@@ -9,7 +9,6 @@ package prewarm
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -40,28 +39,10 @@ type Service struct {
 }
 
 // Range is a run of consecutive blocks of one relation fork in the cache.
-type Range struct {
-	Filenode uint32 `json:"f"`
-	Fork     int16  `json:"k"`
-	First    int64  `json:"a"`
-	Last     int64  `json:"b"`
-	Usage    int64  `json:"u"` // sum of the blocks' usage counts
-}
-
-func (r Range) blocks() int64 { return r.Last - r.First + 1 }
+type Range = catalog.BlockRange
 
 // HotSet is one tenant's hot blocks on one node.
-type HotSet struct {
-	Tenant     string    `json:"tenant"`
-	Cluster    string    `json:"cluster"`
-	Node       string    `json:"node"`
-	CapturedAt time.Time `json:"captured_at"`
-	Blocks     int64     `json:"blocks"`
-	Usage      int64     `json:"usage"`
-	Counter    int64     `json:"-"`
-	Activity   int64     `json:"activity"` // blocks hit + read since the previous capture
-	Ranges     []Range   `json:"-"`
-}
+type HotSet = catalog.HotSet
 
 // CaptureResult summarises one capture of a node.
 type CaptureResult struct {
@@ -94,7 +75,7 @@ func (s *Service) Capture(ctx context.Context, cl *cluster.Cluster, node string)
 	if err != nil {
 		return res, err
 	}
-	seen, err := s.nodeState(ctx, cl.Name(), node)
+	seen, err := s.Store.GetPrewarmNode(ctx, cl.Name(), node)
 	if err == nil && seen.PostmasterStart != nil && !seen.PostmasterStart.Equal(id.start) {
 		res.Skipped = "the node restarted and has not been prewarmed yet"
 		return res, nil
@@ -112,53 +93,12 @@ func (s *Service) Capture(ctx context.Context, cl *cluster.Cluster, node string)
 			return res, err
 		}
 	}
-	now := time.Now()
-	err = pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
-		// Activity is the change of the counter since the previous capture
-		// (the counter itself on a first capture or after a statistics reset).
-		if _, err := tx.Exec(ctx, `CREATE TEMP TABLE hot_sets_prev ON COMMIT DROP AS
-			SELECT tenant, counter FROM hot_sets WHERE cluster = $1 AND node = $2`, cl.Name(), node); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM hot_sets WHERE cluster = $1 AND node = $2`, cl.Name(), node); err != nil {
-			return err
-		}
-		// Only tenants (not spares, not rows gone since) get a hot set.
-		rows := [][]any{}
-		for _, h := range sets {
-			b, err := json.Marshal(h.Ranges)
-			if err != nil {
-				return err
-			}
-			rows = append(rows, []any{h.Tenant, cl.Name(), node, now, h.Blocks, h.Usage, h.Counter, string(b)})
-			res.Tenants++
-			res.Blocks += h.Blocks
-		}
-		if len(rows) > 0 {
-			if _, err := tx.Exec(ctx, `CREATE TEMP TABLE hot_sets_in (LIKE hot_sets INCLUDING DEFAULTS) ON COMMIT DROP`); err != nil {
-				return err
-			}
-			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"hot_sets_in"},
-				[]string{"tenant", "cluster", "node", "captured_at", "blocks", "usage", "counter", "ranges"}, pgx.CopyFromRows(rows)); err != nil {
-				return err
-			}
-			tag, err := tx.Exec(ctx, `INSERT INTO hot_sets (tenant, cluster, node, captured_at, blocks, usage, counter, activity, ranges)
-				SELECT i.tenant, i.cluster, i.node, i.captured_at, i.blocks, i.usage, i.counter,
-				       CASE WHEN p.counter IS NULL OR p.counter > i.counter THEN i.counter ELSE i.counter - p.counter END, i.ranges
-				FROM hot_sets_in i JOIN tenants t ON t.id = i.tenant LEFT JOIN hot_sets_prev p ON p.tenant = i.tenant
-				WHERE t.state NOT IN ('building', 'spare')`)
-			if err != nil {
-				return err
-			}
-			res.Tenants = int(tag.RowsAffected())
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO prewarm_nodes (cluster, node, postmaster_start, timeline, captured_at, captured_tenants, captured_blocks)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)
-			ON CONFLICT (cluster, node) DO UPDATE SET captured_at = $5, captured_tenants = $6, captured_blocks = $7,
-				postmaster_start = coalesce(prewarm_nodes.postmaster_start, $3), timeline = coalesce(prewarm_nodes.timeline, $4),
-				updated_at = now()`, cl.Name(), node, id.start, id.timeline, now, res.Tenants, res.Blocks)
-		return err
-	})
+	all := make([]HotSet, 0, len(sets))
+	for _, h := range sets {
+		all = append(all, *h)
+		res.Blocks += h.Blocks
+	}
+	res.Tenants, err = s.Store.ReplaceHotSets(ctx, cl.Name(), node, id.start, id.timeline, time.Now(), all)
 	if err != nil {
 		return res, fmt.Errorf("store hot sets of %s/%s: %w", cl.Name(), node, err)
 	}
@@ -255,7 +195,7 @@ func (s *Service) readCache(ctx context.Context, cl *cluster.Cluster, node strin
 			sets[id] = h
 		}
 		h.Ranges = append(h.Ranges, x.r)
-		h.Blocks += x.r.blocks()
+		h.Blocks += x.r.Blocks()
 		h.Usage += x.r.Usage
 	}
 	if err := s.readCounters(ctx, cl, node, conn, sets, schemaOf); err != nil {
@@ -265,11 +205,11 @@ func (s *Service) readCache(ctx context.Context, cl *cluster.Cluster, node strin
 		// Hottest first: by usage per block, then by size.
 		sort.Slice(h.Ranges, func(i, j int) bool {
 			a, b := h.Ranges[i], h.Ranges[j]
-			da, db := float64(a.Usage)/float64(a.blocks()), float64(b.Usage)/float64(b.blocks())
+			da, db := float64(a.Usage)/float64(a.Blocks()), float64(b.Usage)/float64(b.Blocks())
 			if da != db {
 				return da > db
 			}
-			return a.blocks() > b.blocks()
+			return a.Blocks() > b.Blocks()
 		})
 	}
 	return sets, nil
@@ -360,49 +300,13 @@ func (s *Service) schemaFilenodes(ctx context.Context, cl *cluster.Cluster, node
 }
 
 // NodeState is what pgtenant last saw of a node.
-type NodeState struct {
-	Cluster         string     `json:"cluster"`
-	Node            string     `json:"node"`
-	PostmasterStart *time.Time `json:"postmaster_start,omitempty"`
-	Timeline        *int       `json:"timeline,omitempty"`
-	CapturedAt      *time.Time `json:"captured_at,omitempty"`
-	CapturedTenants int        `json:"captured_tenants"`
-	CapturedBlocks  int64      `json:"captured_blocks"`
-}
-
-func (s *Service) nodeState(ctx context.Context, clusterName, node string) (NodeState, error) {
-	var n NodeState
-	err := s.Store.Pool().QueryRow(ctx, `SELECT cluster, node, postmaster_start, timeline, captured_at, captured_tenants, captured_blocks
-		FROM prewarm_nodes WHERE cluster = $1 AND node = $2`, clusterName, node).
-		Scan(&n.Cluster, &n.Node, &n.PostmasterStart, &n.Timeline, &n.CapturedAt, &n.CapturedTenants, &n.CapturedBlocks)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return n, fmt.Errorf("node %s/%s: %w", clusterName, node, catalog.ErrNotFound)
-	}
-	return n, err
-}
+type NodeState = catalog.PrewarmNode
 
 func (s *Service) prewarmRunning(ctx context.Context, clusterName string) (bool, error) {
-	var n int
-	err := s.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM jobs WHERE type = $1 AND cluster = $2
-		AND state IN ('queued', 'running', 'waiting')`, Job, clusterName).Scan(&n)
-	return n > 0, err
+	return jobs.Busy(ctx, s.Store.Pool(), Job, clusterName)
 }
 
 // HotSets returns a tenant's hot sets, one per node.
 func (s *Service) HotSets(ctx context.Context, tenantID string) ([]HotSet, error) {
-	rows, err := s.Store.Pool().Query(ctx, `SELECT tenant, cluster, node, captured_at, blocks, usage, activity, ranges
-		FROM hot_sets WHERE tenant = $1 ORDER BY node`, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, scanHotSet)
-}
-
-func scanHotSet(r pgx.CollectableRow) (HotSet, error) {
-	var h HotSet
-	var ranges []byte
-	if err := r.Scan(&h.Tenant, &h.Cluster, &h.Node, &h.CapturedAt, &h.Blocks, &h.Usage, &h.Activity, &ranges); err != nil {
-		return h, err
-	}
-	return h, json.Unmarshal(ranges, &h.Ranges)
+	return s.Store.HotSets(ctx, tenantID)
 }

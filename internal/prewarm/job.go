@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -37,16 +34,7 @@ func Spec(a Args) jobs.Spec {
 }
 
 // TenantResult is the last prewarm of a tenant on a node.
-type TenantResult struct {
-	Tenant       string    `json:"tenant"`
-	Node         string    `json:"node"`
-	JobID        int64     `json:"job_id"`
-	State        string    `json:"state"` // done, skipped, failed
-	BlocksBuffer int64     `json:"blocks_buffer"`
-	BlocksOS     int64     `json:"blocks_os"`
-	Error        string    `json:"error,omitempty"`
-	At           time.Time `json:"at"`
-}
+type TenantResult = catalog.PrewarmResult
 
 // Handler is the job handler of Job: one step that loads the hot sets of the
 // node's tenants in priority order. It never fails because of one tenant: a
@@ -71,13 +59,7 @@ type planned struct {
 // (blocks hit or read between the last two captures), then how hot their
 // cached blocks were.
 func (s *Service) plan(ctx context.Context, a Args) ([]planned, error) {
-	rows, err := s.Store.Pool().Query(ctx, `SELECT tenant, cluster, node, captured_at, blocks, usage, activity, ranges
-		FROM hot_sets WHERE cluster = $1 AND node = $2 AND (coalesce(cardinality($3::text[]), 0) = 0 OR tenant = ANY($3))`,
-		a.Cluster, a.Node, a.Tenants)
-	if err != nil {
-		return nil, err
-	}
-	sets, err := pgx.CollectRows(rows, scanHotSet)
+	sets, err := s.Store.NodeHotSets(ctx, a.Cluster, a.Node, a.Tenants)
 	if err != nil {
 		return nil, err
 	}
@@ -129,24 +111,12 @@ func (s *Service) freeBuffers(ctx context.Context, cl *cluster.Cluster, node str
 }
 
 func (s *Service) record(ctx context.Context, r TenantResult) error {
-	_, err := s.Store.Pool().Exec(ctx, `INSERT INTO prewarm_tenants (tenant, node, job_id, state, blocks_buffer, blocks_os, error, at)
-		SELECT $1, $2, $3, $4, $5, $6, $7, now() WHERE EXISTS (SELECT 1 FROM tenants WHERE id = $1)
-		ON CONFLICT (tenant, node) DO UPDATE SET job_id = $3, state = $4, blocks_buffer = $5, blocks_os = $6, error = $7, at = now()`,
-		r.Tenant, r.Node, r.JobID, r.State, r.BlocksBuffer, r.BlocksOS, r.Error)
-	return err
+	return s.Store.RecordPrewarm(ctx, r)
 }
 
 // Results returns a tenant's last prewarm per node.
 func (s *Service) Results(ctx context.Context, tenantID string) ([]TenantResult, error) {
-	rows, err := s.Store.Pool().Query(ctx, `SELECT tenant, node, coalesce(job_id, 0), state, blocks_buffer, blocks_os, error, at
-		FROM prewarm_tenants WHERE tenant = $1 ORDER BY node`, tenantID)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (TenantResult, error) {
-		var x TenantResult
-		return x, r.Scan(&x.Tenant, &x.Node, &x.JobID, &x.State, &x.BlocksBuffer, &x.BlocksOS, &x.Error, &x.At)
-	})
+	return s.Store.PrewarmResults(ctx, tenantID)
 }
 
 // Enqueue starts a prewarm job (idempotent per cluster, node and tenant).

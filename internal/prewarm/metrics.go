@@ -43,30 +43,18 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rows, err := c.s.Store.Pool().Query(ctx, `SELECT t.cluster, p.node, p.state, count(*), sum(p.blocks_buffer), sum(p.blocks_os)
-		FROM prewarm_tenants p JOIN tenants t ON t.id = p.tenant GROUP BY 1, 2, 3`)
+	counts, err := c.s.Store.PrewarmCounts(ctx)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
-	defer rows.Close()
 	type nodeKey struct{ cluster, node string }
 	buffer, os := map[nodeKey]int64{}, map[nodeKey]int64{}
-	for rows.Next() {
-		var k nodeKey
-		var state string
-		var n, inBuffer, inOS int64
-		if err := rows.Scan(&k.cluster, &k.node, &state, &n, &inBuffer, &inOS); err != nil {
-			ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-			return
-		}
-		ch <- prometheus.MustNewConstMetric(c.tenants, prometheus.GaugeValue, float64(n), k.cluster, k.node, state)
-		buffer[k] += inBuffer
-		os[k] += inOS
-	}
-	if rows.Err() != nil {
-		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
-		return
+	for _, n := range counts {
+		k := nodeKey{n.Cluster, n.Node}
+		ch <- prometheus.MustNewConstMetric(c.tenants, prometheus.GaugeValue, float64(n.Tenants), k.cluster, k.node, n.State)
+		buffer[k] += n.BlocksBuffer
+		os[k] += n.BlocksOS
 	}
 	for k, n := range buffer {
 		ch <- prometheus.MustNewConstMetric(c.blocks, prometheus.GaugeValue, float64(n), k.cluster, k.node, "buffer")

@@ -125,7 +125,7 @@ func (w *Watcher) captureDue(ctx context.Context, clusterName, node string, trie
 	if every <= 0 || time.Since(tried) < every {
 		return false
 	}
-	n, err := w.S.nodeState(ctx, clusterName, node)
+	n, err := w.S.Store.GetPrewarmNode(ctx, clusterName, node)
 	return err != nil || n.CapturedAt == nil || time.Since(*n.CapturedAt) >= every
 }
 
@@ -153,7 +153,7 @@ func (s *Service) Check(ctx context.Context, cl *cluster.Cluster, node string) e
 }
 
 func (s *Service) check(ctx context.Context, cl *cluster.Cluster, node string, id nodeID) error {
-	seen, err := s.nodeState(ctx, cl.Name(), node)
+	seen, err := s.Store.GetPrewarmNode(ctx, cl.Name(), node)
 	first := errors.Is(err, catalog.ErrNotFound)
 	if err != nil && !first {
 		return err
@@ -168,9 +168,7 @@ func (s *Service) check(ctx context.Context, cl *cluster.Cluster, node string, i
 	default:
 		return nil
 	}
-	if _, err := s.Store.Pool().Exec(ctx, `INSERT INTO prewarm_nodes (cluster, node, postmaster_start, timeline) VALUES ($1, $2, $3, $4)
-		ON CONFLICT (cluster, node) DO UPDATE SET postmaster_start = $3, timeline = $4, updated_at = now()`,
-		cl.Name(), node, id.start, id.timeline); err != nil {
+	if err := s.Store.SeePrewarmNode(ctx, cl.Name(), node, id.start, id.timeline); err != nil {
 		return err
 	}
 	if reason == "" {

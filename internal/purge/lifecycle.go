@@ -33,10 +33,7 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `UPDATE tenants SET state = 'dropped', dropped_at = now(), dropped_from = state,
-				purge_after = now() + make_interval(secs => $2), updated_at = now() WHERE id = $1`,
-				t.ID, s.Config.Drop.Retention.D().Seconds())
-			if err != nil {
+			if err := s.Store.DropTenant(ctx, tx, t.ID, s.Config.Drop.Retention.D()); err != nil {
 				return err
 			}
 			if err := s.Store.AddEvent(ctx, tx, t.ID, "dropped", map[string]any{"from": t.State,
@@ -75,24 +72,24 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 // in the state it had before the drop (a suspended tenant stays suspended,
 // locked out, until resumed).
 func (s *Service) Restore(ctx context.Context, id string) (Result, error) {
-	return s.transition(ctx, id, catalog.StateDropped, "", "restored", `, dropped_at = NULL, purge_after = NULL, dropped_from = NULL`)
+	return s.transition(ctx, id, catalog.StateDropped, "", "restored")
 }
 
 // Suspend locks a tenant out without the deletion clock.
 func (s *Service) Suspend(ctx context.Context, id string) (Result, error) {
-	return s.transition(ctx, id, catalog.StateActive, catalog.StateSuspended, "suspended", "")
+	return s.transition(ctx, id, catalog.StateActive, catalog.StateSuspended, "suspended")
 }
 
 // Resume lets a suspended tenant in again.
 func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
-	return s.transition(ctx, id, catalog.StateSuspended, catalog.StateActive, "resumed", "")
+	return s.transition(ctx, id, catalog.StateSuspended, catalog.StateActive, "resumed")
 }
 
 // transition moves a tenant from one state to another (to "": back to the
 // state it had before its drop), changing its role's LOGIN on the cluster
 // in the same catalog transaction: LOGIN for active, NOLOGIN otherwise.
 // Already in the target state is not an error (retries are idempotent).
-func (s *Service) transition(ctx context.Context, id, from, to, event, extraSet string) (Result, error) {
+func (s *Service) transition(ctx context.Context, id, from, to, event string) (Result, error) {
 	var clusterName, reached string
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
 		clusterName = t.FrontCluster()
@@ -125,7 +122,11 @@ func (s *Service) transition(ctx context.Context, id, from, to, event, extraSet 
 		} else if err := allowLogin(ctx, cl, role); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now()`+extraSet+` WHERE id = $1`, t.ID, target); err != nil {
+		if to == "" {
+			if err := s.Store.RestoreTenant(ctx, tx, t.ID, target); err != nil {
+				return err
+			}
+		} else if err := s.Store.SetTenantState(ctx, tx, t.ID, target, from); err != nil {
 			return err
 		}
 		detail := map[string]any{"from": t.State}
@@ -187,7 +188,8 @@ func allowLogin(ctx context.Context, cl *cluster.Cluster, role string) error {
 }
 
 func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, reason string) (jobs.Job, error) {
-	if _, err := tx.Exec(ctx, `UPDATE tenants SET state = 'purging', updated_at = now() WHERE id = $1`, t.ID); err != nil {
+	// Dropped: by the caller in this transaction, or before.
+	if err := s.Store.SetTenantState(ctx, tx, t.ID, catalog.StatePurging, catalog.StateDropped); err != nil {
 		return jobs.Job{}, err
 	}
 	if err := s.Store.AddEvent(ctx, tx, t.ID, "purging", map[string]any{"reason": reason}); err != nil {
@@ -264,11 +266,7 @@ func (r *Retention) Run(ctx context.Context) error {
 
 // PurgeExpired starts the purge of every dropped tenant past its retention.
 func (s *Service) PurgeExpired(ctx context.Context) (int, error) {
-	rows, err := s.Store.Pool().Query(ctx, `SELECT id FROM tenants WHERE state = 'dropped' AND purge_after <= now() ORDER BY purge_after LIMIT 1000`)
-	if err != nil {
-		return 0, err
-	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := s.Store.ExpiredDrops(ctx)
 	if err != nil {
 		return 0, err
 	}

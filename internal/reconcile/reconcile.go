@@ -289,31 +289,20 @@ type jobRef struct {
 }
 
 func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
-	rows, err := r.Store.Pool().Query(ctx, `SELECT target, bool_or(state IN ('queued', 'running', 'waiting', 'paused')),
-		       (array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1],
-		       (array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1],
-		       (array_agg(last_error ORDER BY id DESC) FILTER (WHERE type = $1))[1]
-		FROM jobs WHERE target <> '' GROUP BY target`, purge.Job)
+	targets, err := jobs.Targets(ctx, r.Store.Pool(), purge.Job)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	out := jobRefs{}
-	for rows.Next() {
-		var target string
-		var ref jobRef
-		var purgeID *int64
-		var purgeState, purgeErr *string
-		if err := rows.Scan(&target, &ref.active, &purgeID, &purgeState, &purgeErr); err != nil {
-			return nil, err
-		}
-		ref.any = true
-		if purgeID != nil && *purgeState == "failed" {
-			ref.failedPurge, ref.purgeError = purgeID, *purgeErr
+	out := make(jobRefs, len(targets))
+	for target, t := range targets {
+		ref := jobRef{any: true, active: t.Active}
+		if t.Last != 0 && t.LastState == jobs.Failed {
+			id := t.Last
+			ref.failedPurge, ref.purgeError = &id, t.LastError
 		}
 		out[target] = ref
 	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // scan is one cluster's comparison.

@@ -303,10 +303,7 @@ func (s *Service) enqueueBuild(ctx context.Context, q catalog.Querier, template 
 // version that failed anywhere is never handed out. ErrNotFound if none is
 // materialised here yet.
 func (s *Service) ProvisionVersion(ctx context.Context, template, clusterName string) (int, error) {
-	var v *int
-	err := s.Store.Pool().QueryRow(ctx, `SELECT max(b.version) FROM template_builds b
-		JOIN template_versions v ON v.template = b.template AND v.version = b.version
-		WHERE b.template = $1 AND b.cluster = $2 AND b.state = 'ready' AND v.state = 'ready'`, template, clusterName).Scan(&v)
+	v, err := s.Store.NewestReadyVersion(ctx, template, clusterName)
 	if err != nil {
 		return 0, err
 	}
