@@ -87,13 +87,7 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	if err == nil {
 		t.Fatal("adding cluster local twice succeeded")
 	}
-	added, err := c.CreateTemplate(ctx, "saas", templates.Saas())
-	must(err)
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build: %v %s %s", err, j.State, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "saas", templates.Saas())
 	_, err = c.Templates(ctx)
 	must(err)
 	_, err = c.Template(ctx, "saas")

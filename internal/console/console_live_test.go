@@ -19,7 +19,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
-	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -49,15 +48,7 @@ func startFleet(t *testing.T) fleet {
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 1
 	d, c := daemontest.Start(t, pg, cfg)
-	added, err := c.CreateTemplate(ctx, "saas", templates.Saas())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build: %v %s %s", err, j.State, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "saas", templates.Saas())
 	f := fleet{base: d.URL(), token: d.Token(), c: c, catalog: cfg.Catalog.DSN, dsn: map[string]string{}}
 	for _, x := range []struct {
 		name, ext string

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -62,11 +61,7 @@ func newFixture(t *testing.T) *fixture {
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Provision.PoolInterval = config.Duration(200 * time.Millisecond)
 	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: "database", Size: 1}, {Template: "tiny", Mode: "schema", Size: 1}}
-	u, err := url.Parse(cfg.Catalog.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := &fixture{t: t, cfg: cfg, catalogDB: strings.TrimPrefix(u.Path, "/")}
+	f := &fixture{t: t, cfg: cfg, catalogDB: daemontest.CatalogDB(t, cfg)}
 	t.Cleanup(f.checkNoPlaintext) // registered first: runs after the daemons have stopped
 	return f
 }
@@ -159,21 +154,11 @@ func defaultKeyFile(cfg config.Config) string {
 // sleeps: cold schema builds then take seconds) and waits until it is built.
 func createTemplate(t *testing.T, c *api.Client, name string, slow bool) {
 	t.Helper()
-	ctx := pgtest.Context(t)
 	body := "CREATE TABLE t (x int);"
 	if slow {
 		body += "\nSELECT pg_sleep(3);"
 	}
-	added, err := c.CreateTemplate(ctx, name, []templates.Upload{{Name: "0001_init.sql", Body: body}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		j, err := c.WaitJob(ctx, j.ID, nil)
-		if err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, name, []templates.Upload{{Name: "0001_init.sql", Body: body}})
 }
 
 // waitSpare waits until the pool of tiny in mode holds a ready spare.
@@ -210,17 +195,6 @@ func (f *fixture) credentialCount(id string) int {
 		f.t.Fatal(err)
 	}
 	return n
-}
-
-// onStandby is a DSN pointed at the standby instead of the primary.
-func onStandby(t *testing.T, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = "127.0.0.1:" + strconv.Itoa(pg.Standbys()[0].Port)
-	return u.String()
 }
 
 // connect logs in with dsn; the session is closed when the test ends.
@@ -436,7 +410,7 @@ func TestCreate_CutOffThenRetried(t *testing.T) {
 		t.Errorf("retry of the pooled create through the new daemon: existing %v, same password %v; want the same answer",
 			again.Existing, again.Password == first.Password)
 	}
-	mustLogin(t, "standby", onStandby(t, again.DSN))
+	mustLogin(t, "standby", pg.OnStandby(t, again.DSN))
 }
 
 // TestRetry_WindowEnds: a kept password is answered within
@@ -517,7 +491,7 @@ func TestRotate_OldRefusedNewAccepted(t *testing.T) {
 			}
 			f.saw(created.Password)
 			primary := mustLogin(t, "primary", created.DSN)
-			standby := mustLogin(t, "standby", onStandby(t, created.DSN))
+			standby := mustLogin(t, "standby", pg.OnStandby(t, created.DSN))
 
 			rotated, err := c.RotatePassword(ctx, created.Tenant.ID, false)
 			if err != nil {
@@ -533,9 +507,9 @@ func TestRotate_OldRefusedNewAccepted(t *testing.T) {
 			ended(t, "primary", primary)
 			ended(t, "standby", standby)
 			refusedLogin(t, "primary", created.DSN, "28P01")
-			refusedLogin(t, "standby", onStandby(t, created.DSN), "28P01")
+			refusedLogin(t, "standby", pg.OnStandby(t, created.DSN), "28P01")
 			primary = mustLogin(t, "primary", rotated.DSN)
-			standby = mustLogin(t, "standby", onStandby(t, rotated.DSN))
+			standby = mustLogin(t, "standby", pg.OnStandby(t, rotated.DSN))
 
 			// --keep-sessions, through the CLI.
 			t.Setenv("PGTENANT_TOKEN", c.Token)
@@ -559,9 +533,9 @@ func TestRotate_OldRefusedNewAccepted(t *testing.T) {
 			alive(t, "primary", primary)
 			alive(t, "standby", standby)
 			refusedLogin(t, "primary", rotated.DSN, "28P01")
-			refusedLogin(t, "standby", onStandby(t, rotated.DSN), "28P01")
+			refusedLogin(t, "standby", pg.OnStandby(t, rotated.DSN), "28P01")
 			mustLogin(t, "primary", out.DSN)
-			mustLogin(t, "standby", onStandby(t, out.DSN))
+			mustLogin(t, "standby", pg.OnStandby(t, out.DSN))
 
 			retried, err := c.CreateTenant(ctx, req)
 			if err != nil {

@@ -13,7 +13,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/fleet"
-	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
@@ -48,15 +47,7 @@ func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	d, c := daemontest.Start(t, pg, cfg)
-	added, err := c.CreateTemplate(ctx, "wide", templates.Wide(40))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "wide", templates.Wide(40))
 	b, _, err := d.Store().LargestTemplateBuild(ctx)
 	if err != nil || b.Relations < 4000 {
 		t.Fatalf("largest build = %+v, %v", b, err)
@@ -86,13 +77,7 @@ func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
 	}
 
 	// pgtenant's own batches beyond the lock table: a failure.
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
+	reg := pg.Registry(t, false)
 	bigBatches := cfg
 	bigBatches.Provision.BatchLocks = 20000
 	r2, err := (&doctor.Doctor{Store: d.Store(), Clusters: reg, Config: bigBatches}).Run(ctx, "local")
@@ -145,15 +130,7 @@ func TestDoctor_ConnectionsCountsClaimedTenants(t *testing.T) {
 	cfg.Provision.ReservedConnections = 0
 	cfg.Tiers["big"] = config.Tier{ConnectionLimit: 40}
 	d, c := daemontest.Start(t, pg, cfg)
-	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	for range 2 {
 		if _, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Tier: "big"}); err != nil {
 			t.Fatal(err)
@@ -169,13 +146,7 @@ func TestDoctor_ConnectionsCountsClaimedTenants(t *testing.T) {
 		t.Errorf("two tenants of 40 connections of 91: %+v", got)
 	}
 
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
+	reg := pg.Registry(t, false)
 	for _, tc := range []struct {
 		overcommit float64
 		want       string

@@ -84,13 +84,7 @@ type quotaRig struct {
 // configuration it uses too.
 func (e *env) collector(t *testing.T) (*metrics.Collector, config.Config) {
 	t.Helper()
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
+	reg := pg.Registry(t, false)
 	cfg := e.cfg
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
@@ -328,7 +322,7 @@ func TestFinding8_SessionsEndOnStandbys(t *testing.T) {
 	ctx := pgtest.Context(t)
 	for _, action := range []string{"suspend", "drop"} {
 		l := e.tenant(t, "database", "default")
-		standby := onStandby(t, l.DSN)
+		standby := pg.OnStandby(t, l.DSN)
 		var conn *pgx.Conn
 		for deadline := time.Now().Add(30 * time.Second); ; { // the role reaches the standby by replication
 			c, err := pgx.Connect(ctx, standby)

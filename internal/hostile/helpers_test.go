@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/url"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,7 +73,6 @@ func startWith(t *testing.T, mutate func(*config.Config), pooled bool) *env {
 // startOn is startWith with more clusters beside pg (local2, … for moves).
 func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgtest.Cluster) *env {
 	t.Helper()
-	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Metrics.Interval = 0
@@ -100,13 +98,7 @@ func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgt
 	default:
 		d, c = daemontest.Start(t, pg, cfg)
 	}
-	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		waitJob(t, c, j.ID, jobs.Succeeded)
-	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	return &env{c: c, store: d.Store(), cfg: cfg, pooler: d.Poolers().Get("local")}
 }
 
@@ -156,17 +148,6 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
 	return conn
-}
-
-// onStandby is a DSN pointed at the standby instead of the primary.
-func onStandby(t *testing.T, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = "127.0.0.1:" + strconv.Itoa(pg.Standbys()[0].Port)
-	return u.String()
 }
 
 func mustExec(t *testing.T, conn *pgx.Conn, sql string, args ...any) {

@@ -240,7 +240,7 @@ func paths(t *testing.T, e *env, hostiles []*hostile, round int, check func(stri
 	// The statement cap, whatever statement_timeout the tenant sets, on the
 	// primary and on the standby.
 	for _, h := range hostiles {
-		for node, conn := range map[string]*pgx.Conn{"primary": h.act, "standby": connect(t, onStandby(t, h.DSN))} {
+		for node, conn := range map[string]*pgx.Conn{"primary": h.act, "standby": connect(t, pg.OnStandby(t, h.DSN))} {
 			sctx, cancel := bounded()
 			_, err := conn.Exec(sctx, `SET statement_timeout = 0; SELECT pg_sleep(60)`)
 			stuck := sctx.Err() != nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,10 +13,8 @@ import (
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
-	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
-	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -47,15 +44,7 @@ func startFleet(t *testing.T, mutate func(*config.Config)) fleet {
 		mutate(&cfg)
 	}
 	d, c := daemontest.Start(t, pg, cfg)
-	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	f := fleet{c: c, store: d.Store(), cfg: cfg, tenants: map[string]api.CreateTenantResponse{}}
 	for _, l := range []struct{ label, mode string }{{"db1", "database"}, {"db2", "database"}, {"sc1", "schema"}, {"sc2", "schema"}} {
 		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: l.mode})
@@ -72,45 +61,12 @@ func startFleet(t *testing.T, mutate func(*config.Config)) fleet {
 
 // collector is a collector of the fleet's catalog and cluster with a clock
 // the test moves.
-func (f fleet) collector(t *testing.T, clock *fakeClock) *metrics.Collector {
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
+func (f fleet) collector(t *testing.T, clock *pgtest.Clock) *metrics.Collector {
+	reg := pg.Registry(t, false)
 	cfg := f.cfg
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = config.Duration(15 * time.Second) // every tenant's size on every pass
 	return &metrics.Collector{Store: f.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Now: clock.Now}
-}
-
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatalf("connect as tenant: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
 }
 
 func exec(t *testing.T, conn *pgx.Conn, sql string) {
@@ -147,7 +103,7 @@ func pass(t *testing.T, c *metrics.Collector) metrics.PassStats {
 
 // waitFigures passes (a second later each time) until cond holds for the
 // figures of every tenant, or fails.
-func waitFigures(t *testing.T, c *metrics.Collector, clock *fakeClock, cond func(map[string]metrics.Figures) error) map[string]metrics.Figures {
+func waitFigures(t *testing.T, c *metrics.Collector, clock *pgtest.Clock, cond func(map[string]metrics.Figures) error) map[string]metrics.Figures {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -170,7 +126,7 @@ func waitFigures(t *testing.T, c *metrics.Collector, clock *fakeClock, cond func
 // never opens a session in a tenant's database.
 func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 	f := startFleet(t, nil)
-	clock := &fakeClock{t: time.Now()}
+	clock := pgtest.NewClock(time.Now())
 	c := f.collector(t, clock)
 	admin := pg.Conn(t, "postgres")
 	ctx := pgtest.Context(t)
@@ -197,9 +153,9 @@ func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 			`SELECT count(*) FROM w`, `SELECT count(*) FROM w`)
 	}
 	// Sessions left open: two idle for db2, one idle in transaction for sc2.
-	connect(t, f.tenants["db2"].DSN)
-	connect(t, f.tenants["db2"].DSN)
-	inTx := connect(t, f.tenants["sc2"].DSN)
+	pgtest.Connect(t, f.tenants["db2"].DSN)
+	pgtest.Connect(t, f.tenants["db2"].DSN)
+	inTx := pgtest.Connect(t, f.tenants["sc2"].DSN)
 	exec(t, inTx, `BEGIN; SELECT 1`)
 
 	id := func(label string) string { return f.tenants[label].Tenant.ID }
@@ -268,7 +224,7 @@ func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 // one statistics query per shared database, and the size batches.
 func TestCollector_ConstantQueries(t *testing.T) {
 	f := startFleet(t, nil)
-	clock := &fakeClock{t: time.Now().Truncate(time.Minute).Add(5 * time.Second)}
+	clock := pgtest.NewClock(time.Now().Truncate(time.Minute).Add(5 * time.Second))
 	c := f.collector(t, clock)
 	first := pass(t, c)
 	// Four more tenants of each mode: same shared database, same queries.
@@ -298,7 +254,7 @@ func TestCollector_ConstantQueries(t *testing.T) {
 // fleet writes no rows.
 func TestCollector_HistoryOnlyWhenCountersChange(t *testing.T) {
 	f := startFleet(t, nil)
-	clock := &fakeClock{t: time.Now().Truncate(time.Minute).Add(5 * time.Second)}
+	clock := pgtest.NewClock(time.Now().Truncate(time.Minute).Add(5 * time.Second))
 	c := f.collector(t, clock)
 	ctx := pgtest.Context(t)
 	for _, label := range []string{"db1", "sc1"} {
@@ -361,7 +317,7 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 		cfg.Metrics.Interval = config.Duration(300 * time.Millisecond)
 		cfg.Metrics.SizeInterval = config.Duration(300 * time.Millisecond)
 	})
-	clock := &fakeClock{t: time.Now()}
+	clock := pgtest.NewClock(time.Now())
 	c := f.collector(t, clock)
 	busy, quiet := f.tenants["db1"], f.tenants["sc2"]
 	work(t, busy.DSN, `CREATE TABLE w (i int)`)

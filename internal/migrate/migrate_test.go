@@ -50,8 +50,7 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 		mutate(&cfg)
 	}
 	c, stop := daemontest.StartCancellable(t, pg, cfg)
-	u, _ := url.Parse(cfg.Catalog.DSN)
-	return env{d: stop, c: c, cfg: cfg, cat: pg.Conn(t, strings.TrimPrefix(u.Path, "/"))}
+	return env{d: stop, c: c, cfg: cfg, cat: daemontest.CatalogConn(t, pg, cfg)}
 }
 
 // v1 is the first version of every test template: a table with two rows.

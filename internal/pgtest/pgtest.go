@@ -12,7 +12,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -172,6 +174,38 @@ func (c *Cluster) Admin(t testing.TB) *cluster.Cluster {
 	return cl
 }
 
+// Registry returns a cluster registry holding this cluster (its standbys
+// too when standbys), logging through t, closed at the end of the test: for
+// a service that a test runs outside a daemon.
+func (c *Cluster) Registry(t testing.TB, standbys bool) *cluster.Registry {
+	t.Helper()
+	var dsns []string
+	if standbys {
+		for _, s := range c.Standbys() {
+			dsns = append(dsns, c.DSN(s, "postgres"))
+		}
+	}
+	cl, err := cluster.New(c.Name(), c.PrimaryDSN("postgres"), dsns, Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := cluster.NewRegistry()
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	return reg
+}
+
+// OnStandby is dsn (one of the primary's) pointed at the first standby.
+func (c *Cluster) OnStandby(t testing.TB, dsn string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Host = "127.0.0.1:" + strconv.Itoa(c.Standbys()[0].Port)
+	return u.String()
+}
+
 // Conn opens a superuser connection to a database of the primary, closed at
 // the end of the test.
 func (c *Cluster) Conn(t testing.TB, database string) *pgx.Conn {
@@ -243,6 +277,42 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// Connect opens a session with dsn (a tenant's, say), closed at the end of
+// the test.
+func Connect(t testing.TB, dsn string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// Clock is a clock that a test sets and moves, for code that takes a Now
+// function.
+type Clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// NewClock returns a clock at t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
+
+// Now is the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+// Add moves the clock by d.
+func (c *Clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
 }
 
 // Context is a test's context: cancelled when the test ends, and after 4

@@ -36,7 +36,6 @@ const pooledTier = "pooled"
 // cluster and the saas template built.
 func daemonWithPooler(t *testing.T, mutate ...func(*config.Config)) (*daemon.Daemon, *api.Client) {
 	t.Helper()
-	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 1
 	cfg.Metrics.Interval = 0
@@ -48,15 +47,7 @@ func daemonWithPooler(t *testing.T, mutate ...func(*config.Config)) (*daemon.Dae
 		m(&cfg)
 	}
 	d, c := daemontest.StartPooled(t, pg, cfg)
-	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build: %v %s", err, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	return d, c
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
-	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -53,24 +52,10 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), []string{pg.DSN(pg.Standbys()[0], "postgres")}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
+	reg := pg.Registry(t, true)
 	svc := &prewarm.Service{Store: store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
-	u, _ := url.Parse(cfg.Catalog.DSN)
-	e := env{c: c, svc: svc, cat: pg.Conn(t, strings.TrimPrefix(u.Path, "/"))}
-	added, err := c.CreateTemplate(ctx, "kv", []templates.Upload{{Name: "0001.sql", Body: `CREATE TABLE kv (k int PRIMARY KEY, v text);`}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if j, err := c.WaitJob(ctx, added.BuildJobs[0].ID, nil); err != nil || j.State != jobs.Succeeded {
-		t.Fatalf("build: %v %s", err, j.LastError)
-	}
-	return e
+	daemontest.CreateTemplate(t, c, "kv", []templates.Upload{{Name: "0001.sql", Body: `CREATE TABLE kv (k int PRIMARY KEY, v text);`}})
+	return env{c: c, svc: svc, cat: daemontest.CatalogConn(t, pg, cfg)}
 }
 
 // tenant creates a tenant whose kv table holds about mb megabytes.

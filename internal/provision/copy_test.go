@@ -117,7 +117,7 @@ func TestCreate_CopiesWithinSlots(t *testing.T) {
 			cfg.Jobs.Workers = 8 // every create's build is taken at once: only the pacer holds them back
 			rec := &copies{Handler: pgtest.Logger(t).Handler()}
 			c, _ := daemontest.StartLogged(t, pg, cfg, slog.New(rec))
-			createTemplate(t, c, "tiny", tiny())
+			daemontest.CreateTemplate(t, c, "tiny", tiny())
 			coldCreates(t, c, "tiny", tc.creates)
 
 			most, strategies := rec.overlap()

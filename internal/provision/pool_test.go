@@ -1,8 +1,6 @@
 package provision_test
 
 import (
-	"net/url"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,12 +12,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 )
-
-// catalogOf is the catalog database of a daemon configuration.
-func catalogOf(cfg config.Config) string {
-	u, _ := url.Parse(cfg.Catalog.DSN)
-	return strings.TrimPrefix(u.Path, "/")
-}
 
 // poolState is a pool's spares by state (every version).
 type poolState struct{ ready, building, retiring int }
@@ -51,10 +43,10 @@ func TestPool_FollowsDemand(t *testing.T) {
 	cfg.Provision.RefillParallel = 3
 	cfg.Provision.PoolInterval = config.Duration(200 * time.Millisecond)
 	cfg.Jobs.Workers = 6
-	catDB := catalogOf(cfg)
+	catDB := daemontest.CatalogDB(t, cfg)
 	_, c := daemontest.Start(t, pg, cfg)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "tiny", tiny())
+	daemontest.CreateTemplate(t, c, "tiny", tiny())
 	waitSpares(t, catDB, "tiny", "database", 2)
 	cat := pg.Conn(t, catDB)
 

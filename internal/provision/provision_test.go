@@ -1,13 +1,10 @@
 package provision_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -31,40 +29,6 @@ var pg *pgtest.Cluster
 // (64): provisioning must never need it raised.
 func TestMain(m *testing.M) {
 	pgtest.Main(m, pgtest.Options{Standbys: 1, Settings: map[string]string{"max_locks_per_transaction": "64"}}, &pg)
-}
-
-// createTemplate uploads a directory of examples/templates and waits until it is built.
-func createTemplate(t testing.TB, c *api.Client, name string, files []templates.Upload) {
-	t.Helper()
-	ctx := pgtest.Context(t)
-	added, err := c.CreateTemplate(ctx, name, files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		j, err := c.WaitJob(ctx, j.ID, nil)
-		if err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
-		}
-	}
-}
-
-func example(t *testing.T, name string) []templates.Upload {
-	t.Helper()
-	dir := filepath.Join("..", "..", "examples", "templates", name)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []templates.Upload
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, templates.Upload{Name: e.Name(), Body: string(b)})
-	}
-	return out
 }
 
 // waitSpares waits until the pool of a template and mode holds n ready spares.
@@ -92,22 +56,11 @@ func waitSpares(t *testing.T, catalogDB, template, mode string, n int) {
 // its client and its catalog database.
 func startWithCatalog(t testing.TB, spares int) (*api.Client, string) {
 	cfg := daemontest.Config(t, pg)
-	u, _ := url.Parse(cfg.Catalog.DSN)
 	cfg.Provision.DefaultPoolSize = spares
 	cfg.Provision.PoolInterval = config.Duration(200 * time.Millisecond)
 	cfg.Tiers["small"] = config.Tier{ConnectionLimit: 3, StatementTimeout: config.Duration(2 * time.Second), WorkMem: 1 << 20}
 	_, c := daemontest.Start(t, pg, cfg)
-	return c, strings.TrimPrefix(u.Path, "/")
-}
-
-func tenantConn(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatalf("connect as tenant: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	return c, daemontest.CatalogDB(t, cfg)
 }
 
 func name(s string) *string { return &s }
@@ -117,7 +70,7 @@ func name(s string) *string { return &s }
 func TestCreate_BothModes(t *testing.T) {
 	c, catDB := startWithCatalog(t, 1)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
 			waitSpares(t, catDB, "saas", mode, 1)
@@ -139,7 +92,7 @@ func TestCreate_BothModes(t *testing.T) {
 				if strings.Contains(got.Tenant.DSN, got.Password) {
 					t.Errorf("tenant view DSN shows the password")
 				}
-				conn := tenantConn(t, got.DSN)
+				conn := pgtest.Connect(t, got.DSN)
 				var owner string
 				if err := conn.QueryRow(ctx, `SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'issues'::regclass`).Scan(&owner); err != nil {
 					t.Fatal(err)
@@ -172,7 +125,7 @@ func TestCreate_BothModes(t *testing.T) {
 func TestIsolation(t *testing.T) {
 	c, catDB := startWithCatalog(t, 0)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	var db, sc [2]api.CreateTenantResponse
 	for i := range 2 {
 		var err error
@@ -198,7 +151,7 @@ func TestIsolation(t *testing.T) {
 		}
 	}
 	// Schema tenants: not the other's schema, not the public schema, no temp tables, no other database.
-	a := tenantConn(t, sc[0].DSN)
+	a := pgtest.Connect(t, sc[0].DSN)
 	for _, sql := range []string{
 		`SELECT count(*) FROM t_` + sc[1].Tenant.ID + `.users`,
 		`CREATE TABLE public.sneaky (x int)`,
@@ -227,7 +180,7 @@ func TestIsolation(t *testing.T) {
 func TestSpares_UnusableBeforeClaim(t *testing.T) {
 	c, catDB := startWithCatalog(t, 2)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	waitSpares(t, catDB, "saas", "database", 2)
 	waitSpares(t, catDB, "saas", "schema", 2)
 	cat := pg.Conn(t, catDB)
@@ -313,7 +266,7 @@ func TestSpares_UnusableBeforeClaim(t *testing.T) {
 func TestCreate_RetryByExternalID(t *testing.T) {
 	c, catDB := startWithCatalog(t, 1)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	first, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
 	if err != nil {
 		t.Fatal(err)
@@ -382,7 +335,7 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 func TestCreate_BadInput(t *testing.T) {
 	c, catDB := startWithCatalog(t, 0)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	for _, tc := range []struct {
 		req    provision.Request
 		status int
@@ -422,7 +375,7 @@ func TestCreate_ClusterDown(t *testing.T) {
 	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "other", DSN: other.PrimaryDSN("postgres")}); err != nil {
 		t.Fatal(err)
 	}
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	if err := other.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -443,13 +396,13 @@ func TestCreate_ClusterDown(t *testing.T) {
 func TestCreate_TierApplied(t *testing.T) {
 	c, catDB := startWithCatalog(t, 1)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	waitSpares(t, catDB, "saas", "database", 1)
 	got, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Tier: "small"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := tenantConn(t, got.DSN)
+	conn := pgtest.Connect(t, got.DSN)
 	var timeout, workMem string
 	if err := conn.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('work_mem')`).Scan(&timeout, &workMem); err != nil {
 		t.Fatal(err)
@@ -472,7 +425,7 @@ func TestTemplate_ManyRelationsAtDefaultLockLimit(t *testing.T) {
 	}
 	c, _ := startWithCatalog(t, 0)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "wide", templates.Wide(200))
+	daemontest.CreateTemplate(t, c, "wide", templates.Wide(200))
 	d, err := c.Template(ctx, "wide")
 	if err != nil {
 		t.Fatal(err)
@@ -484,7 +437,7 @@ func TestTemplate_ManyRelationsAtDefaultLockLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := tenantConn(t, got.DSN)
+	conn := pgtest.Connect(t, got.DSN)
 	var notMine int
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = 'public' AND pg_get_userbyid(c.relowner) <> current_user`).Scan(&notMine); err != nil || notMine != 0 {
@@ -503,7 +456,7 @@ func TestTemplate_ManyRelationsAtDefaultLockLimit(t *testing.T) {
 // explores further.
 func FuzzCreate_Names(f *testing.F) {
 	c, catDB := startWithCatalog(f, 0)
-	createTemplate(f, c, "tiny", []templates.Upload{{Name: "0001.sql", Body: "CREATE TABLE t (x int);"}})
+	daemontest.CreateTemplate(f, c, "tiny", []templates.Upload{{Name: "0001.sql", Body: "CREATE TABLE t (x int);"}})
 	cat := pg.Conn(f, catDB)
 	for _, s := range []string{
 		"Acme", "'; DROP DATABASE postgres; --", `"; DROP ROLE pgtenant; --`, "Robert'); DROP TABLE tenants;--",
@@ -546,7 +499,7 @@ func FuzzCreate_Names(f *testing.F) {
 func TestCreate_ConcurrentClaims(t *testing.T) {
 	c, catDB := startWithCatalog(t, 4)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "saas", example(t, "saas"))
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	waitSpares(t, catDB, "saas", "database", 4)
 	waitSpares(t, catDB, "saas", "schema", 4)
 	var wg sync.WaitGroup
@@ -585,7 +538,7 @@ func TestCreate_ConcurrentClaims(t *testing.T) {
 func TestCreate_BurstWithRetriesOneTenantEach(t *testing.T) {
 	c, catDB := startWithCatalog(t, 2)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "tiny", tiny())
+	daemontest.CreateTemplate(t, c, "tiny", tiny())
 	waitSpares(t, catDB, "tiny", "database", 2)
 	waitSpares(t, catDB, "tiny", "schema", 2)
 
@@ -639,7 +592,7 @@ func TestCreate_BurstWithRetriesOneTenantEach(t *testing.T) {
 		if made != 1 {
 			t.Errorf("%s: %d of %d answers say they made the tenant, want 1", ext, made, len(rs))
 		}
-		conn := tenantConn(t, rs[0].DSN)
+		conn := pgtest.Connect(t, rs[0].DSN)
 		var user string
 		if err := conn.QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil || user != "t_"+rs[0].Tenant.ID {
 			t.Errorf("%s: log in with the answered DSN: %q, %v", ext, user, err)
@@ -664,7 +617,7 @@ func TestCreate_ColdWaitEndsWithTheJob(t *testing.T) {
 	cfg.Provision.ColdWait = 1 // ends during the first read of the job
 	_, c := daemontest.Start(t, pg, cfg)
 	ctx := pgtest.Context(t)
-	createTemplate(t, c, "tiny", tiny())
+	daemontest.CreateTemplate(t, c, "tiny", tiny())
 	r, err := c.CreateTenant(ctx, provision.Request{Template: "tiny", ExternalID: "slow-1"})
 	if err != nil {
 		t.Fatal(err)
@@ -677,7 +630,7 @@ func TestCreate_ColdWaitEndsWithTheJob(t *testing.T) {
 		t.Fatalf("build job %d: %s %v: %s", r.Job.ID, j.State, err, j.LastError)
 	}
 	var user string
-	if err := tenantConn(t, r.DSN).QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil || user != "t_"+r.Tenant.ID {
+	if err := pgtest.Connect(t, r.DSN).QueryRow(ctx, `SELECT current_user`).Scan(&user); err != nil || user != "t_"+r.Tenant.ID {
 		t.Errorf("log in with the answered DSN: %q, %v", user, err)
 	}
 }

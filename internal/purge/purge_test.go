@@ -1,18 +1,16 @@
 package purge_test
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -41,41 +39,10 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	u, _ := url.Parse(cfg.Catalog.DSN)
 	_, c := daemontest.Start(t, pg, cfg)
-	e := env{c: c, catalog: strings.TrimPrefix(u.Path, "/"), cfg: cfg}
-	e.template(t, "saas", readDir(t, filepath.Join("..", "..", "examples", "templates", "saas")))
+	e := env{c: c, catalog: daemontest.CatalogDB(t, cfg), cfg: cfg}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	return e
-}
-
-func readDir(t *testing.T, dir string) []templates.Upload {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []templates.Upload
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, templates.Upload{Name: e.Name(), Body: string(b)})
-	}
-	return out
-}
-
-func (e env) template(t *testing.T, name string, files []templates.Upload) {
-	t.Helper()
-	ctx := pgtest.Context(t)
-	added, err := e.c.CreateTemplate(ctx, name, files)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := e.c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build: %v %s %s", err, j.State, j.LastError)
-		}
-	}
 }
 
 // tenant creates a tenant with some data and returns it.
@@ -87,7 +54,7 @@ func (e env) tenant(t *testing.T, template, mode string) api.CreateTenantRespons
 		t.Fatal(err)
 	}
 	if template == "saas" {
-		conn := connect(t, r.DSN)
+		conn := pgtest.Connect(t, r.DSN)
 		if _, err := conn.Exec(ctx, `INSERT INTO organizations (name, slug) SELECT 'org ' || i, 'org-' || i FROM generate_series(1, 50) i;
 			INSERT INTO users (email, display_name) SELECT 'u' || i || '@x', 'U ' || i FROM generate_series(1, 50) i`); err != nil {
 			t.Fatal(err)
@@ -95,16 +62,6 @@ func (e env) tenant(t *testing.T, template, mode string) api.CreateTenantRespons
 		conn.Close(ctx)
 	}
 	return r
-}
-
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
 }
 
 // checksum hashes every row of every table of a tenant, as the admin sees it.
@@ -181,7 +138,7 @@ func TestDropRestore_RoundTrip(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			tn := e.tenant(t, "saas", mode)
 			before := checksum(t, tn.Tenant.Tenant)
-			session := connect(t, tn.DSN)
+			session := pgtest.Connect(t, tn.DSN)
 			dropped, err := e.c.DropTenant(ctx, tn.Tenant.ID, false)
 			if err != nil {
 				t.Fatal(err)
@@ -211,7 +168,7 @@ func TestDropRestore_RoundTrip(t *testing.T) {
 			if restored.Tenant.State != catalog.StateActive || restored.Tenant.PurgeAfter != nil {
 				t.Errorf("restored = %+v, want active without a purge time", restored.Tenant)
 			}
-			conn := connect(t, tn.DSN) // the password is unchanged
+			conn := pgtest.Connect(t, tn.DSN) // the password is unchanged
 			var orgs int
 			if err := conn.QueryRow(ctx, `SELECT count(*) FROM organizations`).Scan(&orgs); err != nil || orgs != 50 {
 				t.Errorf("after restore: %d organizations, %v; want 50", orgs, err)
@@ -259,7 +216,7 @@ func TestDropRestore_SuspendedStaysSuspended(t *testing.T) {
 	if r, err := e.c.TenantAction(ctx, tn.Tenant.ID, "resume"); err != nil || r.Tenant.State != catalog.StateActive {
 		t.Fatalf("resume = %+v, %v", r.Tenant, err)
 	}
-	connect(t, tn.DSN)
+	pgtest.Connect(t, tn.DSN)
 }
 
 func eventKinds(tn api.Tenant) string {
@@ -306,7 +263,7 @@ func TestSuspendResume(t *testing.T) {
 	if r, err := e.c.TenantAction(ctx, tn.Tenant.ID, "resume"); err != nil || r.Tenant.State != catalog.StateActive {
 		t.Fatalf("resume = %+v, %v", r.Tenant, err)
 	}
-	connect(t, tn.DSN)
+	pgtest.Connect(t, tn.DSN)
 }
 
 // TestPurge_LeavesNothingAndSparesNeighbours: purging either mode removes
@@ -323,7 +280,7 @@ func TestPurge_LeavesNothingAndSparesNeighbours(t *testing.T) {
 	}
 	for _, mode := range []string{"database", "schema"} {
 		tn := e.tenant(t, "saas", mode)
-		connect(t, tn.DSN) // an open session does not stop the purge
+		pgtest.Connect(t, tn.DSN) // an open session does not stop the purge
 		res, err := e.c.DropTenant(ctx, tn.Tenant.ID, true)
 		if err != nil {
 			t.Fatal(err)
@@ -473,11 +430,10 @@ func TestPurge_InterruptedResumes(t *testing.T) {
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Drop.BatchRelations = 100
-	u, _ := url.Parse(cfg.Catalog.DSN)
-	catDB := strings.TrimPrefix(u.Path, "/")
+	catDB := daemontest.CatalogDB(t, cfg)
 	first, cancelFirst := daemontest.StartCancellable(t, pg, cfg)
 	e := env{c: first, catalog: catDB, cfg: cfg}
-	e.template(t, "wide", templates.Wide(20))
+	daemontest.CreateTemplate(t, e.c, "wide", templates.Wide(20))
 	ctx := pgtest.Context(t)
 	tn := e.tenant(t, "wide", "schema")
 	res, err := first.DropTenant(ctx, tn.Tenant.ID, true)

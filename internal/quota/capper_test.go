@@ -145,7 +145,7 @@ func TestCapper_TerminatesIdleTransactions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := connect(t, r.DSN)
+	conn := pgtest.Connect(t, r.DSN)
 	mustExec(t, conn, `SET idle_in_transaction_session_timeout = 0`)
 	mustExec(t, conn, `BEGIN`)
 	time.Sleep(300 * time.Millisecond) // well under the limit
@@ -198,7 +198,7 @@ func TestCapper_PutsBackRoleSettings(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, role := r.Tenant.ID, tenant.PhysicalName(r.Tenant.ID)
-	conn := connect(t, r.DSN)
+	conn := pgtest.Connect(t, r.DSN)
 	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET statement_timeout = 0`)
 	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET work_mem = '1GB'`)
 	mustExec(t, conn, `ALTER ROLE CURRENT_USER SET idle_in_transaction_session_timeout = '1h'`) // the tier sets none
@@ -235,7 +235,7 @@ func TestCapper_PutsBackRoleSettings(t *testing.T) {
 	}
 
 	// A new session starts with the tier's limits.
-	fresh := connect(t, r.DSN)
+	fresh := pgtest.Connect(t, r.DSN)
 	var timeout, workMem, idle string
 	if err := fresh.QueryRow(ctx, `SELECT current_setting('statement_timeout'), current_setting('work_mem'),
 		current_setting('idle_in_transaction_session_timeout')`).Scan(&timeout, &workMem, &idle); err != nil {
@@ -324,7 +324,7 @@ func TestCapper_SkipsADownStandby(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- capper.Run(cctx) }()
 
-	conn := connect(t, r.DSN)
+	conn := pgtest.Connect(t, r.DSN)
 	_, err = conn.Exec(ctx, `SELECT pg_sleep(60)`)
 	wantCancelled(t, err)
 	waitEvent(t, store, r.Tenant.ID, quota.EventStatementCancelled, func(d map[string]any) bool { return d["node"] == "primary" })

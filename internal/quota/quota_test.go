@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,10 +13,8 @@ import (
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
-	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
-	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -79,26 +76,8 @@ func TestNext(t *testing.T) {
 	}
 }
 
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func start(t *testing.T, mutate func(*config.Config)) (*api.Client, *catalog.Store, config.Config) {
 	t.Helper()
-	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Metrics.Interval = 0
@@ -108,26 +87,8 @@ func start(t *testing.T, mutate func(*config.Config)) (*api.Client, *catalog.Sto
 		mutate(&cfg)
 	}
 	d, c := daemontest.Start(t, pg, cfg)
-	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, j := range added.BuildJobs {
-		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
-			t.Fatalf("build job %d: %s %v: %s", j.ID, j.State, err, j.LastError)
-		}
-	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	return c, d.Store(), cfg
-}
-
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
-	if err != nil {
-		t.Fatalf("connect as tenant: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
 }
 
 func mustExec(t *testing.T, conn *pgx.Conn, sql string) {
@@ -154,13 +115,7 @@ func refused(t *testing.T, conn *pgx.Conn, sql string) {
 func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 	c, store, cfg := start(t, nil)
 	ctx := pgtest.Context(t)
-	reg := cluster.NewRegistry()
-	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, pgtest.Logger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg.Put(cl)
-	t.Cleanup(reg.Close)
+	reg := pg.Registry(t, false)
 
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
@@ -170,11 +125,11 @@ func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 				t.Fatal(err)
 			}
 			id := r.Tenant.ID
-			conn := connect(t, r.DSN)
+			conn := pgtest.Connect(t, r.DSN)
 			mustExec(t, conn, `CREATE TABLE blob (b text)`)
 
 			// The tier's thresholds, from the tenant's size as built.
-			clock := &fakeClock{t: time.Now()}
+			clock := pgtest.NewClock(time.Now())
 			qcfg := cfg
 			qcfg.Metrics.Interval = config.Duration(15 * time.Second)
 			qcfg.Metrics.SizeInterval = config.Duration(15 * time.Second)
@@ -228,7 +183,7 @@ func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 			step(catalog.QuotaEnforced)
 
 			// Refused, in the session that was open and in a new one, whatever it tries.
-			fresh := connect(t, r.DSN)
+			fresh := pgtest.Connect(t, r.DSN)
 			for _, s := range []*pgx.Conn{conn, fresh} {
 				refused(t, s, grow)
 				refused(t, s, `UPDATE blob SET b = 'x'`)
@@ -307,7 +262,7 @@ func TestCapper_CancelsStatementsOverTheCap(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			conn := connect(t, r.DSN)
+			conn := pgtest.Connect(t, r.DSN)
 			mustExec(t, conn, `SET statement_timeout = 0`)
 			mustExec(t, conn, `SELECT pg_sleep(1)`) // under the cap: runs
 			begin := time.Now()

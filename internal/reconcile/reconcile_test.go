@@ -2,15 +2,13 @@ package reconcile_test
 
 import (
 	"context"
-	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
@@ -43,22 +41,11 @@ func TestReconcile_ReportsAndFixesOnlyWhatItCanAttribute(t *testing.T) {
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 1
 	cfg.Provision.PoolInterval = config.Duration(100 * time.Millisecond)
-	u, _ := url.Parse(cfg.Catalog.DSN)
-	cat := pg.Conn(t, strings.TrimPrefix(u.Path, "/"))
+	cat := daemontest.CatalogConn(t, pg, cfg)
 	_, c := daemontest.Start(t, pg, cfg)
 	admin := pg.Conn(t, "postgres")
 
-	body, err := os.ReadFile(filepath.Join("..", "..", "examples", "templates", "saas", "0001_init.sql"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	added, err := c.CreateTemplate(ctx, "saas", []templates.Upload{{Name: "0001_init.sql", Body: string(body)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if j, err := c.WaitJob(ctx, added.BuildJobs[0].ID, nil); err != nil || j.State != jobs.Succeeded {
-		t.Fatalf("build: %v %s", err, j.LastError)
-	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	// Nothing is wrong yet (once the pools are full).
 	waitSpares(t, ctx, cat, 2)
 	waitNoActiveJobs(t, ctx, cat)

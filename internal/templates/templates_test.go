@@ -38,8 +38,7 @@ func start(t *testing.T, spares int) env {
 	cfg.Provision.PoolInterval = config.Duration(100 * time.Millisecond)
 	cfg.Migrate.RetryBackoff = config.Duration(50 * time.Millisecond)
 	_, c := daemontest.Start(t, pg, cfg)
-	u, _ := url.Parse(cfg.Catalog.DSN)
-	return env{c: c, cat: pg.Conn(t, strings.TrimPrefix(u.Path, "/"))}
+	return env{c: c, cat: daemontest.CatalogConn(t, pg, cfg)}
 }
 
 // add creates (push false) or pushes a version and waits for its builds,

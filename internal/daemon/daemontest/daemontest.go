@@ -12,12 +12,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // Config returns the configuration Start uses before mutate: a fresh catalog
@@ -76,9 +80,16 @@ func Pooler(t testing.TB) config.PoolerConfig {
 
 func start(t testing.TB, pg *pgtest.Cluster, opts daemon.Options) (*daemon.Daemon, *api.Client) {
 	t.Helper()
-	cfg := opts.Config
-	ctx, cancel := context.WithCancel(context.Background())
 	opts.Managed, opts.Logger = []catalog.Cluster{managed(pg)}, pgtest.Logger(t)
+	d, _ := run(t, opts)
+	return d, client(t, d, opts.Config)
+}
+
+// run runs a daemon with opts until the test ends, or until stop, which
+// waits until it has stopped.
+func run(t testing.TB, opts daemon.Options) (d *daemon.Daemon, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
 	d, err := daemon.New(ctx, opts)
 	if err != nil {
 		cancel()
@@ -86,13 +97,17 @@ func start(t testing.TB, pg *pgtest.Cluster, opts daemon.Options) (*daemon.Daemo
 	}
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	return d, client(t, d, cfg)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return d, stop
 }
 
 // StartCancellable is Start, plus a function that stops the daemon before
@@ -106,24 +121,7 @@ func StartCancellable(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*api
 // that read what the daemon logs.
 func StartLogged(t testing.TB, pg *pgtest.Cluster, cfg config.Config, log *slog.Logger) (*api.Client, func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: log})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
+	d, stop := run(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed(pg)}, Logger: log})
 	return client(t, d, cfg), stop
 }
 
@@ -150,7 +148,6 @@ func client(t testing.TB, d *daemon.Daemon, cfg config.Config) *api.Client {
 // waiting until it has stopped (a job in progress goes back to the queue).
 func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, pooled bool) (d *daemon.Daemon, c *api.Client, stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
 	opts := daemon.Options{Config: cfg, Logger: pgtest.Logger(t), Poolers: map[string]config.PoolerConfig{}}
 	for _, pg := range pgs {
 		opts.Managed = append(opts.Managed, managed(pg))
@@ -158,23 +155,7 @@ func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, poole
 			opts.Poolers[pg.Name()] = Pooler(t)
 		}
 	}
-	d, err := daemon.New(ctx, opts)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
+	d, stop = run(t, opts)
 	return d, client(t, d, cfg), stop
 }
 
@@ -184,4 +165,38 @@ func managed(pg *pgtest.Cluster) catalog.Cluster {
 		m.StandbyDSNs = append(m.StandbyDSNs, pg.DSN(s, "postgres"))
 	}
 	return m
+}
+
+// CatalogDB is the name of cfg's catalog database (Config's private one).
+func CatalogDB(t testing.TB, cfg config.Config) string {
+	t.Helper()
+	cc, err := pgx.ParseConfig(cfg.Catalog.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cc.Database
+}
+
+// CatalogConn is a connection of the test's own to cfg's catalog on pg,
+// closed when the test ends: for reading and arranging catalog rows.
+func CatalogConn(t testing.TB, pg *pgtest.Cluster, cfg config.Config) *pgx.Conn {
+	t.Helper()
+	return pg.Conn(t, CatalogDB(t, cfg))
+}
+
+// CreateTemplate creates a template from files and waits until every
+// build it started has succeeded.
+func CreateTemplate(t testing.TB, c *api.Client, name string, files []templates.Upload) templates.Added {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	added, err := c.CreateTemplate(ctx, name, files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build job %d of template %s: %s %v: %s", j.ID, name, j.State, err, j.LastError)
+		}
+	}
+	return added
 }
