@@ -611,7 +611,8 @@ func TestPause_ResumeRunsStepAgain(t *testing.T) {
 				}
 				return r.Pause(ctx, "waiting for operator")
 			}),
-			h.step(owner, "last", nil))}
+			h.step(owner, "last", nil)),
+			"marker": h.handler(owner, h.step(owner, "marker", nil))}
 	})
 	j := h.enqueue(t, jobs.Spec{Type: "canary"})
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -626,9 +627,17 @@ func TestPause_ResumeRunsStepAgain(t *testing.T) {
 	if len(j.Steps) != 1 || j.Steps[0].Step != "first" {
 		t.Errorf("recorded steps while paused = %+v, want first", j.Steps)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if got := h.get(t, j.ID); got.State != jobs.Paused {
-		t.Errorf("job left alone: state = %s, want still paused", got.State)
+	// A job queued behind it runs to the end: the workers have claimed
+	// since, and would have taken the paused job (the older) first had it
+	// been claimable.
+	if m := h.waitFinished(t, h.enqueue(t, jobs.Spec{Type: "marker"}).ID); m.State != jobs.Succeeded {
+		t.Fatalf("marker job = %s (%s), want succeeded", m.State, m.LastError)
+	}
+	if got := h.get(t, j.ID); got.State != jobs.Paused || len(got.Steps) != 1 {
+		t.Errorf("job left alone: state = %s, steps %+v; want still paused after first", got.State, got.Steps)
+	}
+	if got, want := h.execs(t, j.ID), []string{"first", "approve"}; !slices.Equal(got, want) {
+		t.Errorf("executed while paused %v, want %v", got, want)
 	}
 
 	if err := jobs.Resume(ctx, h.pool, j.ID); err != nil {

@@ -1,6 +1,7 @@
 package purge_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/url"
@@ -313,10 +314,13 @@ func TestPurge_LeavesNothingAndSparesNeighbours(t *testing.T) {
 }
 
 // TestDrop_UnknownAndWrongState: an unknown id is 404; a purging tenant
-// cannot be restored (409, and its purge goes on to the end); a purged one
-// neither, nor changed in any way.
+// cannot be restored (409: it stays purging, locked out, its data as it
+// was, and its purge goes on to the end); a purged one neither, nor changed
+// in any way.
 func TestDrop_UnknownAndWrongState(t *testing.T) {
-	e := start(t, nil)
+	// The purge is held while the standby replays nothing: its DROP
+	// DATABASE waits for the replay lag to come under 1 MB.
+	e := start(t, func(c *config.Config) { c.Pacer.MaxReplayLag = 1 << 20 })
 	ctx := pgtest.Context(t)
 	for _, id := range []string{"aaaaaaaaaaaa", "not-an-id", "'; DROP TABLE tenants; --"} {
 		_, err := e.c.DropTenant(ctx, id, false)
@@ -327,15 +331,38 @@ func TestDrop_UnknownAndWrongState(t *testing.T) {
 	}
 
 	tn := e.tenant(t, "saas", "database")
+	data := checksum(t, tn.Tenant.Tenant)
+	if _, err := e.c.DropTenant(ctx, tn.Tenant.ID, false); err != nil { // locked out while the standby replays
+		t.Fatal(err)
+	}
+	resume := pauseReplay(t)
 	res, err := e.c.DropTenant(ctx, tn.Tenant.ID, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Purging (or, if the purge was quick, purged): restore is a conflict
-	// either way.
+	for j := *res.Job; j.State != jobs.Waiting; { // its storage step held by the pacer
+		if jobs.Finished(j.State) {
+			t.Fatalf("purge job %d ended %s (%s) while the standby replayed nothing", j.ID, j.State, j.LastError)
+		}
+		time.Sleep(20 * time.Millisecond)
+		if j, err = e.c.Job(ctx, j.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := e.c.TenantAction(ctx, tn.Tenant.ID, "restore"); !errors.Is(err, catalog.ErrConflict) {
 		t.Errorf("restore of a purging tenant: %v, want conflict", err)
 	}
+	if shown, err := e.c.Tenant(ctx, tn.Tenant.ID); err != nil || shown.State != catalog.StatePurging {
+		t.Errorf("tenant after the refused restore: %s, %v; want purging", shown.State, err)
+	}
+	var login bool
+	if err := pg.Conn(t, "postgres").QueryRow(ctx, `SELECT rolcanlogin FROM pg_roles WHERE rolname = $1`, "t_"+tn.Tenant.ID).Scan(&login); err != nil || login {
+		t.Errorf("tenant role after the refused restore: login %v, %v; want locked out", login, err)
+	}
+	if got := checksum(t, tn.Tenant.Tenant); got != data {
+		t.Errorf("tenant data after the refused restore = %s, want %s (as before the drop)", got, data)
+	}
+	resume()
 	waitJob(t, e.c, res.Job)
 	if left := objectsLeft(t, e, tn.Tenant.Tenant); len(left) > 0 {
 		t.Errorf("purge after a refused restore left %v", left)
@@ -351,6 +378,29 @@ func TestDrop_UnknownAndWrongState(t *testing.T) {
 	if shown, err := e.c.Tenant(ctx, tn.Tenant.ID); err != nil || shown.State != catalog.StatePurged {
 		t.Errorf("purged tenant after the refused changes: %s, %v; want purged", shown.State, err)
 	}
+}
+
+// pauseReplay stops WAL replay on the standby and writes WAL beyond 1 MB
+// that it does not replay. It returns the function that resumes replay,
+// which runs at the end of the test too.
+func pauseReplay(t *testing.T) (resume func()) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	standby := pgtest.Connect(t, pg.DSN(pg.Standbys()[0], "postgres"))
+	resume = func() {
+		if _, err := standby.Exec(context.Background(), `SELECT pg_wal_replay_resume()`); err != nil {
+			t.Errorf("resume replay on the standby: %v", err)
+		}
+	}
+	t.Cleanup(resume) // the other tests get a standby that replays
+	if _, err := standby.Exec(ctx, `SELECT pg_wal_replay_pause()`); err != nil {
+		t.Fatal(err)
+	}
+	filler := pg.Conn(t, pg.NewDatabase(t))
+	if _, err := filler.Exec(ctx, `CREATE TABLE filler AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 5000) g`); err != nil {
+		t.Fatal(err)
+	}
+	return resume
 }
 
 // TestPurged_ForgottenAfterRetention: a purged tenant's tombstone and its
