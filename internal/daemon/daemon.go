@@ -163,21 +163,22 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)
 	d.runner = jobs.NewRunner(store.Pool(), cfg.Jobs, pacer, log, reg)
-	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: cfg.Provision, Logger: log}
 	agents := &sandbox.Agents{Store: store}
 	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg,
 		Credentials: d.creds, Logger: log, ColdWait: cfg.Provision.ColdWait.D(), Poolers: d.poolers}
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
-	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log, Poolers: d.poolers}
+	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg.Drop, Logger: log, Poolers: d.poolers}
 	tpl.Spares = pur // a template's delete purges its spares
 	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
 	d.runner.Register(templates.DeleteJob, tpl.DeleteHandler())
 	d.runner.Register(provision.BuildJob, prov.BuildHandler())
 	d.runner.Register(purge.Job, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
-	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg, Logger: log, Pool: d.pool}
+	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Migrate: cfg.Migrate,
+		Provision: cfg.Provision, Logger: log, Pool: d.pool}
 	d.runner.Register(migrate.Job, mig.Handler())
-	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
+	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Prewarm: cfg.Prewarm, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(prewarm.Job, warm.Handler())
 	d.watcher = &prewarm.Watcher{S: warm}
 	reg.MustRegister(prewarm.NewCollector(warm))
@@ -195,7 +196,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.runner.Register(move.Job, mov.Handler())
 
-	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers,
+	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
 		Analytics: d.analytics}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 

@@ -150,7 +150,7 @@ func (s *Service) migrate(ctx context.Context, r *jobs.Run, id int64) error {
 			if provisioningSince.IsZero() {
 				provisioningSince = time.Now()
 			}
-			if time.Since(provisioningSince) < s.Config.Provision.ColdWait.D() {
+			if time.Since(provisioningSince) < s.Provision.ColdWait.D() {
 				d.progress(ctx, true, fmt.Sprintf("waiting for %d tenant(s) being provisioned at an older version", n))
 				select {
 				case <-ctx.Done():
@@ -248,7 +248,7 @@ func (d *dispatcher) slotsOf(ctx context.Context, name string) (slots, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := min(d.s.Config.Migrate.PerCluster, d.ro.Parallel)
+	n := min(d.s.Migrate.PerCluster, d.ro.Parallel)
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return nil, err
@@ -519,7 +519,7 @@ func (d *dispatcher) canary(ctx context.Context) error {
 		return err
 	}
 	failed := ro.Counts[catalog.RolloutTenantFailed]
-	if d.s.Config.Migrate.CanaryAutoContinue && failed == 0 {
+	if d.s.Migrate.CanaryAutoContinue && failed == 0 {
 		d.s.Logger.Info("canary succeeded; continuing (migrate.canary_auto_continue)", "component", "migrate", "rollout", d.id)
 		d.ro.CanaryPassed = true
 		return d.s.Store.PassCanary(ctx, d.s.Store.Pool(), d.id)

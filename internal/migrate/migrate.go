@@ -55,7 +55,10 @@ type Service struct {
 	Runner    *jobs.Runner
 	Templates *templates.Service
 	Agents    *sandbox.Agents // tenants are migrated in sessions of their agent roles
-	Config    config.Config
+	Migrate   config.MigrateConfig
+	// Provision: a rollout waits up to its cold_wait for tenants still
+	// being provisioned at the version it leaves.
+	Provision config.ProvisionConfig
 	Logger    *slog.Logger
 	Pool      Poker // may be nil
 }
@@ -144,7 +147,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Started, error) {
 		return Started{}, invalid("canary %d: a number of tenants, 0 for none", req.Canary)
 	}
 	if req.Parallel == 0 {
-		req.Parallel = s.Config.Migrate.Parallel
+		req.Parallel = s.Migrate.Parallel
 	}
 	if req.Parallel < 1 || req.Parallel > 1000 {
 		return Started{}, invalid("parallel %d: between 1 and 1000", req.Parallel)

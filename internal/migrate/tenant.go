@@ -236,7 +236,7 @@ func (m *tenantMove) segment(ctx context.Context, seg segment) (attempts int, er
 // retryable, or has been retried migrate.retries times, with jittered
 // exponential backoff.
 func (m *tenantMove) retry(ctx context.Context, f func() error) (attempts int, err error) {
-	cfg := m.s.Config.Migrate
+	cfg := m.s.Migrate
 	for attempt := 0; ; attempt++ {
 		err = f()
 		if err == nil || ctx.Err() != nil || attempt >= cfg.Retries || !retryable(err) {
@@ -356,7 +356,7 @@ func (m *tenantMove) applyInTx(ctx context.Context, sess *sandbox.Session, seg s
 	// The marker is read before the search path moves to the tenant's
 	// schema, where its own operators are.
 	results, err := pc.Exec(ctx, fmt.Sprintf("BEGIN; SET LOCAL lock_timeout = %d; %s; %s",
-		m.s.Config.Migrate.LockTimeout.D().Milliseconds(), m.markerQuery(), m.roleSQL(true))).ReadAll()
+		m.s.Migrate.LockTimeout.D().Milliseconds(), m.markerQuery(), m.roleSQL(true))).ReadAll()
 	if err != nil {
 		return cluster.Classify(err)
 	}
@@ -399,7 +399,7 @@ func (m *tenantMove) applyOutside(ctx context.Context, sess *sandbox.Session, se
 		return err
 	}
 	if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d; %s",
-		m.s.Config.Migrate.NoTransactionLockTimeout.D().Milliseconds(), m.roleSQL(false))); err != nil {
+		m.s.Migrate.NoTransactionLockTimeout.D().Milliseconds(), m.roleSQL(false))); err != nil {
 		return cluster.Classify(err)
 	}
 	if err := execFiles(ctx, conn, seg.files); err != nil {

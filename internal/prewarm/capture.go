@@ -30,7 +30,8 @@ type Service struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
 	Runner   *jobs.Runner
-	Config   config.Config
+	Prewarm  config.PrewarmConfig
+	Tiers    map[string]config.Tier // a tier's priority orders a node's tenants
 	Logger   *slog.Logger
 
 	// beforeStore, if set, runs between reading the buffer cache and storing

@@ -78,7 +78,7 @@ func (s *Service) plan(ctx context.Context, a Args) ([]planned, error) {
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {
-		pi, pj := s.Config.Tiers[out[i].t.Tier].Priority, s.Config.Tiers[out[j].t.Tier].Priority
+		pi, pj := s.Tiers[out[i].t.Tier].Priority, s.Tiers[out[j].t.Tier].Priority
 		if pi != pj {
 			return pi > pj
 		}
@@ -147,7 +147,7 @@ func (s *Service) PrewarmNodes(ctx context.Context, clusterName string, tenants 
 		return nil, err
 	}
 	nodes := []string{"primary"}
-	if s.Config.Prewarm.Standbys {
+	if s.Prewarm.Standbys {
 		nodes = cl.Nodes()
 	}
 	var out []jobs.Job

@@ -53,7 +53,7 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 	}
 	t.Cleanup(store.Close)
 	reg := pg.Registry(t, true)
-	svc := &prewarm.Service{Store: store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}
+	svc := &prewarm.Service{Store: store, Clusters: reg, Prewarm: cfg.Prewarm, Tiers: cfg.Tiers, Logger: pgtest.Logger(t)}
 	daemontest.CreateTemplate(t, c, "kv", []templates.Upload{{Name: "0001.sql", Body: `CREATE TABLE kv (k int PRIMARY KEY, v text);`}})
 	return env{c: c, svc: svc, cat: daemontest.CatalogConn(t, pg, cfg)}
 }

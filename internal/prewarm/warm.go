@@ -38,12 +38,12 @@ func (s *Service) prewarm(ctx context.Context, r *jobs.Run, a Args) error {
 		return err
 	}
 	w := &warmer{s: s, cl: cl, node: a.Node, r: r, plan: plan, total: total,
-		budget:  int64(float64(free) * s.Config.Prewarm.BufferFraction),
-		limiter: newLimiter(int64(s.Config.Prewarm.RateLimit))}
+		budget:  int64(float64(free) * s.Prewarm.BufferFraction),
+		limiter: newLimiter(int64(s.Prewarm.RateLimit))}
 	w.recheck = max(w.budget/10, 1)
 	r.Progress(ctx, 0, total, fmt.Sprintf("prewarming %d tenants on %s/%s (%s): %d free buffers", len(plan), a.Cluster, a.Node, a.Reason, free))
 	g, gctx := errgroup.WithContext(ctx)
-	for range max(s.Config.Prewarm.Parallel, 1) {
+	for range max(s.Prewarm.Parallel, 1) {
 		g.Go(func() error { return w.work(gctx) })
 	}
 	return g.Wait()
@@ -128,7 +128,7 @@ func (w *warmer) next(ctx context.Context) (p planned, inBuffer, beyond []load, 
 		if err != nil {
 			return p, nil, nil, false, err
 		}
-		w.budget = min(w.budget, int64(float64(free)*w.s.Config.Prewarm.BufferFraction))
+		w.budget = min(w.budget, int64(float64(free)*w.s.Prewarm.BufferFraction))
 		w.checked = w.inBuffers
 	}
 	p, w.plan = w.plan[0], w.plan[1:]
@@ -141,7 +141,7 @@ func (w *warmer) next(ctx context.Context) (p planned, inBuffer, beyond []load, 
 			w.inBuffers += n
 			first += n
 		}
-		if first <= last && w.s.Config.Prewarm.Beyond != "none" {
+		if first <= last && w.s.Prewarm.Beyond != "none" {
 			beyond = append(beyond, load{rg.Filenode, fork, first, last})
 			w.inOS += last - first + 1
 		}
@@ -177,7 +177,7 @@ func (w *warmer) tenant(ctx context.Context, conns map[string]*warmConn, p plann
 		mode  string
 		loads []load
 		n     *int64
-	}{{"buffer", inBuffer, &res.BlocksBuffer}, {w.s.Config.Prewarm.Beyond, beyond, &res.BlocksOS}} {
+	}{{"buffer", inBuffer, &res.BlocksBuffer}, {w.s.Prewarm.Beyond, beyond, &res.BlocksOS}} {
 		var found []load
 		for _, ld := range l.loads {
 			if rel, ok := rels[ld.rel]; ok { // else dropped or rewritten since the capture

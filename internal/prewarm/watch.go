@@ -32,7 +32,7 @@ const discoverEvery = 10 * time.Second
 
 // Run watches until ctx is done.
 func (w *Watcher) Run(ctx context.Context) error {
-	cfg := w.S.Config.Prewarm
+	cfg := w.S.Prewarm
 	log := w.S.Logger.With("component", "prewarm")
 	tick := discoverEvery
 	if c := cfg.CaptureInterval.D(); c > 0 && c < tick {
@@ -76,7 +76,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 // watchNode polls one node's identity until ctx is done, reconnecting when
 // the connection breaks, and checks it against the catalog when it changes.
 func (w *Watcher) watchNode(ctx context.Context, cl *cluster.Cluster, node string) {
-	every := w.S.Config.Prewarm.WatchInterval.D()
+	every := w.S.Prewarm.WatchInterval.D()
 	log := w.S.Logger.With("component", "prewarm", "cluster", cl.Name(), "node", node)
 	var conn *pgx.Conn
 	defer func() {
@@ -121,7 +121,7 @@ func (w *Watcher) watchNode(ctx context.Context, cl *cluster.Cluster, node strin
 // interval between them, not once each; tried (this daemon's last attempt)
 // keeps a failing capture from being retried every tick.
 func (w *Watcher) captureDue(ctx context.Context, clusterName, node string, tried time.Time) bool {
-	every := w.S.Config.Prewarm.CaptureInterval.D()
+	every := w.S.Prewarm.CaptureInterval.D()
 	if every <= 0 || time.Since(tried) < every {
 		return false
 	}
@@ -130,7 +130,7 @@ func (w *Watcher) captureDue(ctx context.Context, clusterName, node string, trie
 }
 
 func (w *Watcher) nodes(cl *cluster.Cluster) []string {
-	if w.S.Config.Prewarm.Standbys {
+	if w.S.Prewarm.Standbys {
 		return cl.Nodes()
 	}
 	return []string{"primary"}

@@ -33,11 +33,11 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
 				return err
 			}
-			if err := s.Store.DropTenant(ctx, tx, t.ID, s.Config.Drop.Retention.D()); err != nil {
+			if err := s.Store.DropTenant(ctx, tx, t.ID, s.Config.Retention.D()); err != nil {
 				return err
 			}
 			if err := s.Store.AddEvent(ctx, tx, t.ID, "dropped", map[string]any{"from": t.State,
-				"retention": s.Config.Drop.Retention.String(), "purge_now": purgeNow}); err != nil {
+				"retention": s.Config.Retention.String(), "purge_now": purgeNow}); err != nil {
 				return err
 			}
 		case catalog.StateDropped, catalog.StatePurging:
@@ -245,7 +245,7 @@ func (r *Retention) Run(ctx context.Context) error {
 		n, err := r.S.PurgeExpired(ctx)
 		forgotten := 0
 		if err == nil {
-			forgotten, err = r.S.Store.SweepPurged(ctx, r.S.Config.Drop.PurgedRetention.D())
+			forgotten, err = r.S.Store.SweepPurged(ctx, r.S.Config.PurgedRetention.D())
 		}
 		if ctx.Err() == nil {
 			down.Report(log, err)

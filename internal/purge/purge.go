@@ -54,7 +54,7 @@ type Service struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
 	Runner   *jobs.Runner
-	Config   config.Config
+	Config   config.DropConfig // its section: drop
 	Logger   *slog.Logger
 	// OnResume, if set, runs after a tenant is resumed or restored (the
 	// daemon prewarms it). Its error is logged, not returned.
@@ -305,7 +305,7 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 			r.Note(ctx, fmt.Sprintf("dropping database %s: DROP DATABASE forces a checkpoint (and a scan of shared_buffers on the primary and each standby)", name))
 			return cluster.DropDatabase(ctx, admin, name)
 		}
-		r.Note(ctx, fmt.Sprintf("dropping schema %s in %s in batches of at most %d relations", name, t.Database, p.s.Config.Drop.BatchRelations))
+		r.Note(ctx, fmt.Sprintf("dropping schema %s in %s in batches of at most %d relations", name, t.Database, p.s.Config.BatchRelations))
 		conn, err := cl.Connect(ctx, t.Database)
 		if errors.Is(err, cluster.ErrNotFound) {
 			return nil // the shared database is gone: nothing of the tenant is left in it
@@ -314,7 +314,7 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 			return err
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
-		return dependentsHelp(cluster.DropSchemaBatched(ctx, conn, name, p.s.Config.Drop.BatchRelations, func(ctx context.Context, done, total int) error {
+		return dependentsHelp(cluster.DropSchemaBatched(ctx, conn, name, p.s.Config.BatchRelations, func(ctx context.Context, done, total int) error {
 			r.Progress(ctx, int64(done), int64(total), fmt.Sprintf("dropped %d of ~%d relations of schema %s", done, total, name))
 			release, err := r.Pace(ctx, t.Cluster, jobs.Light)
 			if err == nil {
@@ -370,6 +370,6 @@ func (p *purger) catalog(ctx context.Context, r *jobs.Run) error {
 	if p.leftover != nil {
 		return nil // the tenant's row is the live copy's
 	}
-	keep := p.s.Config.Drop.PurgedRetention.D() > 0
+	keep := p.s.Config.PurgedRetention.D() > 0
 	return p.s.Store.ForgetTenant(ctx, p.id, keep, map[string]any{"job": r.Job.ID, "reason": p.reason})
 }

@@ -69,7 +69,7 @@ type Reconciler struct {
 	Clusters  *cluster.Registry
 	Runner    *jobs.Runner
 	Templates *templates.Service
-	Config    config.Config
+	Drop      config.DropConfig
 	Logger    *slog.Logger
 	// Poolers: a cluster's PgBouncer's databases (SHOW DATABASES) are
 	// compared with the catalog too; fix syncs it.
@@ -567,7 +567,7 @@ func (s *scan) schemas() []finding {
 					return err
 				}
 				defer conn.Close(context.WithoutCancel(ctx))
-				return cluster.DropSchemaBatched(ctx, conn, schema, s.r.Config.Drop.BatchRelations, nil)
+				return cluster.DropSchemaBatched(ctx, conn, schema, s.r.Drop.BatchRelations, nil)
 			}))
 		}
 	}

@@ -194,7 +194,7 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 		return cluster.Classify(err)
 	}
 	err = Apply(ctx, conn, files, ApplyOptions{
-		LockBudget: b.s.Config.Provision.BatchLocks,
+		LockBudget: b.s.Provision.BatchLocks,
 		OnBatch: func(ctx context.Context, done, total int) error {
 			r.Progress(ctx, int64(done), int64(total), fmt.Sprintf("building %s v%d on %s: %d/%d statements", b.a.Template, b.a.Version, b.a.Cluster, done, total))
 			release, err := r.Pace(ctx, b.a.Cluster, jobs.Light)

@@ -86,8 +86,9 @@ type Service struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
 	Runner   *jobs.Runner
-	Config   config.Config
-	Logger   *slog.Logger
+	// Provision: builds take its batch lock budget.
+	Provision config.ProvisionConfig
+	Logger    *slog.Logger
 	// Spares purges a deleted template's spares (purge.Service).
 	Spares SparePurger
 }
