@@ -613,7 +613,7 @@ func (e *Env) scaleTiming(ctx context.Context, fc *fleet.Cluster, dir string, te
 	}
 	reg.Put(cl)
 	defer reg.Close()
-	col := &metrics.Collector{Store: store, Clusters: reg, Config: cfg}
+	col := &metrics.Collector{Store: store, Clusters: reg, Metrics: cfg.Metrics, Tiers: cfg.Tiers}
 	begin := time.Now()
 	if err := col.Pass(ctx, fc.Name()); err != nil {
 		return st, err

@@ -200,12 +200,12 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		Analytics: d.analytics}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
-	quo := &quota.Service{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
-	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Quota: quo}
+	quo := &quota.Service{Store: store, Clusters: d.clusters, Tiers: cfg.Tiers, Logger: log}
+	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: log, Quota: quo}
 	tenants := metrics.NewTenantCollector(d.collector, cfg.Metrics.TopTenants)
 	tenants.Pools = d.poolers
 	reg.MustRegister(tenants)
-	d.capper = &quota.Capper{Store: store, Clusters: d.clusters, Config: cfg, Logger: log}
+	d.capper = &quota.Capper{Store: store, Clusters: d.clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: log}
 	d.capper.Register(reg)
 	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers}
 

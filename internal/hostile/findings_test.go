@@ -88,7 +88,7 @@ func (e *env) collector(t *testing.T) (*metrics.Collector, config.Config) {
 	cfg := e.cfg
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
-	return &metrics.Collector{Store: e.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t)}, cfg
+	return &metrics.Collector{Store: e.store, Clusters: reg, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: pgtest.Logger(t)}, cfg
 }
 
 func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
@@ -105,8 +105,8 @@ func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
 	tier.StorageQuota = config.ByteSize(*f.SizeBytes + 1<<20)
 	cfg.Tiers = map[string]config.Tier{"default": cfg.Tiers["default"], l.Tier: tier}
 	q := &quotaRig{store: e.store, id: l.ID, now: time.Now()}
-	q.col = &metrics.Collector{Store: e.store, Clusters: probe.Clusters, Config: cfg, Logger: probe.Logger,
-		Quota: &quota.Service{Store: e.store, Clusters: probe.Clusters, Config: cfg, Logger: probe.Logger},
+	q.col = &metrics.Collector{Store: e.store, Clusters: probe.Clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: probe.Logger,
+		Quota: &quota.Service{Store: e.store, Clusters: probe.Clusters, Tiers: cfg.Tiers, Logger: probe.Logger},
 		Now:   func() time.Time { return q.now }}
 	return q
 }

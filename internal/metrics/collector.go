@@ -42,7 +42,8 @@ type Usage struct {
 type Collector struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
-	Config   config.Config
+	Metrics  config.MetricsConfig
+	Tiers    map[string]config.Tier // tenants near their tier's storage warning are sized every pass
 	Logger   *slog.Logger
 	Quota    QuotaChecker // may be nil
 	// Now is the clock (tests may replace it).
@@ -197,7 +198,7 @@ func (c *Collector) log() *slog.Logger {
 // Run passes over every cluster each metrics.interval until ctx is done. An
 // interval of 0 turns the collector off.
 func (c *Collector) Run(ctx context.Context) error {
-	interval := c.Config.Metrics.Interval.D()
+	interval := c.Metrics.Interval.D()
 	if interval <= 0 {
 		<-ctx.Done()
 		return nil
@@ -235,7 +236,7 @@ func (c *Collector) retention(ctx context.Context) {
 		return
 	}
 	c.lastGC = now
-	if n, err := c.Store.DeleteRollupsBefore(ctx, now.Add(-c.Config.Metrics.HistoryRetention.D())); err != nil {
+	if n, err := c.Store.DeleteRollupsBefore(ctx, now.Add(-c.Metrics.HistoryRetention.D())); err != nil {
 		c.log().Warn("delete old metrics history", "err", err)
 	} else if n > 0 {
 		c.log().Info("deleted old metrics history", "rows", n)
@@ -360,7 +361,7 @@ func (c *Collector) sizeTurn(st *clusterState, rows []catalog.MetricTenant, now 
 		return nil
 	}
 	per := 1
-	if iv, siv := c.Config.Metrics.Interval.D(), c.Config.Metrics.SizeInterval.D(); iv > 0 && siv > 0 {
+	if iv, siv := c.Metrics.Interval.D(), c.Metrics.SizeInterval.D(); iv > 0 && siv > 0 {
 		per = int(math.Ceil(float64(len(ids)) * float64(iv) / float64(siv)))
 	}
 	per = min(max(per, 1), len(ids))
@@ -399,7 +400,7 @@ func (c *Collector) sizeTurn(st *clusterState, rows []catalog.MetricTenant, now 
 
 // nearThreshold: within 90% of the tier's warning (or quota) size.
 func (c *Collector) nearThreshold(tier string, size int64) bool {
-	t, ok := c.Config.Tiers[tier]
+	t, ok := c.Tiers[tier]
 	if !ok {
 		return false
 	}
@@ -413,7 +414,7 @@ func (c *Collector) nearThreshold(tier string, size int64) bool {
 func (c *Collector) filesDue(st *clusterState, now time.Time) bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return st.filesAt.IsZero() || now.Sub(st.filesAt) >= c.Config.Metrics.SizeInterval.D()
+	return st.filesAt.IsZero() || now.Sub(st.filesAt) >= c.Metrics.SizeInterval.D()
 }
 
 // apply folds a sample into the in-memory state and returns the rollups of

@@ -66,7 +66,7 @@ func (f fleet) collector(t *testing.T, clock *pgtest.Clock) *metrics.Collector {
 	cfg := f.cfg
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = config.Duration(15 * time.Second) // every tenant's size on every pass
-	return &metrics.Collector{Store: f.store, Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Now: clock.Now}
+	return &metrics.Collector{Store: f.store, Clusters: reg, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: pgtest.Logger(t), Now: clock.Now}
 }
 
 func exec(t *testing.T, conn *pgx.Conn, sql string) {

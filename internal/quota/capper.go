@@ -54,7 +54,8 @@ import (
 type Capper struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
-	Config   config.Config
+	Metrics  config.MetricsConfig   // its interval: metrics.cap_interval
+	Tiers    map[string]config.Tier // the caps
 	Logger   *slog.Logger
 
 	actions  *prometheus.CounterVec
@@ -156,7 +157,7 @@ func tierLimits(t config.Tier) limits {
 // thresholds are the smallest stmtAt and idleAt of any tier (0: no tier
 // has that limit): the node query's filters.
 func (c *Capper) thresholds() (stmt, idle time.Duration) {
-	for _, t := range c.Config.Tiers {
+	for _, t := range c.Tiers {
 		l := tierLimits(t)
 		if l.stmt > 0 && (stmt == 0 || l.stmtAt < stmt) {
 			stmt = l.stmtAt
@@ -174,7 +175,7 @@ func (c *Capper) enforces() bool {
 	if stmt, idle := c.thresholds(); stmt > 0 || idle > 0 {
 		return true
 	}
-	for _, t := range c.Config.Tiers {
+	for _, t := range c.Tiers {
 		if len(tenant.RoleSettings(t)) > 0 {
 			return true
 		}
@@ -192,7 +193,7 @@ func (c *Capper) Run(ctx context.Context) error {
 	}
 	var w inFlight
 	defer w.wg.Wait() // after the ticker stops: the checks in flight end with ctx
-	t := time.NewTicker(c.Config.Metrics.CapInterval.D())
+	t := time.NewTicker(c.Metrics.CapInterval.D())
 	defer t.Stop()
 	for tick := 0; ; tick++ {
 		for _, cl := range c.Clusters.All() {
@@ -347,7 +348,7 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 	}
 	stopped := 0
 	for _, o := range found {
-		lim := tierLimits(c.Config.Tiers[tiers[o.id]])
+		lim := tierLimits(c.Tiers[tiers[o.id]])
 		key := capKey{cl.Name(), node, o.pid, o.since, o.idle}
 		at, seen := c.actedAt(key)
 		var action, sql, kind string
@@ -473,7 +474,7 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 	for _, t := range ts {
 		switch t.State {
 		case catalog.StateActive, catalog.StateSuspended, catalog.StateDropped:
-			if _, ok := c.Config.Tiers[t.Tier]; ok {
+			if _, ok := c.Tiers[t.Tier]; ok {
 				tiers[t.ID] = t.Tier
 			}
 		}
@@ -500,7 +501,7 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 	var first error
 	for _, id := range ids {
 		tierName := tiers[id]
-		sql, changes := restoreSQL(tenant.PhysicalName(id), roles[id], tenant.RoleSettings(c.Config.Tiers[tierName]))
+		sql, changes := restoreSQL(tenant.PhysicalName(id), roles[id], tenant.RoleSettings(c.Tiers[tierName]))
 		if len(changes) == 0 {
 			continue
 		}

@@ -319,7 +319,7 @@ func TestCapper_SkipsADownStandby(t *testing.T) {
 	ccfg.Tiers = map[string]config.Tier{"default": {}, "plain": {ConnectionLimit: 5, StatementCap: config.Duration(time.Second)}}
 	ccfg.Metrics.CapInterval = config.Duration(100 * time.Millisecond)
 	var logs pgtest.LogBuffer
-	capper := &quota.Capper{Store: store, Clusters: reg, Config: ccfg, Logger: slogTo(&logs)}
+	capper := &quota.Capper{Store: store, Clusters: reg, Metrics: ccfg.Metrics, Tiers: ccfg.Tiers, Logger: slogTo(&logs)}
 	cctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- capper.Run(cctx) }()

@@ -41,7 +41,7 @@ const (
 type Service struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
-	Config   config.Config
+	Tiers    map[string]config.Tier // the quotas
 	Logger   *slog.Logger
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
@@ -149,7 +149,7 @@ func (s *Service) CheckQuotas(ctx context.Context, clusterName string, usage []m
 	now := s.now()
 	var errs []error
 	for _, u := range usage {
-		tier, ok := s.Config.Tiers[u.Tier]
+		tier, ok := s.Tiers[u.Tier]
 		if !ok {
 			tier = config.Tier{} // a tier removed from the config: no quota
 		}
@@ -323,7 +323,7 @@ func (s *Service) View(ctx context.Context, tenantID, tierName string) (View, er
 	if err != nil {
 		return View{}, err
 	}
-	tier := s.Config.Tiers[tierName]
+	tier := s.Tiers[tierName]
 	v := View{State: q.State, WarnBytes: int64(tier.StorageWarn), QuotaBytes: int64(tier.StorageQuota), OverSince: q.OverSince}
 	if !q.Since.IsZero() {
 		v.Since = &q.Since

@@ -133,7 +133,7 @@ func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 			qcfg := cfg
 			qcfg.Metrics.Interval = config.Duration(15 * time.Second)
 			qcfg.Metrics.SizeInterval = config.Duration(15 * time.Second)
-			probe := &metrics.Collector{Store: store, Clusters: reg, Config: qcfg, Now: clock.Now}
+			probe := &metrics.Collector{Store: store, Clusters: reg, Metrics: qcfg.Metrics, Tiers: qcfg.Tiers, Now: clock.Now}
 			if err := probe.Pass(ctx, "local"); err != nil {
 				t.Fatal(err)
 			}
@@ -144,8 +144,8 @@ func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 			base := *f.SizeBytes
 			qcfg.Tiers = map[string]config.Tier{"default": cfg.Tiers["default"], tierName: {
 				StorageWarn: config.ByteSize(base + 2<<20), StorageQuota: config.ByteSize(base + 5<<20), StorageGrace: config.Duration(time.Hour)}}
-			svc := &quota.Service{Store: store, Clusters: reg, Config: qcfg, Logger: pgtest.Logger(t), Now: clock.Now}
-			col := &metrics.Collector{Store: store, Clusters: reg, Config: qcfg, Logger: pgtest.Logger(t), Quota: svc, Now: clock.Now}
+			svc := &quota.Service{Store: store, Clusters: reg, Tiers: qcfg.Tiers, Logger: pgtest.Logger(t), Now: clock.Now}
+			col := &metrics.Collector{Store: store, Clusters: reg, Metrics: qcfg.Metrics, Tiers: qcfg.Tiers, Logger: pgtest.Logger(t), Quota: svc, Now: clock.Now}
 			step := func(want string) {
 				t.Helper()
 				clock.Add(15 * time.Second)
