@@ -3,19 +3,24 @@ package placement_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -355,4 +360,92 @@ func TestRebalance_MovesAboutHalf(t *testing.T) {
 	if err != nil || len(again.Moves) != 0 {
 		t.Errorf("balanced fleet: plan of %d moves, %v; want none", len(again.Moves), err)
 	}
+}
+
+// TestHostile_PlantedSizeFunctionsDoNotSteerPlacement: tenants of both
+// modes plant functions that shadow PostgreSQL's size functions (answering
+// 1 PiB) where their own sessions and search_path find them, and write so
+// that their sizes are stored; the sizes placement reads are the
+// collector's real measures, so a size cap of 1 GiB still admits a tenant.
+func TestHostile_PlantedSizeFunctionsDoNotSteerPlacement(t *testing.T) {
+	ctx := pgtest.Context(t)
+	d, c := fleet(t, testConfig(t), false)
+	const lie = int64(1) << 50
+	var dsns []string
+	for _, mode := range []string{"database", "schema"} {
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Cluster: "local"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dsns = append(dsns, r.DSN)
+		conn, err := pgx.Connect(ctx, r.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sig := range []string{"pg_database_size(oid)", "pg_database_size(name)", "pg_total_relation_size(regclass)",
+			"pg_relation_size(regclass)", "pg_table_size(regclass)", "pg_indexes_size(regclass)"} {
+			if _, err := conn.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION %s RETURNS bigint LANGUAGE sql AS 'SELECT %d::bigint'`, sig, lie)); err != nil {
+				t.Fatalf("%s tenant: plant %s: %v", mode, sig, err)
+			}
+		}
+		// Its functions first, wherever it can say so (a role may set its
+		// own defaults).
+		_, _ = conn.Exec(ctx, `DO $$BEGIN EXECUTE format('ALTER ROLE %I SET search_path = %I, pg_catalog', current_user, current_schema()); END$$`)
+		conn.Close(ctx)
+	}
+	reg := cluster.NewRegistry()
+	cl, err := cluster.New("local", pgs[0].PrimaryDSN("postgres"), nil, pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	cfg := testConfig(t)
+	cfg.Metrics.Interval = config.Duration(15 * time.Second)
+	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
+	now := time.Now().Truncate(time.Minute)
+	col := &metrics.Collector{Store: d.Store(), Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Now: func() time.Time { return now }}
+	pass := func() {
+		t.Helper()
+		if err := col.Pass(ctx, "local"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A pass; the tenants write; a pass in the same minute sees them
+	// active; one in the next minute writes the minute's rollups, sizes
+	// with them.
+	pass()
+	for _, dsn := range dsns {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range []string{`CREATE TABLE junk AS SELECT generate_series(1, 1000) AS i`, `SELECT pg_stat_force_next_flush()`} {
+			if _, err := conn.Exec(ctx, q); err != nil {
+				t.Fatal(err)
+			}
+		}
+		conn.Close(ctx)
+	}
+	now = now.Add(30 * time.Second)
+	pass()
+	now = now.Add(time.Minute)
+	pass()
+
+	ts, err := d.Store().SizedTenants(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 {
+		t.Fatalf("%d tenants on local; want 2", len(ts))
+	}
+	for _, tn := range ts {
+		if tn.SizeBytes <= 0 || tn.SizeBytes >= 1<<30 {
+			t.Errorf("tenant %s: stored size %d; want its real size (a few MB), not the planted %d", tn.ID, tn.SizeBytes, lie)
+		}
+	}
+	if _, err := c.SetCluster(ctx, "local", catalog.PlacementChange{MaxSizeBytes: ptr(int64(1 << 30))}); err != nil {
+		t.Fatal(err)
+	}
+	mustCreate(t, c, "default", "local", "local")
 }
