@@ -224,6 +224,7 @@ func (s *Service) RebalanceHandler() jobs.Handler {
 // tenants that did not move. stop, polled, ends it early (an undrained
 // cluster): moves in flight go on.
 func (s *Service) run(ctx context.Context, r *jobs.Run, plan func(context.Context) (Plan, error), stop func(context.Context) (bool, error)) error {
+	replan := stop != nil
 	var pr progress
 	if err := r.LoadData(&pr); err != nil {
 		return err
@@ -266,7 +267,21 @@ func (s *Service) run(ctx context.Context, r *jobs.Run, plan func(context.Contex
 		r.Progress(ctx, int64(len(pr.Done)+len(pr.Failed)), total,
 			fmt.Sprintf("%d moved, %d moving, %d waiting for a slot, %d cannot move", len(pr.Done), moving, waiting, len(pr.Failed)))
 		if moving == 0 && waiting == 0 {
-			break
+			if !replan {
+				break
+			}
+			// A drain plans again once its moves are done: a tenant that
+			// arrived meanwhile (a move into the cluster, a create placed
+			// before it was draining) goes too.
+			p, err := plan(ctx)
+			if err != nil {
+				return err
+			}
+			if !pr.add(p) {
+				break
+			}
+			total = int64(len(pr.Plan.Moves) + len(pr.Plan.Stuck))
+			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -287,6 +302,33 @@ func (s *Service) run(ctx context.Context, r *jobs.Run, plan func(context.Contex
 		return jobs.Permanent(fmt.Errorf("%d moved, %d did not%s", len(pr.Done), len(pr.Failed), b.String()))
 	}
 	return nil
+}
+
+// add adds the moves and refusals of p for tenants the job has not seen,
+// and says whether there were any.
+func (pr *progress) add(p Plan) bool {
+	seen := map[string]bool{}
+	for _, m := range pr.Plan.Moves {
+		seen[m.Tenant] = true
+	}
+	for id := range pr.Failed {
+		seen[id] = true
+	}
+	added := false
+	for _, m := range p.Moves {
+		if !seen[m.Tenant] {
+			pr.Plan.Moves = append(pr.Plan.Moves, m)
+			added = true
+		}
+	}
+	for _, st := range p.Stuck {
+		if !seen[st.Tenant] {
+			pr.Plan.Stuck = append(pr.Plan.Stuck, st)
+			pr.Failed[st.Tenant] = st.Reason
+			added = true
+		}
+	}
+	return added
 }
 
 // follow records the moves that ended.

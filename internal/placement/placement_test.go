@@ -449,3 +449,35 @@ func TestHostile_PlantedSizeFunctionsDoNotSteerPlacement(t *testing.T) {
 	}
 	mustCreate(t, c, "default", "local", "local")
 }
+
+// TestRebalance_EvensSizes: with the tenant counts within one, the plan
+// moves the largest cluster's tenant that narrows the size gap most, and
+// nothing once a move would not narrow it by minSizeGain.
+func TestRebalance_EvensSizes(t *testing.T) {
+	ctx := pgtest.Context(t)
+	d, c := fleet(t, testConfig(t), false)
+	sizes := map[string][]int64{"local": {200 << 20, 200 << 20, 1 << 20}, "local2": {1 << 20, 1 << 20}}
+	var rollups []catalog.Rollup
+	for _, cl := range []string{"local", "local2"} {
+		for _, size := range sizes[cl] {
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema", Cluster: cl})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rollups = append(rollups, catalog.Rollup{Tenant: r.Tenant.ID, Minute: time.Now().Truncate(time.Minute), SizeBytes: ptr(size)})
+		}
+	}
+	if err := d.Store().InsertRollups(ctx, rollups); err != nil {
+		t.Fatal(err)
+	}
+	plan, err := c.Rebalance(ctx, api.RebalanceRequest{DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Moves) != 1 {
+		t.Fatalf("plan %+v; want one move", plan.Moves)
+	}
+	if m := plan.Moves[0]; m.From != "local" || m.To != "local2" || m.SizeBytes != 200<<20 {
+		t.Errorf("move %+v; want a 200 MiB tenant from local to local2", m)
+	}
+}
