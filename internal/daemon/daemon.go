@@ -195,7 +195,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.runner.Register(move.Job, mov.Handler())
-	plc := &placement.Service{Store: store, Runner: d.runner, Provision: prov, Move: mov, Config: cfg, Logger: log}
+	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg, Logger: log}
 	d.runner.Register(placement.DrainJob, plc.DrainHandler())
 	d.runner.Register(placement.RebalanceJob, plc.RebalanceHandler())
 	reg.MustRegister(placement.NewCollector(plc))

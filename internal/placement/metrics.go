@@ -22,6 +22,7 @@ type Collector struct {
 	s        *Service
 	phases   *prometheus.Desc
 	progress *prometheus.Desc
+	lag      *prometheus.Desc
 	up       *prometheus.Desc
 }
 
@@ -35,6 +36,9 @@ func NewCollector(s *Service) *Collector {
 		progress: prometheus.NewDesc("pgtenant_move_progress_ratio",
 			"Progress of a move in flight within its phase (copy: tables copied of all), 0 to 1.",
 			[]string{"tenant", "from", "to", "phase"}, nil),
+		lag: prometheus.NewDesc("pgtenant_move_lag_bytes",
+			"WAL of the source a move's subscription has not confirmed yet (its slot's confirmed_flush_lsn behind the source's current WAL), from the subscribe step on.",
+			[]string{"tenant", "from", "to"}, nil),
 		up: prometheus.NewDesc("pgtenant_moves_up", "1 if the catalog answered the moves query.", nil, nil),
 	}
 }
@@ -43,6 +47,7 @@ func NewCollector(s *Service) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.phases
 	ch <- c.progress
+	ch <- c.lag
 	ch <- c.up
 }
 
@@ -64,6 +69,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ratio = float64(m.Job.ProgressDone) / float64(m.Job.ProgressTotal)
 		}
 		ch <- prometheus.MustNewConstMetric(c.progress, prometheus.GaugeValue, ratio, m.Tenant, m.From, m.To, m.Phase)
+		if lag, ok := c.s.slotLag(ctx, m); ok {
+			ch <- prometheus.MustNewConstMetric(c.lag, prometheus.GaugeValue, float64(lag), m.Tenant, m.From, m.To)
+		}
 	}
 	for _, p := range append([]string{"queued"}, movePhases()...) {
 		ch <- prometheus.MustNewConstMetric(c.phases, prometheus.GaugeValue, float64(count[p]), p)
@@ -124,4 +132,29 @@ func (s *Service) moves(ctx context.Context) ([]InFlight, error) {
 	}
 	slices.SortFunc(out, func(a, b InFlight) int { return int(a.Job.ID - b.Job.ID) })
 	return out, nil
+}
+
+// slotLag reads how far a move's slot on its source is behind: one query
+// on the source's admin pool (no tenant database), bounded by the scrape's
+// deadline; false when the slot is not there (before subscribe, after the
+// cut-over) or the source does not answer.
+func (s *Service) slotLag(ctx context.Context, m InFlight) (int64, bool) {
+	if s.Clusters == nil || m.From == "" {
+		return 0, false
+	}
+	cl, err := s.Clusters.Get(m.From)
+	if err != nil {
+		return 0, false
+	}
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, false
+	}
+	var lag *int64
+	err = admin.QueryRow(ctx, `SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, move.Name(m.Tenant)).Scan(&lag)
+	if err != nil || lag == nil {
+		return 0, false
+	}
+	return *lag, true
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/move"
@@ -36,6 +37,7 @@ const (
 // Service drains and rebalances.
 type Service struct {
 	Store     *catalog.Store
+	Clusters  *cluster.Registry // for the moves' slot lag on /metrics
 	Runner    *jobs.Runner
 	Provision *provision.Service
 	Move      *move.Service

@@ -201,6 +201,9 @@ func watchMoves(t *testing.T, c *api.Client, d *daemon.Daemon) (stop func() (int
 			mu.Lock()
 			most = max(most, n)
 			for _, mf := range mfs {
+				if mf.GetName() == "pgtenant_move_lag_bytes" && len(mf.GetMetric()) > 0 {
+					phases["lag"] = true
+				}
 				if mf.GetName() != "pgtenant_moves_in_progress" {
 					continue
 				}
@@ -260,6 +263,9 @@ func TestDrain_MovesTenantsAway(t *testing.T) {
 	}
 	if !phases["copy"] && !phases["cutover"] && !phases["subscribe"] && !phases["schema"] {
 		t.Errorf("pgtenant_moves_in_progress showed moves only in phases %v during the drain", phases)
+	}
+	if !phases["lag"] {
+		t.Error("pgtenant_move_lag_bytes never showed a move's slot during the drain")
 	}
 	if j.ProgressDone != 3 || j.ProgressTotal != 3 {
 		t.Errorf("drain progress %d/%d; want 3/3", j.ProgressDone, j.ProgressTotal)
