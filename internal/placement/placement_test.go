@@ -487,3 +487,62 @@ func TestRebalance_EvensSizes(t *testing.T) {
 		t.Errorf("move %+v; want a 200 MiB tenant from local to local2", m)
 	}
 }
+
+// TestDrain_ResumesAfterTheDaemonStops stops the daemon once the drain has
+// started a move and starts another on the same catalog: the drain goes on
+// from what it recorded, and each tenant is moved by exactly one move job.
+func TestDrain_ResumesAfterTheDaemonStops(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := testConfig(t)
+	_, c, stop := daemontest.StartClusters(t, pgs, cfg, false)
+	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build: %v %s", err, j.LastError)
+		}
+	}
+	var ids []string
+	for range 2 {
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema", Cluster: "local"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Tenant.ID)
+	}
+	dj, err := c.DrainCluster(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		js, err := c.Jobs(ctx, map[string][]string{"type": {move.Job}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(js) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the drain started no move within a minute")
+		}
+	}
+	stop()
+
+	_, c, _ = daemontest.StartClusters(t, pgs, cfg, false)
+	j, err := c.WaitJob(ctx, dj.ID, nil)
+	if err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("drain after the restart: %v %s %s", err, j.State, j.LastError)
+	}
+	for _, id := range ids {
+		tn, err := c.Tenant(ctx, id)
+		if err != nil || tn.Cluster != "local2" {
+			t.Errorf("tenant %s after the drain: on %s, %v; want local2", id, tn.Cluster, err)
+		}
+		js, err := c.Jobs(ctx, map[string][]string{"type": {move.Job}, "target": {id}})
+		if err != nil || len(js) != 1 || js[0].State != jobs.Succeeded {
+			t.Errorf("tenant %s: %d move jobs (%v); want one, succeeded", id, len(js), err)
+		}
+	}
+}
