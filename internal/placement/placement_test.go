@@ -297,6 +297,13 @@ func TestDrain_MovesTenantsAway(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	moved, err := d.Store().SizedTenants(ctx, "local2")
+	if err != nil || len(moved) == 0 {
+		t.Fatalf("tenants on local2: %v", err)
+	}
+	if _, err := c.MoveTenant(ctx, moved[0].ID, "local"); !errors.Is(err, catalog.ErrConflict) || !strings.Contains(err.Error(), "draining") {
+		t.Errorf("a move onto the draining cluster: %v; want a conflict naming the drain", err)
+	}
 	if _, err := c.UndrainCluster(ctx, "local"); err != nil {
 		t.Fatal(err)
 	}
