@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -127,6 +128,30 @@ func (c *Client) Cluster(ctx context.Context, name string) (ClusterDetail, error
 func (c *Client) AddCluster(ctx context.Context, req AddClusterRequest) (Cluster, error) {
 	var out Cluster
 	return out, c.Do(ctx, http.MethodPost, "/v1/clusters", req, &out)
+}
+
+// SetCluster changes a cluster's placement caps and labels.
+func (c *Client) SetCluster(ctx context.Context, name string, req catalog.PlacementChange) (Cluster, error) {
+	var out Cluster
+	return out, c.Do(ctx, http.MethodPatch, "/v1/clusters/"+url.PathEscape(name), req, &out)
+}
+
+// DrainCluster marks a cluster draining and returns its drain job.
+func (c *Client) DrainCluster(ctx context.Context, name string) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, "/v1/clusters/"+url.PathEscape(name)+"/drain", nil, &out)
+}
+
+// UndrainCluster places tenants on a cluster again.
+func (c *Client) UndrainCluster(ctx context.Context, name string) (Cluster, error) {
+	var out Cluster
+	return out, c.Do(ctx, http.MethodPost, "/v1/clusters/"+url.PathEscape(name)+"/undrain", nil, &out)
+}
+
+// Rebalance plans (dry run) or starts a rebalance.
+func (c *Client) Rebalance(ctx context.Context, req RebalanceRequest) (RebalanceResponse, error) {
+	var out RebalanceResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/rebalance", req, &out)
 }
 
 // CreateTemplate stores version 1 of a new template.

@@ -15,9 +15,13 @@ func (s *Server) listClusters(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	loads, err := s.Store.ClusterLoads(r.Context())
+	if err != nil {
+		return err
+	}
 	out := make([]Cluster, 0, len(cs))
 	for _, c := range cs {
-		out = append(out, s.clusterView(r.Context(), c))
+		out = append(out, s.clusterView(r.Context(), c, loads))
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
@@ -28,7 +32,11 @@ func (s *Server) showCluster(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	d := ClusterDetail{Cluster: s.clusterView(r.Context(), c)}
+	loads, err := s.Store.ClusterLoads(r.Context())
+	if err != nil {
+		return err
+	}
+	d := ClusterDetail{Cluster: s.clusterView(r.Context(), c, loads)}
 	if d.Status == "up" {
 		cl, err := s.Clusters.Get(c.Name)
 		if err != nil {
@@ -78,6 +86,6 @@ func (s *Server) addCluster(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, s.clusterView(r.Context(), c))
+	writeJSON(w, http.StatusCreated, s.clusterView(r.Context(), c, nil))
 	return nil
 }

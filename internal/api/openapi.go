@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -48,6 +49,10 @@ var (
 		{method: "GET", path: "/v1/clusters", summary: "list clusters, probed now", status: 200, response: []Cluster{}},
 		{method: "POST", path: "/v1/clusters", summary: "register an external cluster", request: AddClusterRequest{}, status: 201, response: Cluster{}},
 		{method: "GET", path: "/v1/clusters/{name}", summary: "show a cluster with its server's settings", status: 200, response: ClusterDetail{}},
+		{method: "PATCH", path: "/v1/clusters/{name}", summary: "set a cluster's placement caps and labels", request: catalog.PlacementChange{}, status: 200, response: Cluster{}},
+		{method: "POST", path: "/v1/clusters/{name}/drain", summary: "drain a cluster: no new tenants, its tenants moved away (a job)", status: 202, response: jobs.Job{}},
+		{method: "POST", path: "/v1/clusters/{name}/undrain", summary: "place tenants on a drained cluster again", status: 200, response: Cluster{}},
+		{method: "POST", path: "/v1/rebalance", summary: "plan moves that even out the clusters; without dry_run, start them (a job)", request: RebalanceRequest{}, status: 202, response: RebalanceResponse{}},
 		{method: "GET", path: "/v1/templates", summary: "list templates", status: 200, response: []TemplateSummary{}},
 		{method: "POST", path: "/v1/templates", summary: "create a template (version 1) and start its builds", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
 		{method: "GET", path: "/v1/templates/{name}", summary: "show a template: versions, builds, tenants by version", status: 200, response: TemplateDetail{}},

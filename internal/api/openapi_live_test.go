@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -163,6 +164,15 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	_, err = c.TenantAction(ctx, id, "restore")
 	must(err)
 	_, _ = c.DeleteTemplate(ctx, "saas") // 409: it has tenants
+	maxTenants := 100
+	_, err = c.SetCluster(ctx, "local", catalog.PlacementChange{MaxTenants: &maxTenants, Labels: map[string]string{"disk": "ssd"}})
+	must(err)
+	_, err = c.Rebalance(ctx, api.RebalanceRequest{DryRun: true})
+	must(err)
+	_, err = c.DrainCluster(ctx, "local") // one cluster: its job finds nowhere to move the tenant
+	must(err)
+	_, err = c.UndrainCluster(ctx, "local")
+	must(err)
 
 	ops := map[string]bool{}
 	for _, x := range rec.seen {

@@ -96,7 +96,7 @@ func TestOpenAPI_SchemasFollowEncodingJSON(t *testing.T) {
 }
 
 // routeRE finds a route in the README's API table: `GET /v1/tenants?state=&limit=`.
-var routeRE = regexp.MustCompile("`(GET|POST|PUT|DELETE) (/v1/[^`? ]*)(\\?[^` ]*)?`")
+var routeRE = regexp.MustCompile("`(GET|POST|PUT|PATCH|DELETE) (/v1/[^`? ]*)(\\?[^` ]*)?`")
 
 // TestOpenAPI_README: the README's API table names every operation of the
 // document, and nothing else; the query parameters it shows exist.

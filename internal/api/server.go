@@ -26,6 +26,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/move"
+	"github.com/pgtenant/pgtenant/internal/placement"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
@@ -53,6 +54,7 @@ type Deps struct {
 	Migrate    *migrate.Service
 	Prewarm    *prewarm.Service
 	Move       *move.Service
+	Placement  *placement.Service
 	// Analytics runs tenants' columnar mirrors; nil when not wired.
 	Analytics *analytics.Service
 
@@ -93,6 +95,10 @@ func NewServer(d Deps) *Server {
 	s.handle("GET /v1/clusters", s.listClusters)
 	s.handle("POST /v1/clusters", s.addCluster)
 	s.handle("GET /v1/clusters/{name}", s.showCluster)
+	s.handle("PATCH /v1/clusters/{name}", s.setCluster)
+	s.handle("POST /v1/clusters/{name}/drain", s.drainCluster)
+	s.handle("POST /v1/clusters/{name}/undrain", s.undrainCluster)
+	s.handle("POST /v1/rebalance", s.rebalance)
 	s.handle("GET /v1/templates", s.listTemplates)
 	s.handle("POST /v1/templates", s.createTemplate)
 	s.handle("GET /v1/templates/{name}", s.showTemplate)
@@ -289,8 +295,13 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 
 // clusterView is the list row of one cluster, probed now: a list shows
 // the standbys' current replay lag, not the monitor's last reading.
-func (s *Server) clusterView(ctx context.Context, c catalog.Cluster) Cluster {
-	v := Cluster{Name: c.Name, Kind: c.Kind, DSN: cluster.RedactDSN(c.DSN), CreatedAt: c.CreatedAt, Standbys: []cluster.StandbyState{}, Status: "up"}
+func (s *Server) clusterView(ctx context.Context, c catalog.Cluster, loads map[string]map[string]catalog.Load) Cluster {
+	v := Cluster{Name: c.Name, Kind: c.Kind, DSN: cluster.RedactDSN(c.DSN), CreatedAt: c.CreatedAt, Standbys: []cluster.StandbyState{}, Status: "up",
+		Placement: c.Placement}
+	for _, l := range loads[c.Name] {
+		v.Tenants += l.Tenants
+		v.SizeBytes += l.SizeBytes
+	}
 	cl, err := s.Clusters.Get(c.Name)
 	if err == nil {
 		var h cluster.Health

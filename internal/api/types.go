@@ -32,6 +32,11 @@ type Cluster struct {
 	Error     string                 `json:"error,omitempty"`
 	Standbys  []cluster.StandbyState `json:"standbys"`
 	CreatedAt time.Time              `json:"created_at"`
+	// The placement policy set on it, and what it holds: tenants (not
+	// spares) and their sizes as last sampled.
+	catalog.Placement
+	Tenants   int   `json:"tenants"`
+	SizeBytes int64 `json:"size_bytes"`
 }
 
 // ClusterDetail is `cluster show`.

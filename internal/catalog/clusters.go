@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Cluster is a registered cluster.
@@ -13,6 +15,19 @@ type Cluster struct {
 	DSN         string    `json:"-"`    // secret
 	StandbyDSNs []string  `json:"-"`
 	CreatedAt   time.Time `json:"created_at"`
+	Placement
+}
+
+// clusterColumns are what Clusters and GetCluster read.
+const clusterColumns = `name, kind, dsn, standby_dsns, created_at, coalesce(max_tenants, 0), coalesce(max_size_bytes, 0), labels, draining`
+
+func scanCluster(row pgx.Row) (Cluster, error) {
+	var c Cluster
+	err := row.Scan(&c.Name, &c.Kind, &c.DSN, &c.StandbyDSNs, &c.CreatedAt, &c.MaxTenants, &c.MaxSizeBytes, &c.Labels, &c.Draining)
+	if c.Labels == nil {
+		c.Labels = map[string]string{}
+	}
+	return c, err
 }
 
 // UpsertCluster registers a cluster or updates its DSNs. An existing
@@ -34,26 +49,15 @@ func (s *Store) UpsertCluster(ctx context.Context, c Cluster) error {
 
 // Clusters lists registered clusters by name.
 func (s *Store) Clusters(ctx context.Context) ([]Cluster, error) {
-	rows, err := s.pool.Query(ctx, `SELECT name, kind, dsn, standby_dsns, created_at FROM clusters ORDER BY name`)
+	rows, err := s.pool.Query(ctx, `SELECT `+clusterColumns+` FROM clusters ORDER BY name`)
 	if err != nil {
 		return nil, err
 	}
-	defer rows.Close()
-	var out []Cluster
-	for rows.Next() {
-		var c Cluster
-		if err := rows.Scan(&c.Name, &c.Kind, &c.DSN, &c.StandbyDSNs, &c.CreatedAt); err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	return out, rows.Err()
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Cluster, error) { return scanCluster(r) })
 }
 
 // GetCluster returns one cluster.
 func (s *Store) GetCluster(ctx context.Context, name string) (Cluster, error) {
-	var c Cluster
-	err := s.pool.QueryRow(ctx, `SELECT name, kind, dsn, standby_dsns, created_at FROM clusters WHERE name = $1`, name).
-		Scan(&c.Name, &c.Kind, &c.DSN, &c.StandbyDSNs, &c.CreatedAt)
+	c, err := scanCluster(s.pool.QueryRow(ctx, `SELECT `+clusterColumns+` FROM clusters WHERE name = $1`, name))
 	return c, notFound(err, "cluster "+name)
 }

@@ -297,3 +297,40 @@ func TestREADME_MetricsExist(t *testing.T) {
 		t.Errorf("found %d metric names in the README, want the whole list (30+)", named)
 	}
 }
+
+// TestCLI_ClusterPlacement: `cluster set` parses sizes and labels and
+// `cluster list` shows them with the tenant count; `rebalance --dry-run`
+// on one cluster has nothing to move, in a table and in JSON.
+func TestCLI_ClusterPlacement(t *testing.T) {
+	e := startCLI(t)
+	out, err := e.run(t, "cluster", "set", "local", "--max-tenants", "50", "--max-size", "500GB", "--label", "disk=ssd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "max_tenants=50,max_size=500.0 GiB,disk=ssd") {
+		t.Errorf("cluster set printed\n%s\nwant its placement", out)
+	}
+	if _, err := e.run(t, "cluster", "set", "local", "--label", "Bad"); err == nil {
+		t.Error("cluster set --label Bad was accepted")
+	}
+	out, err = e.run(t, "-o", "json", "cluster", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"max_tenants": 50`, `"max_size_bytes": 536870912000`, `"disk": "ssd"`, `"draining": false`, `"tenants": 0`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("cluster list -o json lacks %s:\n%s", want, out)
+		}
+	}
+	if out, err = e.run(t, "cluster", "set", "local", "--max-size", "0", "--remove-label", "disk"); err != nil || !regexp.MustCompile(`(?m)^local .* max_tenants=50 `).MatchString(out) {
+		t.Errorf("cluster set --max-size 0 --remove-label disk: %v\n%s", err, out)
+	}
+	out, err = e.run(t, "rebalance", "--dry-run")
+	if err != nil || !strings.Contains(out, "balanced: nothing to move") {
+		t.Errorf("rebalance --dry-run on one cluster: %v\n%s", err, out)
+	}
+	out, err = e.run(t, "-o", "json", "rebalance", "--dry-run")
+	if err != nil || !strings.Contains(out, `"moves": []`) {
+		t.Errorf("rebalance --dry-run -o json: %v\n%s", err, out)
+	}
+}

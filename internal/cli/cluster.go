@@ -72,12 +72,12 @@ The password is stored in the catalog and never printed.`,
 			return g.print(d, func(w io.Writer) { clusterDetail(w, d) })
 		},
 	}
-	cmd.AddCommand(add, list, show)
+	cmd.AddCommand(add, list, show, newClusterSetCmd(g), newClusterDrainCmd(g), newClusterUndrainCmd(g))
 	return cmd
 }
 
 func clusterTable(w io.Writer, cs []api.Cluster) {
-	row(w, "NAME", "KIND", "STATUS", "STANDBYS", "DSN")
+	row(w, "NAME", "KIND", "STATUS", "TENANTS", "SIZE", "PLACEMENT", "STANDBYS", "DSN")
 	for _, c := range cs {
 		var sb []string
 		for _, s := range c.Standbys {
@@ -86,7 +86,11 @@ func clusterTable(w io.Writer, cs []api.Cluster) {
 		if len(sb) == 0 {
 			sb = []string{"-"}
 		}
-		row(w, c.Name, c.Kind, c.Status, strings.Join(sb, ", "), c.DSN)
+		status := c.Status
+		if c.Draining {
+			status += ",draining"
+		}
+		row(w, c.Name, c.Kind, status, c.Tenants, humanBytes(c.SizeBytes), placementCell(c), strings.Join(sb, ", "), c.DSN)
 	}
 }
 
@@ -95,6 +99,9 @@ func clusterDetail(w io.Writer, d api.ClusterDetail) {
 	row(w, "kind", d.Kind)
 	row(w, "dsn", d.DSN)
 	row(w, "status", d.Status)
+	row(w, "draining", d.Draining)
+	row(w, "tenants", fmt.Sprintf("%d (%s)", d.Tenants, humanBytes(d.SizeBytes)))
+	row(w, "placement", placementCell(d.Cluster))
 	if d.Error != "" {
 		row(w, "error", d.Error)
 	}

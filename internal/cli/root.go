@@ -61,7 +61,7 @@ Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
 	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", ".pgtenant"), "`DIR` where pgtenant up keeps its fleet; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset (env PGTENANT_DATA_DIR)")
 
 	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newMigrateCmd(g), newRolloutCmd(g), newPrewarmCmd(g), newBenchCmd(g))
-	root.AddCommand(newDoctorCmd(g), newAnalyticsCmd(g))
+	root.AddCommand(newDoctorCmd(g), newAnalyticsCmd(g), newRebalanceCmd(g))
 	return root
 }
 

@@ -92,6 +92,11 @@ func (c *Cluster) Probe(ctx context.Context) (Health, error) {
 			       coalesce(extract(epoch FROM r.replay_lag), 0)::float8
 			FROM pg_stat_replication r
 			FULL JOIN (SELECT * FROM pg_replication_slots WHERE slot_type = 'physical') s ON s.active_pid = r.pid
+			-- Logical walsenders (a move's subscription and its table
+			-- syncs, analytics mirrors) are connected to a database; a
+			-- standby's is not. They are not standbys: several share a
+			-- name, and their lag is not replay lag.
+			WHERE r.pid IS NULL OR NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = r.pid AND a.datid IS NOT NULL)
 			ORDER BY 1`)
 		if err != nil {
 			return Health{}, fmt.Errorf("probe %s standbys: %w", c.name, Classify(err))

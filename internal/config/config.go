@@ -70,6 +70,16 @@ type Config struct {
 	Prewarm PrewarmConfig `yaml:"prewarm"`
 	// Analytics tunes tenants' columnar mirrors (internal/analytics).
 	Analytics AnalyticsConfig `yaml:"analytics"`
+	// Move tunes the moves that drain and rebalance start.
+	Move MoveConfig `yaml:"move"`
+}
+
+// MoveConfig tunes drains and rebalances (internal/placement).
+type MoveConfig struct {
+	// MaxConcurrentPerCluster bounds the moves in flight that a drain or
+	// rebalance starts into or out of any one cluster (a move's copy
+	// loads both).
+	MaxConcurrentPerCluster int `yaml:"max_concurrent_per_cluster"`
 }
 
 // AnalyticsConfig tunes the DuckDB mirrors of tenants and the port that
@@ -259,7 +269,28 @@ type Tier struct {
 	// what admission counts on a cluster with a pooler (at most
 	// connection_limit, which the server enforces on every session).
 	MaxDBConnections int `yaml:"max_db_connections"`
+	// Placement is shared (the default) or dedicated: a tenant of a
+	// dedicated tier is placed only on a cluster that holds no other
+	// tenant, and no other tenant is placed beside it (README, "Placement").
+	Placement string `yaml:"placement"`
+	// ClusterLabel (k=v) places the tier's tenants only on clusters with
+	// that label (`pgtenant cluster set NAME --label k=v`).
+	ClusterLabel string `yaml:"cluster_label"`
 }
+
+var labelRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// ParseLabel splits a cluster label, key=value.
+func ParseLabel(s string) (key, value string, err error) {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || !labelRE.MatchString(k) || len(v) > 63 || strings.ContainsAny(v, "=,\n") {
+		return "", "", fmt.Errorf("label %q: use key=value (key: lowercase letters, digits, _ . -; value: up to 63 characters, no = or ,)", s)
+	}
+	return k, v, nil
+}
+
+// Dedicated reports whether the tier asks for a cluster of its own.
+func (t Tier) Dedicated() bool { return t.Placement == "dedicated" }
 
 // Pooling is a tier's pooling with its defaults: session mode; a pool of
 // connection_limit (10 for an unlimited tier); max_db_connections of
@@ -451,6 +482,7 @@ func Default() Config {
 			RateLimit: 256 << 20, Parallel: 4, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
 		Analytics: AnalyticsConfig{MemoryLimit: 256 << 20, Threads: 1, StatementTimeout: Duration(30 * time.Second),
 			FlushInterval: Duration(200 * time.Millisecond), BatchRows: 50000, Lease: Duration(30 * time.Second), PollInterval: Duration(time.Second)},
+		Move: MoveConfig{MaxConcurrentPerCluster: 1},
 	}
 }
 
@@ -615,6 +647,9 @@ func (c Config) Validate() error {
 	if err := c.Pacer.validate(); err != nil {
 		bad("pacer."+err.field, "%s", err.msg)
 	}
+	if c.Move.MaxConcurrentPerCluster < 1 {
+		bad("move.max_concurrent_per_cluster", "must be at least 1")
+	}
 	if c.Jobs.Workers < 1 {
 		bad("jobs.workers", "must be at least 1")
 	}
@@ -649,6 +684,14 @@ func (c Config) Validate() error {
 		}
 		if t.ConnectionLimit > 0 && t.MaxDBConnections > t.ConnectionLimit {
 			bad(f+".max_db_connections", "%d is above connection_limit %d: the server refuses the pooler's logins beyond the role's limit", t.MaxDBConnections, t.ConnectionLimit)
+		}
+		if t.Placement != "" && t.Placement != "shared" && t.Placement != "dedicated" {
+			bad(f+".placement", "must be shared or dedicated, not %q", t.Placement)
+		}
+		if t.ClusterLabel != "" {
+			if _, _, err := ParseLabel(t.ClusterLabel); err != nil {
+				bad(f+".cluster_label", "%v", err)
+			}
 		}
 		if t.StorageQuota > 0 && t.StorageWarn > t.StorageQuota {
 			bad(f+".storage_warn", "%s is above storage_quota %s", t.StorageWarn, t.StorageQuota)

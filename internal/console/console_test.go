@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -53,6 +54,22 @@ func TestPages_Render(t *testing.T) {
 	}
 	if strings.Contains(out, "<script>alert") {
 		t.Error("a name reached the page unescaped")
+	}
+}
+
+// TestPages_ClustersShowPlacement: the clusters page shows each cluster's
+// tenants, caps, labels and draining.
+func TestPages_ClustersShowPlacement(t *testing.T) {
+	var b strings.Builder
+	cl := api.Cluster{Name: "local2", Kind: "managed", Status: "up", Tenants: 12, SizeBytes: 3 << 20,
+		Placement: catalog.Placement{MaxTenants: 500, Labels: map[string]string{"disk": "ssd"}, Draining: true}}
+	if err := pages.ExecuteTemplate(&b, "clusters.html", view{"Now": time.Now(), "Clusters": []api.Cluster{cl}, "LoggedIn": true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"draining", "12 (3.0 MB)", "max 500 tenants", "disk=ssd"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("clusters page lacks %q", want)
+		}
 	}
 }
 

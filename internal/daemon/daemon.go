@@ -32,6 +32,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/move"
+	"github.com/pgtenant/pgtenant/internal/placement"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -195,6 +196,10 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.runner.Register(move.Job, mov.Handler())
+	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg, Logger: log}
+	d.runner.Register(placement.DrainJob, plc.DrainHandler())
+	d.runner.Register(placement.RebalanceJob, plc.RebalanceHandler())
+	reg.MustRegister(placement.NewCollector(plc))
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
 		Analytics: d.analytics}
@@ -211,7 +216,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	d.console = &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov, Analytics: d.analytics,
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov, Placement: plc, Analytics: d.analytics,
 		Console: d.console, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 	d.console.API = srv // the console reads and acts through the API's handlers

@@ -129,6 +129,15 @@ func (p *Pool) Refill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// A draining cluster keeps no spares: its pools are retired.
+	draining := map[string]bool{}
+	cs, err := s.Store.Clusters(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range cs {
+		draining[c.Name] = c.Draining
+	}
 	var errs []error
 	for _, tp := range tpls {
 		if tp.Deleting {
@@ -164,7 +173,7 @@ func (p *Pool) Refill(ctx context.Context) error {
 			}
 			for _, mode := range []string{ModeDatabase, ModeSchema} {
 				d := demand[catalog.PoolKey{Cluster: cl.Name(), Template: tp.Name, Mode: mode}]
-				if err := p.fill(ctx, cl.Name(), tp.Name, version, mode, d); err != nil {
+				if err := p.fill(ctx, cl.Name(), tp.Name, version, mode, d, draining[cl.Name()]); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -178,17 +187,21 @@ func (p *Pool) Refill(ctx context.Context) error {
 
 // fill brings one pool towards its target: it enqueues spare builds, a few
 // in flight at a time, and retires one spare above the configured size when
-// the pool is idle.
-func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode string, d catalog.PoolDemand) error {
+// the pool is idle. A draining cluster's pool has size 0 and is retired
+// whether idle or not.
+func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode string, d catalog.PoolDemand, draining bool) error {
 	s := p.Svc
 	pc := s.Config.Provision
 	size := p.Size(clusterName, template, mode)
 	target := Target(pc, size, d.Recent)
+	if draining {
+		size, target = 0, 0
+	}
 	n, err := s.Store.CountPool(ctx, s.Store.Pool(), clusterName, template, version, mode)
 	if err != nil {
 		return err
 	}
-	idle := d.Last.IsZero() || time.Since(d.Last) >= pc.PoolIdleAfter.D()
+	idle := draining || d.Last.IsZero() || time.Since(d.Last) >= pc.PoolIdleAfter.D()
 	if idle && n.Ready+n.Building > size && n.Retiring == 0 && n.Ready > 0 {
 		return p.shrink(ctx, clusterName, template, version, mode, size)
 	}

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -58,20 +57,6 @@ type Service struct {
 
 	placed placement
 }
-
-// placement caches what placement and admission need of each cluster: the
-// number of tenants it balances and the connection limits admission adds
-// up. Reading them on each create would cost a scan of the catalog's
-// tenants per sign-up, so they are reloaded every placementTTL and bumped
-// for each tenant placed in between.
-type placement struct {
-	mu     sync.Mutex
-	counts map[string]int                // tenants per cluster
-	conns  map[string]tenant.Connections // per cluster that answered
-	at     time.Time
-}
-
-const placementTTL = 10 * time.Second
 
 // Request asks for a tenant.
 type Request struct {
@@ -224,114 +209,6 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 		}
 	}
 	return out, nil
-}
-
-// ErrNoCapacity says no cluster has connections left for the tenant
-// (admission, provision.connection_overcommit).
-var ErrNoCapacity = errors.New("no cluster has connections left for this tenant")
-
-// place returns the named cluster, or the one with the fewest tenants, among
-// those that admit a tenant of the tier: the connection limits of a
-// cluster's tenants add up to at most its capacity (tenant.Connections).
-func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluster, error) {
-	overcommit := s.Config.Provision.ConnectionOvercommit
-	all := s.Clusters.All()
-	if overcommit == 0 && (name != "" || len(all) == 1) {
-		if name != "" {
-			return s.Clusters.Get(name)
-		}
-		return all[0], nil
-	}
-	if name != "" {
-		cl, err := s.Clusters.Get(name)
-		if err != nil {
-			return nil, err
-		}
-		all = []*cluster.Cluster{cl}
-	}
-	p := &s.placed
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if time.Since(p.at) > placementTTL {
-		if err := s.loadPlacement(ctx, p); err != nil {
-			return nil, err
-		}
-	}
-	var names []string
-	var full []string
-	for _, c := range all {
-		cc, ok := p.conns[c.Name()]
-		switch {
-		case overcommit == 0:
-		case !ok:
-			continue // did not answer: not a candidate
-		case !cc.Admits(s.share(c.Name(), tier, cc.MaxConnections), overcommit):
-			full = append(full, fmt.Sprintf("%s (limits add up to %d of %d)", c.Name(), cc.Used, cc.Capacity(overcommit)))
-			continue
-		}
-		names = append(names, c.Name())
-	}
-	if len(names) == 0 && len(full) > 0 {
-		return nil, fmt.Errorf("%w: a %s tenant needs %d connections; full: %s. Add a cluster, raise max_connections, "+
-			"lower tier %s's connection_limit, or raise provision.connection_overcommit (now %g)", ErrNoCapacity, tier,
-			s.share(name, tier, 0), strings.Join(full, ", "), tier, overcommit)
-	}
-	if len(names) == 0 && len(all) > 0 {
-		return nil, fmt.Errorf("%w: no cluster answered when tenants were last counted; retry when one is up", cluster.ErrUnavailable)
-	}
-	chosen, err := tenant.Place(names, p.counts)
-	if err != nil {
-		return nil, err
-	}
-	p.counts[chosen]++
-	if cc, ok := p.conns[chosen]; ok {
-		cc.Used += s.share(chosen, tier, cc.MaxConnections)
-		p.conns[chosen] = cc
-	}
-	return s.Clusters.Get(chosen)
-}
-
-// share is what a tenant of a tier holds of a cluster's connections: its
-// connection_limit, or with a pooler in front of the cluster the server
-// connections its pool may open (max_db_connections; README,
-// "Connections"). An unlimited tier without a pooler may take them all.
-func (s *Service) share(clusterName, tierName string, maxConnections int) int {
-	tier := s.Config.Tiers[tierName]
-	if s.Poolers.Get(clusterName) != nil {
-		_, _, maxDB := tier.Pooling()
-		return maxDB
-	}
-	return tenant.Share(tier.ConnectionLimit, maxConnections)
-}
-
-// loadPlacement reads the tenants of every cluster from the catalog and,
-// when admission is on, the connection settings of every cluster that answers.
-func (s *Service) loadPlacement(ctx context.Context, p *placement) error {
-	tiers, err := s.Store.TierCounts(ctx)
-	if err != nil {
-		return err
-	}
-	p.counts, p.conns = map[string]int{}, map[string]tenant.Connections{}
-	for c, byTier := range tiers {
-		for _, n := range byTier {
-			p.counts[c] += n
-		}
-	}
-	if s.Config.Provision.ConnectionOvercommit > 0 {
-		for _, cl := range s.Clusters.All() {
-			cc, err := s.connections(ctx, cl)
-			if err != nil {
-				s.Logger.Warn("placement: cluster did not answer; not placing tenants there", "cluster", cl.Name(), "err", err)
-				continue
-			}
-			for t, n := range tiers[cl.Name()] {
-				cc.Used += n * s.share(cl.Name(), t, cc.MaxConnections)
-			}
-			p.conns[cl.Name()] = cc
-		}
-	}
-	p.at = time.Now()
-	return nil
 }
 
 // connections reads a cluster's connection settings.

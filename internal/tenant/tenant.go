@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -225,22 +224,6 @@ func SameSetting(name, a, b string) bool {
 	x, okA := settingBase(name, a)
 	y, okB := settingBase(name, b)
 	return okA && okB && x == y
-}
-
-// Place chooses a cluster for a new tenant: the one with the fewest tenants,
-// ties broken by name so that placement is deterministic.
-func Place(candidates []string, counts map[string]int) (string, error) {
-	if len(candidates) == 0 {
-		return "", errors.New("no cluster registered: add one with `pgtenant cluster add` or start `pgtenant up`")
-	}
-	c := append([]string(nil), candidates...)
-	sort.Slice(c, func(i, j int) bool {
-		if counts[c[i]] != counts[c[j]] {
-			return counts[c[i]] < counts[c[j]]
-		}
-		return c[i] < c[j]
-	})
-	return c[0], nil
 }
 
 // Connections is what admission knows of one cluster: its server's

@@ -59,12 +59,56 @@ func TestSCRAMVerifier(t *testing.T) {
 }
 
 func TestPlace(t *testing.T) {
-	got, err := tenant.Place([]string{"b", "a", "c"}, map[string]int{"a": 5, "b": 2, "c": 2})
-	if err != nil || got != "b" {
-		t.Errorf("Place = %q, %v; want b", got, err)
+	cands := []tenant.Candidate{
+		{Name: "b", Tenants: 2, SizeBytes: 9},
+		{Name: "a", Tenants: 5},
+		{Name: "c", Tenants: 2, SizeBytes: 3},
 	}
-	if _, err := tenant.Place(nil, nil); err == nil {
+	if got, err := tenant.Place(cands, tenant.Need{Tier: "default"}); err != nil || got != "c" {
+		t.Errorf("Place = %q, %v; want c (fewest tenants, then smallest)", got, err)
+	}
+	if _, err := tenant.Place(nil, tenant.Need{}); err == nil {
 		t.Error("Place with no clusters succeeded")
+	}
+}
+
+func TestPlace_Policy(t *testing.T) {
+	conns := &tenant.Connections{MaxConnections: 20, Used: 18}
+	for _, tc := range []struct {
+		name string
+		c    tenant.Candidate
+		n    tenant.Need
+		want string // part of the refusal; "" admits
+	}{
+		{"draining", tenant.Candidate{Name: "x", Draining: true}, tenant.Need{}, "cluster undrain x"},
+		{"max tenants", tenant.Candidate{Name: "x", Tenants: 3, MaxTenants: 3}, tenant.Need{}, "--max-tenants"},
+		{"below max tenants", tenant.Candidate{Name: "x", Tenants: 2, MaxTenants: 3}, tenant.Need{}, ""},
+		{"max size", tenant.Candidate{Name: "x", SizeBytes: 90, MaxSizeBytes: 100}, tenant.Need{SizeBytes: 20}, "--max-size"},
+		{"label missing", tenant.Candidate{Name: "x"}, tenant.Need{Tier: "gold", Label: "disk=ssd"}, "--label disk=ssd"},
+		{"label other value", tenant.Candidate{Name: "x", Labels: map[string]string{"disk": "hdd"}}, tenant.Need{Label: "disk=ssd"}, "lacks label"},
+		{"label", tenant.Candidate{Name: "x", Labels: map[string]string{"disk": "ssd"}}, tenant.Need{Label: "disk=ssd"}, ""},
+		{"dedicated needs empty", tenant.Candidate{Name: "x", Tenants: 1}, tenant.Need{Tier: "big", Dedicated: true}, "of its own"},
+		{"dedicated empty", tenant.Candidate{Name: "x"}, tenant.Need{Dedicated: true}, ""},
+		{"taken by dedicated", tenant.Candidate{Name: "x", Tenants: 1, Dedicated: true}, tenant.Need{}, "dedicated"},
+		{"connections", tenant.Candidate{Name: "x", Conns: conns, Share: 5}, tenant.Need{Overcommit: 1}, "no connections left"},
+		{"connections off", tenant.Candidate{Name: "x", Conns: conns, Share: 5}, tenant.Need{}, ""},
+	} {
+		got := tenant.Refusal(tc.c, tc.n)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: Refusal = %q; want %q", tc.name, got, tc.want)
+		}
+	}
+	_, err := tenant.Place([]tenant.Candidate{{Name: "x", Draining: true}}, tenant.Need{Tier: "default"})
+	if !errors.Is(err, tenant.ErrNoCapacity) || !strings.Contains(err.Error(), "draining") {
+		t.Errorf("Place on a draining fleet: %v", err)
+	}
+	for _, bad := range []string{"k", "=v", "K=v", "k=a,b"} {
+		if _, _, err := config.ParseLabel(bad); err == nil {
+			t.Errorf("ParseLabel(%q) accepted", bad)
+		}
+	}
+	if k, v, err := config.ParseLabel("disk=ssd"); err != nil || k != "disk" || v != "ssd" {
+		t.Errorf("ParseLabel = %q %q %v", k, v, err)
 	}
 }
 
