@@ -417,7 +417,7 @@ func TestHostile_PlantedSizeFunctionsDoNotSteerPlacement(t *testing.T) {
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
 	now := time.Now().Truncate(time.Minute)
-	col := &metrics.Collector{Store: d.Store(), Clusters: reg, Config: cfg, Logger: pgtest.Logger(t), Now: func() time.Time { return now }}
+	col := &metrics.Collector{Store: d.Store(), Clusters: reg, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: pgtest.Logger(t), Now: func() time.Time { return now }}
 	pass := func() {
 		t.Helper()
 		if err := col.Pass(ctx, "local"); err != nil {
