@@ -20,7 +20,7 @@ func jobID(r *http.Request) (int64, error) {
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := jobs.Filter{State: q.Get("state"), Type: q.Get("type"), TargetKind: q.Get("target_kind"), Target: q.Get("target")}
+	f := jobs.Filter{State: q.Get("state"), Type: jobs.Type(q.Get("type")), TargetKind: q.Get("target_kind"), Target: q.Get("target")}
 	if f.State != "" && !slices.Contains(jobs.FilterStates, f.State) {
 		return invalid("state %q: one of %s", f.State, strings.Join(jobs.FilterStates, ", "))
 	}

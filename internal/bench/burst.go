@@ -404,7 +404,7 @@ func burstBuilds(ctx context.Context, d *benchDaemon, from, to time.Time) (Build
 	var b BuildJobs
 	rows, err := d.catalog.Query(ctx, `SELECT (extract(epoch FROM started_at - created_at) * 1e9)::bigint,
 		(extract(epoch FROM finished_at - started_at) * 1e9)::bigint
-		FROM jobs WHERE type = $1 AND args ? 'activate' AND created_at >= $2 AND finished_at IS NOT NULL`, provision.BuildJob, from)
+		FROM jobs WHERE type = $1 AND args ? 'activate' AND created_at >= $2 AND finished_at IS NOT NULL`, jobs.TenantBuild, from)
 	if err != nil {
 		return b, 0, err
 	}
@@ -420,7 +420,7 @@ func burstBuilds(ctx context.Context, d *benchDaemon, from, to time.Time) (Build
 	b.QueuedP50, b.QueuedMax, b.RunP50, b.RunP95 = percentile(queued, 50), percentile(queued, 100), percentile(ran, 50), percentile(ran, 95)
 	var spares int
 	err = d.catalog.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE type = $1 AND NOT args ? 'activate'
-		AND started_at BETWEEN $2 AND $3`, provision.BuildJob, from, to).Scan(&spares)
+		AND started_at BETWEEN $2 AND $3`, jobs.TenantBuild, from, to).Scan(&spares)
 	return b, spares, err
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
-	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -301,7 +300,7 @@ func standbyLag(ctx context.Context, fc *fleet.Cluster) (int64, error) {
 // waitLeftoverPurged waits for the purge of the copy a move left on a cluster.
 func waitLeftoverPurged(ctx context.Context, d *benchDaemon, id, cluster string) error {
 	for {
-		js, err := d.client.Jobs(ctx, url.Values{"type": {purge.Job}, "target": {id}})
+		js, err := d.client.Jobs(ctx, url.Values{"type": {string(jobs.TenantPurge)}, "target": {id}})
 		if err != nil {
 			return err
 		}

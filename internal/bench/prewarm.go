@@ -18,7 +18,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/fleet"
-	"github.com/pgtenant/pgtenant/internal/prewarm"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -383,7 +383,7 @@ func (b *prewarmBench) waitPrewarm(ctx context.Context, d *benchDaemon, start ti
 	for ctx.Err() == nil {
 		var state string
 		err := d.catalog.QueryRow(ctx, `SELECT state FROM jobs WHERE type = $1 AND created_at > $2 ORDER BY id DESC LIMIT 1`,
-			prewarm.Job, start.Add(-time.Second)).Scan(&state)
+			jobs.Prewarm, start.Add(-time.Second)).Scan(&state)
 		if err == nil && (state == "succeeded" || state == "failed") {
 			took := time.Since(start)
 			return took, b.hotResident(ctx, d)

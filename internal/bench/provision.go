@@ -384,7 +384,7 @@ func (e *Env) refill(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg c
 		return row, err
 	}
 	rows, err := d.catalog.Query(ctx, `SELECT (extract(epoch FROM finished_at - started_at) * 1e9)::bigint FROM jobs
-		WHERE type = $1 AND state = 'succeeded' AND id > $2 AND started_at IS NOT NULL`, provision.BuildJob, lastJob)
+		WHERE type = $1 AND state = 'succeeded' AND id > $2 AND started_at IS NOT NULL`, jobs.TenantBuild, lastJob)
 	if err != nil {
 		x.Stop(ctx)
 		return row, err
@@ -400,7 +400,7 @@ func (e *Env) refill(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg c
 	}
 	var failed int
 	if err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE type = $1 AND state <> 'succeeded' AND id > $2`,
-		provision.BuildJob, lastJob).Scan(&failed); err != nil {
+		jobs.TenantBuild, lastJob).Scan(&failed); err != nil {
 		x.Stop(ctx)
 		return row, err
 	}

@@ -170,15 +170,15 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
 	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log, Poolers: d.poolers}
 	tpl.Spares = pur // a template's delete purges its spares
-	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
-	d.runner.Register(templates.DeleteJob, tpl.DeleteHandler())
-	d.runner.Register(provision.BuildJob, prov.BuildHandler())
-	d.runner.Register(purge.Job, pur.Handler())
+	d.runner.Register(jobs.TemplateBuild, tpl.BuildHandler())
+	d.runner.Register(jobs.TemplateDelete, tpl.DeleteHandler())
+	d.runner.Register(jobs.TenantBuild, prov.BuildHandler())
+	d.runner.Register(jobs.TenantPurge, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
 	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg, Logger: log, Pool: d.pool}
-	d.runner.Register(migrate.Job, mig.Handler())
+	d.runner.Register(jobs.Rollout, mig.Handler())
 	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg, Logger: log}
-	d.runner.Register(prewarm.Job, warm.Handler())
+	d.runner.Register(jobs.Prewarm, warm.Handler())
 	d.watcher = &prewarm.Watcher{S: warm}
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
@@ -193,7 +193,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(analytics.NewCollector(d.analytics))
 
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
-	d.runner.Register(move.Job, mov.Handler())
+	d.runner.Register(jobs.TenantMove, mov.Handler())
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Config: cfg, Logger: log, Poolers: d.poolers,
 		Analytics: d.analytics}

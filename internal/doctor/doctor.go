@@ -28,9 +28,8 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pooler"
-	"github.com/pgtenant/pgtenant/internal/provision"
-	"github.com/pgtenant/pgtenant/internal/purge"
 )
 
 // Doctor examines clusters.
@@ -152,10 +151,10 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		return f, err
 	}
 	day := time.Now().Add(-24 * time.Hour)
-	if f.BuildsDay, err = d.Store.JobsFinished(ctx, cl.Name(), provision.BuildJob, day); err != nil {
+	if f.BuildsDay, err = d.Store.JobsFinished(ctx, cl.Name(), string(jobs.TenantBuild), day); err != nil {
 		return f, err
 	}
-	if f.PurgesDay, err = d.Store.JobsFinished(ctx, cl.Name(), purge.Job, day); err != nil {
+	if f.PurgesDay, err = d.Store.JobsFinished(ctx, cl.Name(), string(jobs.TenantPurge), day); err != nil {
 		return f, err
 	}
 	if f.Spares, err = d.Store.SpareCounts(ctx, cl.Name()); err != nil {

@@ -92,7 +92,7 @@ func (h *harness) startDaemon(t *testing.T, workers int, handlers func(owner str
 	cfg.Workers = workers
 	r := jobs.NewRunner(store.Pool(), cfg, pacer, logger, nil)
 	for typ, hd := range handlers(r.Owner()) {
-		r.Register(typ, hd)
+		r.Register(jobs.Type(typ), hd)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -41,7 +41,7 @@ func Finished(state string) bool { return state == Succeeded || state == Failed 
 // Job is one row of the jobs table.
 type Job struct {
 	ID              int64           `json:"id"`
-	Type            string          `json:"type"`
+	Type            Type            `json:"type"`
 	Key             string          `json:"key,omitempty"`
 	TargetKind      string          `json:"target_kind,omitempty"`
 	Target          string          `json:"target,omitempty"`
@@ -86,7 +86,7 @@ func (j *Job) DecodeArgs(v any) error {
 
 // Spec describes a job to enqueue.
 type Spec struct {
-	Type        string
+	Type        Type
 	Key         string // optional: at most one unfinished job per key
 	TargetKind  string // tenant, template, cluster, rollout …
 	Target      string
@@ -194,7 +194,7 @@ func Get(ctx context.Context, q Querier, id int64) (Job, error) {
 // Filter narrows List.
 type Filter struct {
 	State      string // one state, or "active" for queued/running/waiting/paused
-	Type       string
+	Type       Type
 	TargetKind string
 	Target     string
 	Limit      int

@@ -51,7 +51,7 @@ type Runner struct {
 	owner    string
 	log      *slog.Logger
 	pacer    *Pacer
-	handlers map[string]Handler
+	handlers map[Type]Handler
 	poke     chan struct{}
 	claims   atomic.Int64 // numbers this runner's leases
 	ends     jobEnds      // wakes waiters when this daemon's workers end a job
@@ -76,7 +76,7 @@ func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	r := &Runner{
-		pool: pool, cfg: cfg, pacer: pacer, handlers: map[string]Handler{},
+		pool: pool, cfg: cfg, pacer: pacer, handlers: map[Type]Handler{},
 		owner: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b)),
 		log:   logger.With("component", "jobs"),
 		poke:  make(chan struct{}, 1),
@@ -99,7 +99,7 @@ func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *
 func (r *Runner) Owner() string { return r.owner }
 
 // Register adds the handler of a job type. Call before Run.
-func (r *Runner) Register(typ string, h Handler) { r.handlers[typ] = h }
+func (r *Runner) Register(typ Type, h Handler) { r.handlers[typ] = h }
 
 // Enqueue inserts a job (in q, which may be a transaction) and wakes a worker.
 func (r *Runner) Enqueue(ctx context.Context, q Querier, s Spec) (Job, error) {
@@ -212,7 +212,7 @@ func (e *jobEnds) ended(id int64) {
 func (r *Runner) Run(ctx context.Context) error {
 	types := make([]string, 0, len(r.handlers))
 	for t := range r.handlers {
-		types = append(types, t)
+		types = append(types, string(t))
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	down := cluster.Outage{What: "claim jobs"}
@@ -370,7 +370,7 @@ func (r *Runner) runSteps(ctx context.Context, run *Run, log *slog.Logger) error
 		if err := r.recordStep(ctx, run, st.Name, start); err != nil {
 			return err
 		}
-		r.stepTime.WithLabelValues(run.Job.Type, st.Name).Observe(time.Since(start).Seconds())
+		r.stepTime.WithLabelValues(string(run.Job.Type), st.Name).Observe(time.Since(start).Seconds())
 		log.Debug("step done", "step", st.Name, "took", time.Since(start))
 	}
 	return nil
@@ -436,7 +436,7 @@ func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
 		r.log.Error("record job end", "job", run.Job.ID, "state", state, "err", err)
 	}
 	r.ends.ended(run.Job.ID)
-	r.finished.WithLabelValues(run.Job.Type, state).Inc()
+	r.finished.WithLabelValues(string(run.Job.Type), state).Inc()
 }
 
 // failed counts the attempt and either schedules a retry with backoff or

@@ -35,9 +35,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
-// Job is the rollout job type.
-const Job = "template.rollout"
-
 // ErrInvalid wraps errors in a rollout request.
 var ErrInvalid = errors.New("invalid rollout request")
 
@@ -175,7 +172,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Started, error) {
 	if _, err := s.Store.AddRolloutTenants(ctx, tx, id); err != nil {
 		return Started{}, err
 	}
-	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: Job, Key: "rollout:" + tpl.Name, TargetKind: "template", Target: tpl.Name,
+	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: jobs.Rollout, Key: "rollout:" + tpl.Name, TargetKind: "template", Target: tpl.Name,
 		Cluster: req.Cluster, Args: jobArgs{Rollout: id}})
 	if err != nil {
 		return Started{}, err

@@ -236,7 +236,7 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS accounts_note ON accounts (note);`}
 		t.Fatalf("dry run = %+v, want 5 tenants from v1 to v3 through two versions, v3 outside a transaction, no rollout", dry)
 	}
 	var rollouts int
-	if err := e.cat.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollouts) + (SELECT count(*) FROM jobs WHERE type = $1)`, migrate.Job).Scan(&rollouts); err != nil || rollouts != 0 {
+	if err := e.cat.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollouts) + (SELECT count(*) FROM jobs WHERE type = $1)`, jobs.Rollout).Scan(&rollouts); err != nil || rollouts != 0 {
 		t.Errorf("after a dry run: %d rollouts and rollout jobs, %v; want none", rollouts, err)
 	}
 	for _, tn := range ts {

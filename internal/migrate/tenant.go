@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -183,7 +184,7 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 		return out
 	}
 	defer m.locks.release(m.t.ID)
-	if moving, err := m.s.Store.UnfinishedJob(ctx, "tenant.move", m.t.ID); err != nil || moving {
+	if moving, err := m.s.Store.UnfinishedJob(ctx, string(jobs.TenantMove), m.t.ID); err != nil || moving {
 		out.err = cmp.Or(err, errMoving)
 		if ctx.Err() == nil {
 			out.state = catalog.RolloutTenantFailed

@@ -43,9 +43,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Job is the move job type.
-const Job = "tenant.move"
-
 // SentinelSchema holds, on both clusters, one table per move in flight
 // (t_<id>, admin-owned): the row the cut-over writes on the source last and
 // waits for on the target, which logical replication applies in commit order.
@@ -99,7 +96,7 @@ type Service struct {
 
 // Spec is the job that moves tenant id to cluster to.
 func Spec(t catalog.Tenant, to string) jobs.Spec {
-	return jobs.Spec{Type: Job, Key: "move:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: to,
+	return jobs.Spec{Type: jobs.TenantMove, Key: "move:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: to,
 		Args: args{Tenant: t.ID, To: to}, MaxAttempts: 20, Priority: 1}
 }
 

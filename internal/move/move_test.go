@@ -343,7 +343,7 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM nokey`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("the tenant no longer serves: %d %v", n, err)
 	}
-	js, err := c.Jobs(ctx, url.Values{"type": {move.Job}, "target": {r.Tenant.ID}})
+	js, err := c.Jobs(ctx, url.Values{"type": {string(jobs.TenantMove)}, "target": {r.Tenant.ID}})
 	if err != nil || len(js) != 1 {
 		t.Errorf("move jobs of the tenant: %d %v; want 1", len(js), err)
 	}

@@ -384,7 +384,7 @@ func (s *Service) nodeState(ctx context.Context, clusterName, node string) (Node
 func (s *Service) prewarmRunning(ctx context.Context, clusterName string) (bool, error) {
 	var n int
 	err := s.Store.Pool().QueryRow(ctx, `SELECT count(*) FROM jobs WHERE type = $1 AND cluster = $2
-		AND state IN ('queued', 'running', 'waiting')`, Job, clusterName).Scan(&n)
+		AND state IN ('queued', 'running', 'waiting')`, jobs.Prewarm, clusterName).Scan(&n)
 	return n > 0, err
 }
 

@@ -14,9 +14,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Job prewarms one node of a cluster.
-const Job = "cluster.prewarm"
-
 // Args of a prewarm job.
 type Args struct {
 	Cluster string   `json:"cluster"`
@@ -33,7 +30,7 @@ func Spec(a Args) jobs.Spec {
 		key += ":" + a.Tenants[0]
 		target, kind = a.Tenants[0], "tenant"
 	}
-	return jobs.Spec{Type: Job, Key: key, TargetKind: kind, Target: target, Cluster: a.Cluster, Args: a, MaxAttempts: 3}
+	return jobs.Spec{Type: jobs.Prewarm, Key: key, TargetKind: kind, Target: target, Cluster: a.Cluster, Args: a, MaxAttempts: 3}
 }
 
 // TenantResult is the last prewarm of a tenant on a node.

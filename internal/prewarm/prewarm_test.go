@@ -278,7 +278,7 @@ func TestPrewarm_AfterRestartHottestFirst(t *testing.T) {
 	// The daemon notices the restart and prewarms.
 	var job jobs.Job
 	for {
-		js, err := e.c.Jobs(ctx, url.Values{"type": {prewarm.Job}})
+		js, err := e.c.Jobs(ctx, url.Values{"type": {string(jobs.Prewarm)}})
 		if err == nil && len(js) > 0 {
 			if job, err = e.c.WaitJob(ctx, js[0].ID, nil); err != nil {
 				t.Fatal(err)
@@ -369,7 +369,7 @@ func TestPrewarm_ResumeTriggers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		js, err := e.c.Jobs(ctx, url.Values{"type": {prewarm.Job}, "target": {r.Tenant.ID}})
+		js, err := e.c.Jobs(ctx, url.Values{"type": {string(jobs.Prewarm)}, "target": {r.Tenant.ID}})
 		if err != nil {
 			t.Fatal(err)
 		}

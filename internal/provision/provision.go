@@ -215,7 +215,7 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 		return Created{}, err
 	}
 	if t.State == catalog.StateProvisioning {
-		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: BuildJob, TargetKind: "tenant", Target: t.ID, Limit: 1})
+		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantBuild, TargetKind: "tenant", Target: t.ID, Limit: 1})
 		if err != nil {
 			return Created{}, err
 		}
@@ -377,7 +377,7 @@ func (s *Service) version(ctx context.Context, template, clusterName string) (in
 		// added since): its job can be retried once the cause is fixed.
 		if b, err := s.Store.GetBuild(ctx, template, want, clusterName); err == nil && b.State == "failed" {
 			return 0, fmt.Errorf("%w: template %s version %d failed to build on cluster %s: %s (retry its build job once fixed: `pgtenant job list --type %s`)",
-				catalog.ErrConflict, template, want, clusterName, b.Error, templates.BuildJob)
+				catalog.ErrConflict, template, want, clusterName, b.Error, jobs.TemplateBuild)
 		}
 		select {
 		case <-wctx.Done():

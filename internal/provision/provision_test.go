@@ -335,7 +335,7 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 		t.Fatal(err)
 	}
 	building, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
-	if err != nil || !building.Existing || building.Job == nil || building.Job.Target != first.Tenant.ID || building.Job.Type != provision.BuildJob {
+	if err != nil || !building.Existing || building.Job == nil || building.Job.Target != first.Tenant.ID || building.Job.Type != jobs.TenantBuild {
 		t.Errorf("retry while provisioning = %+v, %v; want the existing tenant with its build job", building, err)
 	}
 	if _, err := cat.Exec(ctx, `UPDATE tenants SET state = 'active' WHERE id = $1`, first.Tenant.ID); err != nil {

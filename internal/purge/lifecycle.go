@@ -204,7 +204,7 @@ func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, r
 // purged again (it would fail the same way): the error names the job.
 func (s *Service) PurgeSpare(ctx context.Context, t catalog.Tenant, reason string) error {
 	if t.State != catalog.StateSpare {
-		last, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: Job, TargetKind: "tenant", Target: t.ID, Limit: 1})
+		last, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantPurge, TargetKind: "tenant", Target: t.ID, Limit: 1})
 		if err != nil {
 			return err
 		}

@@ -293,7 +293,7 @@ func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
 		       (array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1],
 		       (array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1],
 		       (array_agg(last_error ORDER BY id DESC) FILTER (WHERE type = $1))[1]
-		FROM jobs WHERE target <> '' GROUP BY target`, purge.Job)
+		FROM jobs WHERE target <> '' GROUP BY target`, jobs.TenantPurge)
 	if err != nil {
 		return nil, err
 	}

@@ -11,9 +11,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
-// BuildJob materialises a template version on a cluster.
-const BuildJob = "template.build"
-
 type buildArgs struct {
 	Template string `json:"template"`
 	Version  int    `json:"version"`
@@ -24,7 +21,7 @@ type buildData struct {
 	Relations int `json:"relations"`
 }
 
-// BuildHandler is the job handler of BuildJob. Its steps: the template owner
+// BuildHandler is the job handler of jobs.TemplateBuild. Its steps: the template owner
 // role, the template's shared database (schema mode), the build into a
 // scratch database in lock-bounded batches, and finalize (rename to the
 // template database, IS_TEMPLATE, no connections). A build that fails is

@@ -291,7 +291,7 @@ func (s *Service) Rebuild(ctx context.Context, template string, version int, clu
 
 func (s *Service) enqueueBuild(ctx context.Context, q catalog.Querier, template string, version int, clusterName string) (jobs.Job, error) {
 	return s.Runner.Enqueue(ctx, q, jobs.Spec{
-		Type: BuildJob, Key: fmt.Sprintf("build:%s:%d:%s", template, version, clusterName),
+		Type: jobs.TemplateBuild, Key: fmt.Sprintf("build:%s:%d:%s", template, version, clusterName),
 		TargetKind: "template", Target: template, Cluster: clusterName,
 		Args: buildArgs{Template: template, Version: version, Cluster: clusterName},
 	})
