@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // MoveOptions size bench move.
@@ -115,7 +116,7 @@ func (e *Env) Move(ctx context.Context, o MoveOptions) (MoveResult, Table, error
 	if err := d.createTemplate(ctx, "ledger", moveTemplate); err != nil {
 		return res, Table{}, err
 	}
-	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "ledger", Mode: "database", Tier: "bench", Cluster: a.Name()})
+	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "ledger", Mode: tenant.ModeDatabase, Tier: "bench", Cluster: a.Name()})
 	if err != nil {
 		return res, Table{}, err
 	}

@@ -18,7 +18,7 @@ func newJobCmd(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List jobs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := oneOf("--state", state, jobs.FilterStates...); err != nil {
+			if err := oneOf("--state", jobs.State(state), jobs.FilterStates...); err != nil {
 				return err
 			}
 			c, err := g.client()

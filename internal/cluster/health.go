@@ -26,10 +26,14 @@ type Health struct {
 	MissingStandbys      int            `json:"missing_standbys,omitempty"` // configured standby DSNs without a replication connection
 }
 
+// StandbyDown is the State of a standby of which only its replication slot
+// is left (PostgreSQL's own states are those of pg_stat_replication).
+const StandbyDown = "down"
+
 // StandbyState is one standby as the primary sees it.
 type StandbyState struct {
 	Name             string  `json:"name"`  // application_name, or the slot of a standby that is down
-	State            string  `json:"state"` // streaming, catchup, startup, backup, stopping; "down" if only its slot is left
+	State            string  `json:"state"` // streaming, catchup, startup, backup, stopping; StandbyDown if only its slot is left
 	ClientAddr       string  `json:"client_addr,omitempty"`
 	Slot             string  `json:"slot,omitempty"`
 	ReplayLagBytes   int64   `json:"replay_lag_bytes"`
@@ -40,7 +44,7 @@ type StandbyState struct {
 // whether any standby is down.
 func (h Health) MaxReplayLag() (bytes int64, anyDown bool) {
 	for _, s := range h.Standbys {
-		if s.State == "down" {
+		if s.State == StandbyDown {
 			anyDown = true
 			continue
 		}
@@ -108,7 +112,7 @@ func (c *Cluster) Probe(ctx context.Context) (Health, error) {
 		}
 		up := 0
 		for _, s := range h.Standbys {
-			if s.State != "down" {
+			if s.State != StandbyDown {
 				up++
 			}
 		}

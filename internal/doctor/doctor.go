@@ -123,7 +123,7 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		}
 	}
 	for _, s := range info.Standbys {
-		if s.State != "down" {
+		if s.State != cluster.StandbyDown {
 			f.Streaming++
 		}
 	}

@@ -18,25 +18,29 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 )
 
+// State is where a job is: the catalog's jobs.state.
+type State string
+
 // Job states.
 const (
-	Queued    = "queued"
-	Running   = "running"
-	Waiting   = "waiting" // running, held by the pacer
-	Paused    = "paused"  // waits for an operator (e.g. a canary rollout)
-	Succeeded = "succeeded"
-	Failed    = "failed"
-	Cancelled = "cancelled"
+	Queued    State = "queued"
+	Running   State = "running"
+	Waiting   State = "waiting" // running, held by the pacer
+	Paused    State = "paused"  // waits for an operator (e.g. a canary rollout)
+	Succeeded State = "succeeded"
+	Failed    State = "failed"
+	Cancelled State = "cancelled"
 )
 
-// Active is the filter of List for every unfinished state.
-const Active = "active"
+// Active is the filter of List for every unfinished state: not a state
+// of a job.
+const Active State = "active"
 
 // FilterStates are the states List filters on: every state, and Active.
-var FilterStates = []string{Queued, Running, Waiting, Paused, Succeeded, Failed, Cancelled, Active}
+var FilterStates = []State{Queued, Running, Waiting, Paused, Succeeded, Failed, Cancelled, Active}
 
 // Finished reports whether a state is final.
-func Finished(state string) bool { return state == Succeeded || state == Failed || state == Cancelled }
+func Finished(state State) bool { return state == Succeeded || state == Failed || state == Cancelled }
 
 // Job is one row of the jobs table.
 type Job struct {
@@ -48,7 +52,7 @@ type Job struct {
 	Cluster         string          `json:"cluster,omitempty"`
 	Args            json.RawMessage `json:"args"`
 	Data            json.RawMessage `json:"-"`
-	State           string          `json:"state"`
+	State           State           `json:"state"`
 	Attempts        int             `json:"attempts"`
 	MaxAttempts     int             `json:"max_attempts"`
 	RunAfter        time.Time       `json:"run_after"`
@@ -193,7 +197,7 @@ func Get(ctx context.Context, q Querier, id int64) (Job, error) {
 
 // Filter narrows List.
 type Filter struct {
-	State      string // one state, or "active" for queued/running/waiting/paused
+	State      State // one state, or Active for queued/running/waiting/paused
 	Type       Type
 	TargetKind string
 	Target     string

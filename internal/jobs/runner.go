@@ -425,7 +425,7 @@ func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id i
 	}
 }
 
-func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
+func (r *Runner) finish(ctx context.Context, run *Run, state State, msg string) {
 	ctx = context.WithoutCancel(ctx)
 	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = $3, finished_at = now(), updated_at = now(),
 		lease_owner = NULL, lease_expires = NULL,
@@ -436,7 +436,7 @@ func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
 		r.log.Error("record job end", "job", run.Job.ID, "state", state, "err", err)
 	}
 	r.ends.ended(run.Job.ID)
-	r.finished.WithLabelValues(string(run.Job.Type), state).Inc()
+	r.finished.WithLabelValues(string(run.Job.Type), string(state)).Inc()
 }
 
 // failed counts the attempt and either schedules a retry with backoff or
@@ -601,7 +601,7 @@ func (r *Run) pace(ctx context.Context, acquire func(report func(string)) (func(
 	return release, err
 }
 
-func (r *Run) setState(ctx context.Context, state, msg string) {
+func (r *Run) setState(ctx context.Context, state State, msg string) {
 	_, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET state = $3, progress_msg = $4, updated_at = now()
 		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.lease, state, msg)
 	if err != nil && ctx.Err() == nil {

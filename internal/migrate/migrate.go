@@ -261,7 +261,7 @@ func (s *Service) scope(clusterName string) []string {
 
 // Get returns a rollout with its job and its tenants in the given states
 // (with no states: every tenant not done, up to limit).
-func (s *Service) Get(ctx context.Context, id int64, states []string, limit int) (Status, error) {
+func (s *Service) Get(ctx context.Context, id int64, states []catalog.RolloutTenantState, limit int) (Status, error) {
 	r, err := s.Store.GetRollout(ctx, nil, id)
 	if err != nil {
 		return Status{}, err
@@ -276,7 +276,7 @@ func (s *Service) Get(ctx context.Context, id int64, states []string, limit int)
 			st.Job = &j
 			switch j.State {
 			case jobs.Paused, jobs.Succeeded, jobs.Failed, jobs.Cancelled:
-				st.State = j.State
+				st.State = catalog.RolloutState(j.State) // the same words
 			}
 			if j.State == jobs.Failed {
 				st.Error = j.LastError
@@ -284,7 +284,7 @@ func (s *Service) Get(ctx context.Context, id int64, states []string, limit int)
 		}
 	}
 	if states == nil {
-		states = []string{catalog.RolloutTenantFailed, catalog.RolloutTenantRunning, catalog.RolloutTenantPending, catalog.RolloutTenantSkipped}
+		states = []catalog.RolloutTenantState{catalog.RolloutTenantFailed, catalog.RolloutTenantRunning, catalog.RolloutTenantPending, catalog.RolloutTenantSkipped}
 	}
 	if st.Tenants, err = s.Store.RolloutTenants(ctx, id, states, limit); err != nil {
 		return Status{}, err

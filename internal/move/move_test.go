@@ -21,6 +21,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // pgs are two clusters, local and local2: tenants move between them.
@@ -155,7 +156,7 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 	_, c := fleet(t)
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
-			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: pooledTier, Cluster: "local"})
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: pooledTier, Cluster: "local"})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -33,12 +33,22 @@ func Spec(a Args) jobs.Spec {
 	return jobs.Spec{Type: jobs.Prewarm, Key: key, TargetKind: kind, Target: target, Cluster: a.Cluster, Args: a, MaxAttempts: 3}
 }
 
+// Outcome is how a tenant's prewarm on a node ended (TenantResult.State).
+type Outcome string
+
+// Outcomes of a tenant's prewarm.
+const (
+	Done    Outcome = "done"
+	Skipped Outcome = "skipped" // the tenant is not active
+	Failed  Outcome = "failed"
+)
+
 // TenantResult is the last prewarm of a tenant on a node.
 type TenantResult struct {
 	Tenant       string    `json:"tenant"`
 	Node         string    `json:"node"`
 	JobID        int64     `json:"job_id"`
-	State        string    `json:"state"` // done, skipped, failed
+	State        Outcome   `json:"state"`
 	BlocksBuffer int64     `json:"blocks_buffer"`
 	BlocksOS     int64     `json:"blocks_os"`
 	Error        string    `json:"error,omitempty"`

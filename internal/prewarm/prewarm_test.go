@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -77,7 +78,7 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 func (e env) tenant(t *testing.T, mode string, mb int) api.CreateTenantResponse {
 	t.Helper()
 	ctx := context.Background()
-	r, err := e.c.CreateTenant(ctx, provision.Request{Template: "kv", Mode: mode})
+	r, err := e.c.CreateTenant(ctx, provision.Request{Template: "kv", Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +199,7 @@ func TestCapture_AttributesBothModes(t *testing.T) {
 			other = s1
 		}
 		for _, rg := range h.Ranges {
-			if rg.Filenode == filenode(t, other) && r.Tenant.Mode == "schema" {
+			if rg.Filenode == filenode(t, other) && r.Tenant.Mode == tenant.ModeSchema {
 				t.Errorf("schema tenant %s has schema tenant %s's blocks", r.Tenant.ID, other.Tenant.ID)
 			}
 		}

@@ -137,7 +137,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 		tier = b.a.Activate.Tier
 	}
 	sql := b.s.tierSQL(t.ID, tier)
-	if t.Mode == ModeSchema {
+	if t.Mode == tenant.ModeSchema {
 		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
 	}
 	if _, err = admin.Exec(ctx, sql); err != nil {
@@ -147,7 +147,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 }
 
 func (b *tenantBuilder) storage(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
-	if t.Mode == ModeSchema {
+	if t.Mode == tenant.ModeSchema {
 		return b.buildSchema(ctx, r, t, cl)
 	}
 	return b.buildDatabase(ctx, r, t, cl)
@@ -164,7 +164,7 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 	if err != nil {
 		return err
 	}
-	if build.State != "ready" {
+	if build.State != catalog.BuildReady {
 		return fmt.Errorf("template %s version %d is %s on cluster %s", t.Template, t.Version, build.State, t.Cluster)
 	}
 	name := tenant.PhysicalName(t.ID)

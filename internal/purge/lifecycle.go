@@ -92,8 +92,9 @@ func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
 // state it had before its drop), changing its role's LOGIN on the cluster
 // in the same catalog transaction: LOGIN for active, NOLOGIN otherwise.
 // Already in the target state is not an error (retries are idempotent).
-func (s *Service) transition(ctx context.Context, id, from, to, event, extraSet string) (Result, error) {
-	var clusterName, reached string
+func (s *Service) transition(ctx context.Context, id string, from, to catalog.TenantState, event, extraSet string) (Result, error) {
+	var clusterName string
+	var reached catalog.TenantState
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
 		clusterName = t.FrontCluster()
 		target := to

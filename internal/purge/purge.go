@@ -284,7 +284,7 @@ func (p *purger) analytics(ctx context.Context, r *jobs.Run) error {
 func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
 		name := tenant.PhysicalName(t.ID)
-		if t.Mode == "database" {
+		if t.Mode == tenant.ModeDatabase {
 			admin, err := cl.Admin(ctx)
 			if err != nil {
 				return err
@@ -329,7 +329,7 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
 		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)}
-		if t.Mode == "schema" {
+		if t.Mode == tenant.ModeSchema {
 			conn, err := cl.Connect(ctx, t.Database)
 			if err != nil && !errors.Is(err, cluster.ErrNotFound) {
 				return err

@@ -157,7 +157,7 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 		return err // renamed by an earlier attempt: built
 	}
 	if err := b.s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: b.a.Template, Version: b.a.Version,
-		Cluster: b.a.Cluster, State: "building", Database: target}); err != nil {
+		Cluster: b.a.Cluster, State: catalog.BuildBuilding, Database: target}); err != nil {
 		return err
 	}
 	files, err := b.s.Files(ctx, b.a.Template, b.a.Version)

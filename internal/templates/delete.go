@@ -105,7 +105,7 @@ func (d *deleter) sleep(ctx context.Context) error {
 // rollouts) and waits until they have ended and cleaned up.
 func (d *deleter) stopJobs(ctx context.Context, r *jobs.Run) error {
 	for {
-		active, err := jobs.List(ctx, d.s.Store.Pool(), jobs.Filter{State: "active", TargetKind: "template", Target: d.name, Limit: 1000})
+		active, err := jobs.List(ctx, d.s.Store.Pool(), jobs.Filter{State: jobs.Active, TargetKind: "template", Target: d.name, Limit: 1000})
 		if err != nil {
 			return err
 		}

@@ -260,7 +260,7 @@ func errDeleting(name string) error {
 // returns whether a job was started. A template being deleted is refused.
 func (s *Service) EnsureBuild(ctx context.Context, template string, version int, clusterName string) (bool, error) {
 	b, err := s.Store.GetBuild(ctx, template, version, clusterName)
-	if err == nil && (b.State == "ready" || b.State == "failed") {
+	if err == nil && (b.State == catalog.BuildReady || b.State == catalog.BuildFailed) {
 		return false, nil
 	}
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
