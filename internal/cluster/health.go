@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/background"
 )
 
 // Health is one probe of a cluster's primary: what the pacer, the metrics
@@ -147,11 +149,9 @@ type Monitor struct {
 
 // Run probes until ctx is done.
 func (m *Monitor) Run(ctx context.Context) error {
-	t := time.NewTicker(m.Interval)
-	defer t.Stop()
 	down := map[string]*Outage{}
 	log := m.Logger.With("component", "monitor")
-	for {
+	background.Every(ctx, m.Interval, func(ctx context.Context) {
 		for _, c := range m.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, m.Interval)
 			_, err := c.Probe(pctx)
@@ -164,10 +164,6 @@ func (m *Monitor) Run(ctx context.Context) error {
 			}
 			down[c.Name()].Report(log, err, "cluster", c.Name())
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -377,16 +378,13 @@ type syncClusters struct{ d *Daemon }
 
 func (s syncClusters) Run(ctx context.Context) error {
 	down := cluster.Outage{What: "read the clusters from the catalog"}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(clusterSyncInterval):
-		}
+	// The first load is registerClusters's, at start.
+	background.EveryAfter(ctx, clusterSyncInterval, func(ctx context.Context) {
 		if err := s.d.loadClusters(ctx); ctx.Err() == nil {
 			down.Report(s.d.log, err)
 		}
-	}
+	})
+	return nil
 }
 
 // Addr is the address the API listens on.

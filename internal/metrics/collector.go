@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -203,10 +204,8 @@ func (c *Collector) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	down := map[string]*cluster.Outage{}
-	for {
+	background.Every(ctx, interval, func(ctx context.Context) {
 		for _, cl := range c.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
 			err := c.Pass(pctx, cl.Name())
@@ -220,12 +219,8 @@ func (c *Collector) Run(ctx context.Context) error {
 			down[cl.Name()].Report(c.log(), err, "cluster", cl.Name())
 		}
 		c.retention(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }
 
 // retention deletes old history once an hour (a DELETE that finds nothing

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -240,7 +241,7 @@ type Retention struct {
 func (r *Retention) Run(ctx context.Context) error {
 	log := r.S.Logger.With("component", "retention")
 	down := cluster.Outage{What: "retention pass"}
-	for {
+	background.Every(ctx, r.Interval, func(ctx context.Context) {
 		n, err := r.S.PurgeExpired(ctx)
 		forgotten := 0
 		if err == nil {
@@ -255,12 +256,8 @@ func (r *Retention) Run(ctx context.Context) error {
 		if forgotten > 0 {
 			log.Info("purged tenants forgotten after drop.purged_retention", "tenants", forgotten)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(r.Interval):
-		}
-	}
+	})
+	return nil
 }
 
 // PurgeExpired starts the purge of every dropped tenant past its retention.
