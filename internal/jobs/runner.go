@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 )
@@ -400,21 +401,16 @@ func (r *Runner) recordStep(ctx context.Context, run *Run, step string, start ti
 // cancels the steps (cancel) when a cancel is requested, and goes on renewing
 // while the job is cleaned up; it stops when the lease is lost.
 func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id int64, lease string) {
-	t := time.NewTicker(r.cfg.Lease.D() / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ctx, lost := context.WithCancel(ctx)
+	defer lost()
+	background.EveryAfter(ctx, r.cfg.Lease.D()/3, func(ctx context.Context) {
 		var cancelReq bool
 		err := r.pool.QueryRow(ctx, `UPDATE jobs SET lease_expires = now() + make_interval(secs => $3)
 			WHERE id = $1 AND lease_owner = $2 RETURNING cancel_requested`, id, lease, r.cfg.Lease.D().Seconds()).Scan(&cancelReq)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			cancel(errLeaseLost)
-			return
+			lost() // no more renewals
 		case err != nil:
 			if ctx.Err() == nil {
 				r.log.Warn("lease renewal failed", "job", id, "err", err)
@@ -422,7 +418,7 @@ func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id i
 		case cancelReq:
 			cancel(errCancelRequested)
 		}
-	}
+	})
 }
 
 func (r *Runner) finish(ctx context.Context, run *Run, state State, msg string) {
