@@ -23,6 +23,9 @@ func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	if err := notOneOf("state", f.State, jobs.FilterStates); err != nil {
 		return err
 	}
+	if err := notOneOf("type", f.Type, jobs.Types); err != nil {
+		return err
+	}
 	// target=KIND:ID, as job lists print it, is the same as target_kind=KIND&target=ID.
 	if kind, id, ok := strings.Cut(f.Target, ":"); ok && f.TargetKind == "" {
 		f.TargetKind, f.Target = kind, id

@@ -16,3 +16,6 @@ const (
 	TenantMove     Type = "tenant.move"      // move a tenant to another cluster (move)
 	Prewarm        Type = "cluster.prewarm"  // load the hot sets of one node (prewarm)
 )
+
+// Types are the job types, the ones List's filter takes.
+var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm}
