@@ -116,7 +116,7 @@ func (s *Service) Enable(ctx context.Context, t catalog.Tenant, tables []string)
 		if !tableRE.MatchString(tb) {
 			return Status{}, fmt.Errorf("%w: table %q: want name or schema.name", ErrInvalid, tb)
 		}
-		if t.Mode == "schema" && strings.Contains(tb, ".") {
+		if t.Mode == tenant.ModeSchema && strings.Contains(tb, ".") {
 			return Status{}, fmt.Errorf("%w: table %q: a schema tenant names its tables without a schema", ErrInvalid, tb)
 		}
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -120,7 +121,7 @@ func testChanges(t *testing.T, mode string) {
 	cfg := testConfig(t)
 	d, c := daemontest.Start(t, pg, cfg)
 	template(t, c)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: mode})
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,7 +261,7 @@ func TestMirror_PurgeDropsIt(t *testing.T) {
 	_, c := daemontest.Start(t, pg, cfg)
 	template(t, c)
 	for _, mode := range []string{"database", "schema"} {
-		r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: mode})
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: tenant.Mode(mode)})
 		if err != nil {
 			t.Fatal(err)
 		}

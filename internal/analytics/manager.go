@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 )
@@ -36,18 +37,12 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) manage(ctx context.Context) error {
 	down := cluster.Outage{What: "run the analytics mirrors"}
 	defer s.stopAll()
-	for {
-		err := s.pass(ctx)
-		if ctx.Err() != nil {
-			return nil
+	background.Every(ctx, s.Config.PollInterval.D(), func(ctx context.Context) {
+		if err := s.pass(ctx); ctx.Err() == nil {
+			down.Report(s.Logger, err)
 		}
-		down.Report(s.Logger, err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(s.Config.PollInterval.D()):
-		}
-	}
+	})
+	return nil
 }
 
 type row struct {

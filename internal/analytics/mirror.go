@@ -254,13 +254,13 @@ func (m *mirror) publication(ctx context.Context, cl *cluster.Cluster, t catalog
 		var names []string
 		for _, tb := range m.tables {
 			parts := strings.SplitN(tb, ".", 2)
-			if t.Mode == "schema" {
+			if t.Mode == tenant.ModeSchema {
 				parts = []string{tenant.PhysicalName(t.ID), tb}
 			}
 			names = append(names, pgx.Identifier(parts).Sanitize())
 		}
 		what = "FOR TABLE " + strings.Join(names, ", ")
-	case t.Mode == "schema":
+	case t.Mode == tenant.ModeSchema:
 		what = "FOR TABLES IN SCHEMA " + cluster.Ident(tenant.PhysicalName(t.ID))
 	default:
 		what = "FOR ALL TABLES"
@@ -278,7 +278,7 @@ func duckSchema(t catalog.Tenant, schema string) (string, bool) {
 	switch {
 	case schema == stateSchema:
 		return "", false
-	case t.Mode == "schema" && schema == tenant.PhysicalName(t.ID), t.Mode != "schema" && schema == "public":
+	case t.Mode == tenant.ModeSchema && schema == tenant.PhysicalName(t.ID), t.Mode != tenant.ModeSchema && schema == "public":
 		return "main", true
 	}
 	return schema, true

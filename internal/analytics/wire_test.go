@@ -17,6 +17,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // analyticsConn logs in to the analytics port as a tenant (its role and
@@ -44,7 +45,7 @@ type mirrored struct {
 func mirroredTenant(t *testing.T, c *api.Client, mode string) mirrored {
 	t.Helper()
 	ctx := context.Background()
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: mode})
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strings"
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -25,6 +27,19 @@ var (
 // invalid returns a 400 error with a message naming the bad input.
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
+
+// notOneOf returns nil for "" or one of valid, else a 400 error naming the
+// query parameter and every valid value.
+func notOneOf[S ~string](param string, v S, valid []S) error {
+	if v == "" || slices.Contains(valid, v) {
+		return nil
+	}
+	names := make([]string, len(valid))
+	for i, s := range valid {
+		names[i] = string(s)
+	}
+	return invalid("%s %q: one of %s", param, v, strings.Join(names, ", "))
 }
 
 // statusOf maps domain errors to HTTP status codes and error codes. It is the

@@ -3,7 +3,6 @@ package api
 import (
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -20,9 +19,12 @@ func jobID(r *http.Request) (int64, error) {
 
 func (s *Server) listJobs(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := jobs.Filter{State: q.Get("state"), Type: q.Get("type"), TargetKind: q.Get("target_kind"), Target: q.Get("target")}
-	if f.State != "" && !slices.Contains(jobs.FilterStates, f.State) {
-		return invalid("state %q: one of %s", f.State, strings.Join(jobs.FilterStates, ", "))
+	f := jobs.Filter{State: jobs.State(q.Get("state")), Type: jobs.Type(q.Get("type")), TargetKind: q.Get("target_kind"), Target: q.Get("target")}
+	if err := notOneOf("state", f.State, jobs.FilterStates); err != nil {
+		return err
+	}
+	if err := notOneOf("type", f.Type, jobs.Types); err != nil {
+		return err
 	}
 	// target=KIND:ID, as job lists print it, is the same as target_kind=KIND&target=ID.
 	if kind, id, ok := strings.Cut(f.Target, ":"); ok && f.TargetKind == "" {

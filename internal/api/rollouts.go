@@ -68,12 +68,12 @@ func (s *Server) showRollout(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	q := r.URL.Query()
-	var states []string
+	var states []catalog.RolloutTenantState
 	if v := q.Get("state"); v != "" {
-		for _, st := range strings.Split(v, ",") {
-			switch st {
+		for _, v := range strings.Split(v, ",") {
+			switch st := catalog.RolloutTenantState(v); st {
 			case "all":
-				states = []string{}
+				states = []catalog.RolloutTenantState{}
 			case catalog.RolloutTenantPending, catalog.RolloutTenantRunning, catalog.RolloutTenantDone,
 				catalog.RolloutTenantFailed, catalog.RolloutTenantSkipped:
 				states = append(states, st)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -111,8 +110,8 @@ func (s *Server) tenantView(t catalog.Tenant) (Tenant, error) {
 
 func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	f := catalog.TenantFilter{State: q.Get("state"), Cluster: q.Get("cluster"), Template: q.Get("template"),
-		Mode: q.Get("mode"), Tier: q.Get("tier"), Search: strings.TrimSpace(q.Get("q")), After: q.Get("after")}
+	f := catalog.TenantFilter{State: catalog.TenantState(q.Get("state")), Cluster: q.Get("cluster"), Template: q.Get("template"),
+		Mode: tenant.Mode(q.Get("mode")), Tier: q.Get("tier"), Search: strings.TrimSpace(q.Get("q")), After: q.Get("after")}
 	if l := q.Get("limit"); l != "" {
 		n, err := strconv.Atoi(l)
 		if err != nil || n < 1 {
@@ -123,10 +122,10 @@ func (s *Server) listTenants(w http.ResponseWriter, r *http.Request) error {
 	if f.State == catalog.StateSpare || f.State == catalog.StateBuilding {
 		return invalid("spares are not tenants; see the pool with `pgtenant template show`")
 	}
-	if f.State != "" && !slices.Contains(catalog.ListedStates, f.State) {
-		return invalid("state %q: one of %s", f.State, strings.Join(catalog.ListedStates, ", "))
+	if err := notOneOf("state", f.State, catalog.ListedStates); err != nil {
+		return err
 	}
-	if f.Mode != "" && f.Mode != "database" && f.Mode != "schema" {
+	if f.Mode != "" && !f.Mode.Valid() {
 		return invalid("mode %q: database or schema", f.Mode)
 	}
 	// sort=size|activity orders by the collector's figures: over every match, then cut to limit.

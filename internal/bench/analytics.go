@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // AnalyticsOptions size bench analytics.
@@ -123,7 +124,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 	if err := d.createTemplate(ctx, "zed", []templates.Upload{{Name: "0001_init.sql", Body: zedTable()}}); err != nil {
 		return res, Table{}, err
 	}
-	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "zed", Mode: "database", Tier: "bench"})
+	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "zed", Mode: tenant.ModeDatabase, Tier: "bench"})
 	if err != nil {
 		return res, Table{}, err
 	}

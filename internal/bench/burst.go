@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // BurstOptions tune `bench burst`.
@@ -120,7 +121,7 @@ type BurstResult struct {
 // burstReq is one request of the burst.
 type burstReq struct {
 	ext   string
-	mode  string
+	mode  tenant.Mode
 	retry bool // the external id was sent earlier in the burst
 }
 
@@ -148,9 +149,9 @@ func burstPlan(n int, retryShare, schemaShare float64, prefix string, rng *rand.
 			out = append(out, burstReq{ext: o.ext, mode: o.mode, retry: true})
 			continue
 		}
-		r := burstReq{ext: fmt.Sprintf("%s-%d", prefix, len(originals)+1), mode: provision.ModeDatabase}
+		r := burstReq{ext: fmt.Sprintf("%s-%d", prefix, len(originals)+1), mode: tenant.ModeDatabase}
 		if schema[len(originals)] {
-			r.mode = provision.ModeSchema
+			r.mode = tenant.ModeSchema
 		}
 		originals = append(originals, r)
 		out = append(out, r)
@@ -223,11 +224,11 @@ func burstConfig(fc *fleet.Cluster, dir, catalogDB, template string, pool int, p
 	cfg.Catalog.DSN = fc.PrimaryDSN(catalogDB)
 	cfg.Provision.DefaultPoolSize = def.Provision.DefaultPoolSize
 	cfg.Provision.ColdWait = def.Provision.ColdWait
-	cfg.Pools = []config.PoolConfig{{Template: probe, Mode: provision.ModeDatabase, Size: probes}}
+	cfg.Pools = []config.PoolConfig{{Template: probe, Mode: string(tenant.ModeDatabase), Size: probes}}
 	if pool != def.Provision.DefaultPoolSize {
 		cfg.Pools = append(cfg.Pools,
-			config.PoolConfig{Template: template, Mode: provision.ModeDatabase, Size: pool},
-			config.PoolConfig{Template: template, Mode: provision.ModeSchema, Size: pool})
+			config.PoolConfig{Template: template, Mode: string(tenant.ModeDatabase), Size: pool},
+			config.PoolConfig{Template: template, Mode: string(tenant.ModeSchema), Size: pool})
 	}
 	return cfg
 }
@@ -256,7 +257,7 @@ func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter,
 			return nil, err
 		}
 	}
-	for _, mode := range []string{provision.ModeDatabase, provision.ModeSchema} {
+	for _, mode := range tenant.Modes {
 		if err := waitPool(ctx, d, v.template, mode, pool); err != nil {
 			return nil, err
 		}
@@ -269,7 +270,7 @@ func (e *Env) burstVariant(ctx context.Context, fc *fleet.Cluster, meter *Meter,
 	const regrow = 5 * time.Minute
 	e.logf("burst: %s: waiting (at most %s) until its pools have grown to %d spares per mode", name, regrow, v.maxPool)
 	wctx, cancel := context.WithTimeout(ctx, regrow)
-	for _, mode := range []string{provision.ModeDatabase, provision.ModeSchema} {
+	for _, mode := range tenant.Modes {
 		if err := waitPool(wctx, d, v.template, mode, v.maxPool); err != nil && ctx.Err() == nil {
 			e.logf("burst: %s: the %s pool did not reach %d within %s (%v)", name, mode, v.maxPool, regrow, err)
 		}
@@ -290,7 +291,7 @@ type burstSetup struct {
 // then the burst with probes alongside, then the pools are watched.
 func (e *Env) burstRun(ctx context.Context, meter *Meter, d *benchDaemon, o BurstOptions, v burstSetup, rng *rand.Rand) (BurstRow, error) {
 	row := BurstRow{Variant: v.name, PoolSize: v.pool, MaxPool: v.maxPool, Requests: o.Creates, Paths: map[string]BurstPath{}}
-	if err := waitPool(ctx, d, v.probe, provision.ModeDatabase, o.Probes+idleProbes); err != nil {
+	if err := waitPool(ctx, d, v.probe, tenant.ModeDatabase, o.Probes+idleProbes); err != nil {
 		return row, err
 	}
 	if err := d.waitIdle(ctx); err != nil {
@@ -299,7 +300,7 @@ func (e *Env) burstRun(ctx context.Context, meter *Meter, d *benchDaemon, o Burs
 	idle := probeCreates(ctx, d, v.probe, idleProbes, o.ProbeEvery, nil)
 	row.ProbeIdle, _ = probeStats(idle)
 	// The probe pool refills behind them before the burst starts.
-	if err := waitPool(ctx, d, v.probe, provision.ModeDatabase, o.Probes+idleProbes); err != nil {
+	if err := waitPool(ctx, d, v.probe, tenant.ModeDatabase, o.Probes+idleProbes); err != nil {
 		return row, err
 	}
 	if err := d.waitIdle(ctx); err != nil {
@@ -404,7 +405,7 @@ func burstBuilds(ctx context.Context, d *benchDaemon, from, to time.Time) (Build
 	var b BuildJobs
 	rows, err := d.catalog.Query(ctx, `SELECT (extract(epoch FROM started_at - created_at) * 1e9)::bigint,
 		(extract(epoch FROM finished_at - started_at) * 1e9)::bigint
-		FROM jobs WHERE type = $1 AND args ? 'activate' AND created_at >= $2 AND finished_at IS NOT NULL`, provision.BuildJob, from)
+		FROM jobs WHERE type = $1 AND args ? 'activate' AND created_at >= $2 AND finished_at IS NOT NULL`, jobs.TenantBuild, from)
 	if err != nil {
 		return b, 0, err
 	}
@@ -420,7 +421,7 @@ func burstBuilds(ctx context.Context, d *benchDaemon, from, to time.Time) (Build
 	b.QueuedP50, b.QueuedMax, b.RunP50, b.RunP95 = percentile(queued, 50), percentile(queued, 100), percentile(ran, 50), percentile(ran, 95)
 	var spares int
 	err = d.catalog.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE type = $1 AND NOT args ? 'activate'
-		AND started_at BETWEEN $2 AND $3`, provision.BuildJob, from, to).Scan(&spares)
+		AND started_at BETWEEN $2 AND $3`, jobs.TenantBuild, from, to).Scan(&spares)
 	return b, spares, err
 }
 
@@ -478,7 +479,7 @@ func probeCreates(ctx context.Context, d *benchDaemon, template string, n int, e
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for range n {
-		out = append(out, burstCreate(ctx, d, template, burstReq{mode: provision.ModeDatabase}))
+		out = append(out, burstCreate(ctx, d, template, burstReq{mode: tenant.ModeDatabase}))
 		select {
 		case <-done:
 			return out
@@ -594,7 +595,7 @@ func loginAs(ctx context.Context, dsn, role string) error {
 }
 
 // waitPool waits until a pool holds n ready spares.
-func waitPool(ctx context.Context, d *benchDaemon, template, mode string, n int) error {
+func waitPool(ctx context.Context, d *benchDaemon, template string, mode tenant.Mode, n int) error {
 	for {
 		got, err := d.spares(ctx, template, mode)
 		if err != nil || got >= n {

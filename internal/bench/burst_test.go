@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // TestBurstPlan: 40% of the creates retry an external id sent earlier in
@@ -13,7 +15,7 @@ func TestBurstPlan(t *testing.T) {
 	if len(plan) != 200 || plan[0].retry {
 		t.Fatalf("plan of %d, first a retry: %v; want 200 starting with a new id", len(plan), plan[0].retry)
 	}
-	seen := map[string]string{} // external id → mode
+	seen := map[string]tenant.Mode{} // external id → mode
 	retries, schema := 0, 0
 	for i, r := range plan {
 		mode, ok := seen[r.ext]
@@ -30,7 +32,7 @@ func TestBurstPlan(t *testing.T) {
 			continue
 		}
 		seen[r.ext] = r.mode
-		if r.mode == "schema" {
+		if r.mode == tenant.ModeSchema {
 			schema++
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/reconcile"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // CrashOptions tune the crash soak.
@@ -84,7 +85,7 @@ reconcile: {interval: 0s}
 		return res, Table{}, err
 	}
 
-	s := &soak{e: e, rng: rng, pending: map[string]string{}}
+	s := &soak{e: e, rng: rng, pending: map[string]tenant.Mode{}}
 	for i := 0; i <= opts.Iterations; i++ {
 		p, err := startDaemon(ctx, opts.Binary, cfgPath, tokenFile, logPath)
 		if err != nil {
@@ -128,8 +129,8 @@ type soak struct {
 	e       *Env
 	rng     *rand.Rand
 	mu      sync.Mutex
-	pending map[string]string // external id → mode: creates not yet confirmed, retried after each restart
-	active  []string          // tenants known active, to drop
+	pending map[string]tenant.Mode // external id → mode: creates not yet confirmed, retried after each restart
+	active  []string               // tenants known active, to drop
 	next    int
 	creates int
 	drops   int
@@ -152,7 +153,8 @@ func (s *soak) template(ctx context.Context, c *api.Client) error {
 // operation stays pending.
 func (s *soak) op(ctx context.Context, c *api.Client) {
 	s.mu.Lock()
-	var ext, mode, drop string
+	var ext, drop string
+	var mode tenant.Mode
 	switch {
 	case len(s.active) > 0 && s.rng.IntN(3) == 0:
 		i := s.rng.IntN(len(s.active))
@@ -165,7 +167,7 @@ func (s *soak) op(ctx context.Context, c *api.Client) {
 		}
 		if ext == "" {
 			s.next++
-			ext, mode = fmt.Sprintf("crash-%d", s.next), []string{"database", "schema"}[s.rng.IntN(2)]
+			ext, mode = fmt.Sprintf("crash-%d", s.next), tenant.Modes[s.rng.IntN(2)]
 			s.pending[ext] = mode
 		}
 	}
@@ -299,7 +301,7 @@ func (s *soak) settle(ctx context.Context, c *api.Client, catalogDSN string, res
 			return err
 		}
 		res.JobsByState[st] = n
-		if !jobs.Finished(st) {
+		if !jobs.Finished(jobs.State(st)) {
 			res.Unfinished += n
 		}
 	}
@@ -319,8 +321,8 @@ func (s *soak) settle(ctx context.Context, c *api.Client, catalogDSN string, res
 
 func crashTable(r CrashResult) Table {
 	var states []string
-	for _, st := range []string{jobs.Succeeded, jobs.Failed, jobs.Cancelled} {
-		states = append(states, fmt.Sprintf("%s %d", st, r.JobsByState[st]))
+	for _, st := range []jobs.State{jobs.Succeeded, jobs.Failed, jobs.Cancelled} {
+		states = append(states, fmt.Sprintf("%s %d", st, r.JobsByState[string(st)]))
 	}
 	t := Table{
 		Title:   "pgtenant bench crash: daemon SIGKILLed during provisioning and purges",

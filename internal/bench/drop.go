@@ -97,7 +97,7 @@ func (e *Env) Drop(ctx context.Context, opts DropOptions) (DropResult, Table, er
 	// Per wide template: a schema tenant for the monolithic drop, one for
 	// pgtenant's purge, and a database tenant. All built by pgtenant (the
 	// pool is empty: the cold path), which works at lock limit 64.
-	modes := []string{provision.ModeSchema, provision.ModeSchema, provision.ModeDatabase}
+	modes := []tenant.Mode{tenant.ModeSchema, tenant.ModeSchema, tenant.ModeDatabase}
 	for _, w := range wides {
 		for _, mode := range modes {
 			e.logf("drop: building a %s tenant of %s", mode, w)
@@ -110,7 +110,7 @@ func (e *Env) Drop(ctx context.Context, opts DropOptions) (DropResult, Table, er
 	}
 	e.logf("drop: building %d saas database tenants", opts.SmallTenants)
 	for range opts.SmallTenants {
-		id, err := createTenant(ctx, d, "saas", provision.ModeDatabase)
+		id, err := createTenant(ctx, d, "saas", tenant.ModeDatabase)
 		if err != nil {
 			return res, Table{}, err
 		}
@@ -211,7 +211,7 @@ func (e *Env) Drop(ctx context.Context, opts DropOptions) (DropResult, Table, er
 }
 
 // createTenant creates a tenant through the API and waits until it is active.
-func createTenant(ctx context.Context, d *benchDaemon, template, mode string) (string, error) {
+func createTenant(ctx context.Context, d *benchDaemon, template string, mode tenant.Mode) (string, error) {
 	r, err := d.client.CreateTenant(ctx, provision.Request{Template: template, Mode: mode})
 	if err != nil {
 		return "", fmt.Errorf("create a %s tenant of %s: %w", mode, template, err)

@@ -194,8 +194,8 @@ func (e *Env) idleTenants(ctx context.Context, fc *fleet.Cluster, dir string, o 
 	cfg.Jobs.Workers = 6
 	cfg.Provision.PoolInterval = config.Duration(500 * time.Millisecond)
 	cfg.Pools = []config.PoolConfig{
-		{Template: "saas", Mode: "database", Size: min(o.Tenants, 1000)},
-		{Template: "saas", Mode: "schema", Size: min(o.Schemas, 1000)},
+		{Template: "saas", Mode: string(tenant.ModeDatabase), Size: min(o.Tenants, 1000)},
+		{Template: "saas", Mode: string(tenant.ModeSchema), Size: min(o.Schemas, 1000)},
 	}
 	d, err := e.startDaemonInProcess(ctx, fc, cfg)
 	if err != nil {
@@ -209,8 +209,8 @@ func (e *Env) idleTenants(ctx context.Context, fc *fleet.Cluster, dir string, o 
 	start := time.Now()
 	last := -1
 	for {
-		db, err1 := d.spares(ctx, "saas", "database")
-		sc, err2 := d.spares(ctx, "saas", "schema")
+		db, err1 := d.spares(ctx, "saas", tenant.ModeDatabase)
+		sc, err2 := d.spares(ctx, "saas", tenant.ModeSchema)
 		if err1 != nil || err2 != nil {
 			d.Stop()
 			return fmt.Errorf("count spares: %v %v", err1, err2)
@@ -241,7 +241,7 @@ func (e *Env) idleTenants(ctx context.Context, fc *fleet.Cluster, dir string, o 
 	e.logf("idle-io: claiming the spares through the API")
 	// Schema claims one at a time: concurrent GRANT CONNECT on the one shared
 	// database can fail with "tuple concurrently updated" (XX000).
-	claim := func(mode string, n, workers int) error {
+	claim := func(mode tenant.Mode, n, workers int) error {
 		work := make(chan struct{})
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -270,10 +270,10 @@ func (e *Env) idleTenants(ctx context.Context, fc *fleet.Cluster, dir string, o 
 		wg.Wait()
 		return firstErr
 	}
-	if err := claim("database", o.Tenants, 8); err != nil {
+	if err := claim(tenant.ModeDatabase, o.Tenants, 8); err != nil {
 		return err
 	}
-	if err := claim("schema", o.Schemas, 1); err != nil {
+	if err := claim(tenant.ModeSchema, o.Schemas, 1); err != nil {
 		return err
 	}
 	e.logf("idle-io: %d tenants in %s", o.Tenants+o.Schemas, time.Since(start).Round(time.Second))

@@ -29,6 +29,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // Cost is what one method cost the primary and its standby, from Start to Stop.
@@ -529,7 +530,7 @@ func (d *benchDaemon) waitIdle(ctx context.Context) error {
 }
 
 // spares counts the ready spares of a pool.
-func (d *benchDaemon) spares(ctx context.Context, template, mode string) (int, error) {
+func (d *benchDaemon) spares(ctx context.Context, template string, mode tenant.Mode) (int, error) {
 	var n int
 	err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE template = $1 AND mode = $2 AND state = 'spare'`, template, mode).Scan(&n)
 	return n, err

@@ -201,8 +201,8 @@ func (e *Env) migrateSpares(ctx context.Context, fc *fleet.Cluster, dir string, 
 		cfg.Pacer.WaitForCheckpoint = false // spread checkpoints would hold every create: setup only
 		cfg.Provision.PoolInterval = config.Duration(500 * time.Millisecond)
 		cfg.Pools = []config.PoolConfig{
-			{Template: "saas", Mode: "schema", Size: want[0]},
-			{Template: "saas", Mode: "database", Size: want[1]},
+			{Template: "saas", Mode: string(tenant.ModeSchema), Size: want[0]},
+			{Template: "saas", Mode: string(tenant.ModeDatabase), Size: want[1]},
 		}
 		d, err := e.startDaemonInProcess(ctx, fc, cfg)
 		if err != nil {
@@ -229,11 +229,11 @@ func (e *Env) migrateSpares(ctx context.Context, fc *fleet.Cluster, dir string, 
 func (e *Env) waitSpares(ctx context.Context, d *benchDaemon, schemas, databases int) error {
 	start, last := time.Now(), time.Now()
 	for {
-		s, err := d.spares(ctx, "saas", "schema")
+		s, err := d.spares(ctx, "saas", tenant.ModeSchema)
 		if err != nil {
 			return err
 		}
-		db, err := d.spares(ctx, "saas", "database")
+		db, err := d.spares(ctx, "saas", tenant.ModeDatabase)
 		if err != nil {
 			return err
 		}
@@ -255,12 +255,12 @@ func (e *Env) waitSpares(ctx context.Context, d *benchDaemon, schemas, databases
 
 // migrateTenants claims the tenants through the API and gives each some rows.
 func (e *Env) migrateTenants(ctx context.Context, d *benchDaemon, fc *fleet.Cluster, o MigrateOptions) ([]catalog.Tenant, error) {
-	modes := make([]string, 0, o.Schemas+o.Databases)
+	modes := make([]tenant.Mode, 0, o.Schemas+o.Databases)
 	for range o.Schemas {
-		modes = append(modes, "schema")
+		modes = append(modes, tenant.ModeSchema)
 	}
 	for range o.Databases {
-		modes = append(modes, "database")
+		modes = append(modes, tenant.ModeDatabase)
 	}
 	var mu sync.Mutex
 	var out []catalog.Tenant
@@ -301,7 +301,7 @@ func (e *Env) migrateTenants(ctx context.Context, d *benchDaemon, fc *fleet.Clus
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		table := "users"
-		if t.Mode == "schema" {
+		if t.Mode == tenant.ModeSchema {
 			table = cluster.Ident(tenant.PhysicalName(t.ID)) + ".users"
 		}
 		_, err = conn.Exec(ctx, `INSERT INTO `+table+` (email, display_name)
@@ -427,7 +427,7 @@ func (e *Env) migrateSequential(ctx context.Context, fc *fleet.Cluster, admin *p
 			}
 			err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				name, markerSchema := cluster.Ident(tenant.PhysicalName(t.ID)), tenant.MarkerSchema
-				if t.Mode == "schema" {
+				if t.Mode == tenant.ModeSchema {
 					markerSchema = tenant.PhysicalName(t.ID)
 				}
 				q := `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = ` + cluster.Literal(markerSchema)
@@ -443,7 +443,7 @@ func (e *Env) migrateSequential(ctx context.Context, fc *fleet.Cluster, admin *p
 					return nil
 				}
 				set := "SET LOCAL ROLE " + name
-				if t.Mode == "schema" {
+				if t.Mode == tenant.ModeSchema {
 					set += "; SET LOCAL search_path = " + name
 				}
 				if _, err := tx.Exec(ctx, set); err != nil {
@@ -542,7 +542,7 @@ func (e *Env) migrateRollout(ctx context.Context, admin *pgxpool.Pool, meter *Me
 		return row, err
 	}
 	if noop.State != catalog.RolloutSucceeded || noop.Total != 0 {
-		return row, errors.New("the second rollout had work to do: " + noop.State)
+		return row, errors.New("the second rollout had work to do: " + string(noop.State))
 	}
 	row.NoOp = took
 	return row, nil

@@ -21,8 +21,8 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
-	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // MoveOptions size bench move.
@@ -116,7 +116,7 @@ func (e *Env) Move(ctx context.Context, o MoveOptions) (MoveResult, Table, error
 	if err := d.createTemplate(ctx, "ledger", moveTemplate); err != nil {
 		return res, Table{}, err
 	}
-	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "ledger", Mode: "database", Tier: "bench", Cluster: a.Name()})
+	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "ledger", Mode: tenant.ModeDatabase, Tier: "bench", Cluster: a.Name()})
 	if err != nil {
 		return res, Table{}, err
 	}
@@ -301,7 +301,7 @@ func standbyLag(ctx context.Context, fc *fleet.Cluster) (int64, error) {
 // waitLeftoverPurged waits for the purge of the copy a move left on a cluster.
 func waitLeftoverPurged(ctx context.Context, d *benchDaemon, id, cluster string) error {
 	for {
-		js, err := d.client.Jobs(ctx, url.Values{"type": {purge.Job}, "target": {id}})
+		js, err := d.client.Jobs(ctx, url.Values{"type": {string(jobs.TenantPurge)}, "target": {id}})
 		if err != nil {
 			return err
 		}

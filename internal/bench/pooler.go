@@ -25,6 +25,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // PoolerOptions size bench pooler.
@@ -107,7 +108,7 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		PoolMode: "transaction", PoolSize: o.Busy, MaxDBConnections: o.Busy}
 	cfg.Tiers["dense"] = config.Tier{ConnectionLimit: 2, StatementTimeout: config.Duration(time.Minute),
 		PoolMode: "transaction", PoolSize: 1, MaxDBConnections: 1}
-	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: "schema", Size: o.Tenants}}
+	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: string(tenant.ModeSchema), Size: o.Tenants}}
 	cfg.Jobs.Workers = 4
 	withPooler := func(do *daemon.Options) { do.Poolers = map[string]config.PoolerConfig{fc.Name(): pc} }
 	d, err := e.startDaemonInProcess(ctx, fc, cfg, withPooler)
@@ -132,7 +133,7 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 	if err := d.Stop(); err != nil {
 		return res, Table{}, err
 	}
-	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: "schema", Size: 0}}
+	cfg.Pools = []config.PoolConfig{{Template: "tiny", Mode: string(tenant.ModeSchema), Size: 0}}
 	if d, err = e.startDaemonInProcess(ctx, fc, cfg, withPooler); err != nil {
 		return res, Table{}, err
 	}
@@ -143,7 +144,7 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 	}
 
 	// 1. pgbench, direct and through the pooler, on one database tenant.
-	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Tier: "bench"})
+	r, err := d.client.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.ModeDatabase, Tier: "bench"})
 	if err != nil {
 		return res, Table{}, err
 	}
@@ -173,7 +174,7 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		for w := 0; w < parallel; w++ {
 			wg.Go(func() {
 				for next.Add(1) <= int64(n) {
-					r, err := d.client.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: "schema", Tier: "dense"})
+					r, err := d.client.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: tenant.ModeSchema, Tier: "dense"})
 					mu.Lock()
 					if err != nil && firstErr == nil {
 						firstErr = err
@@ -373,7 +374,7 @@ func connectSimple(ctx context.Context, dsn string) (*pgx.Conn, error) {
 func (e *Env) waitPoolerSpares(ctx context.Context, d *benchDaemon, n int) error {
 	last := -1
 	for {
-		got, err := d.spares(ctx, "tiny", "schema")
+		got, err := d.spares(ctx, "tiny", tenant.ModeSchema)
 		if err != nil {
 			return err
 		}

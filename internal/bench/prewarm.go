@@ -18,9 +18,10 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/fleet"
-	"github.com/pgtenant/pgtenant/internal/prewarm"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // PrewarmOptions shape the prewarm benchmark.
@@ -110,9 +111,9 @@ type prewarmBench struct {
 func (b *prewarmBench) makeTenants(ctx context.Context, c *api.Client) error {
 	rows := b.o.MBPerTenant * 128 * 100 // ~100 rows of ~80 bytes per 8 kB page
 	for i := 0; i < b.o.Tenants+b.o.SchemaTenants; i++ {
-		mode := "database"
+		mode := tenant.ModeDatabase
 		if i >= b.o.Tenants {
-			mode = "schema"
+			mode = tenant.ModeSchema
 		}
 		r, err := c.CreateTenant(ctx, provision.Request{Template: "kv", Mode: mode})
 		if err != nil {
@@ -123,7 +124,7 @@ func (b *prewarmBench) makeTenants(ctx context.Context, c *api.Client) error {
 			return err
 		}
 		table := "kv"
-		if mode == "schema" {
+		if mode == tenant.ModeSchema {
 			table = pgx.Identifier{"t_" + r.Tenant.ID, "kv"}.Sanitize()
 		}
 		_, err = conn.Exec(ctx, `INSERT INTO `+table+` SELECT i, repeat('x', 60) FROM generate_series(1, $1) i`, rows)
@@ -135,10 +136,10 @@ func (b *prewarmBench) makeTenants(ctx context.Context, c *api.Client) error {
 			return err
 		}
 		switch {
-		case mode == "database" && len(b.hot) < b.o.Hot && i%(max(b.o.Tenants/b.o.Hot, 1)) == 0:
+		case mode == tenant.ModeDatabase && len(b.hot) < b.o.Hot && i%(max(b.o.Tenants/b.o.Hot, 1)) == 0:
 			b.hot = append(b.hot, r.Tenant.Database)
 			b.ids = append(b.ids, r.Tenant.ID)
-		case mode == "database" || len(b.cold) == 0 || b.cold[len(b.cold)-1] != r.Tenant.Database:
+		case mode == tenant.ModeDatabase || len(b.cold) == 0 || b.cold[len(b.cold)-1] != r.Tenant.Database:
 			b.cold = append(b.cold, r.Tenant.Database)
 		}
 		if (i+1)%20 == 0 {
@@ -383,7 +384,7 @@ func (b *prewarmBench) waitPrewarm(ctx context.Context, d *benchDaemon, start ti
 	for ctx.Err() == nil {
 		var state string
 		err := d.catalog.QueryRow(ctx, `SELECT state FROM jobs WHERE type = $1 AND created_at > $2 ORDER BY id DESC LIMIT 1`,
-			prewarm.Job, start.Add(-time.Second)).Scan(&state)
+			jobs.Prewarm, start.Add(-time.Second)).Scan(&state)
 		if err == nil && (state == "succeeded" || state == "failed") {
 			took := time.Since(start)
 			return took, b.hotResident(ctx, d)

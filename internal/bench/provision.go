@@ -17,6 +17,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // ProvisionOptions tune `bench provision`.
@@ -158,22 +159,25 @@ func (e *Env) Provision(ctx context.Context, opts ProvisionOptions) (ProvisionRe
 			e.logf("provision: %s: %s, %d tenants through the API", tp.name, m.method, opts.Tenants)
 			cfg := base
 			cfg.Provision.WALLogMaxSize = m.maxLog // forces the strategy (tenant.CreateStrategy)
-			if err := add(e.apiCreates(ctx, meter, fc, cfg, tp.name, provision.ModeDatabase, m.method, opts.Tenants)); err != nil {
+			if err := add(e.apiCreates(ctx, meter, fc, cfg, tp.name, tenant.ModeDatabase, m.method, opts.Tenants)); err != nil {
 				return res, Table{}, err
 			}
 		}
-		for _, mode := range []string{provision.ModeDatabase, provision.ModeSchema} {
+		for _, mode := range tenant.Modes {
 			e.logf("provision: %s: refilling %d %s spares", tp.name, tp.claims, mode)
 			cfg := base
-			cfg.Pools = []config.PoolConfig{{Template: tp.name, Mode: provision.ModeDatabase, Size: tp.claims}}
-			if mode == provision.ModeSchema {
-				cfg.Pools = append(cfg.Pools, config.PoolConfig{Template: tp.name, Mode: provision.ModeSchema, Size: tp.claims})
+			cfg.Pools = []config.PoolConfig{{Template: tp.name, Mode: string(tenant.ModeDatabase), Size: tp.claims}}
+			if mode == tenant.ModeSchema {
+				cfg.Pools = append(cfg.Pools, config.PoolConfig{Template: tp.name, Mode: string(tenant.ModeSchema), Size: tp.claims})
 			}
 			if err := add(e.refill(ctx, meter, fc, cfg, tp.name, mode, tp.claims)); err != nil {
 				return res, Table{}, err
 			}
 		}
-		for _, m := range []struct{ mode, method string }{{provision.ModeDatabase, methodClaimDatabase}, {provision.ModeSchema, methodClaimSchema}} {
+		for _, m := range []struct {
+			mode   tenant.Mode
+			method string
+		}{{tenant.ModeDatabase, methodClaimDatabase}, {tenant.ModeSchema, methodClaimSchema}} {
 			e.logf("provision: %s: %s, %d tenants through the API", tp.name, m.method, tp.claims)
 			// Pool size 0 while claiming: refill builds would otherwise run
 			// under the claims and their WAL would count as the claims'.
@@ -287,7 +291,7 @@ func finishRow(ctx context.Context, row ProvisionRow, x *Measurement, lat []time
 // apiCreates creates n tenants one after another through the API of a
 // daemon started with cfg. method says which path they must take: a pool
 // claim for the claim methods, the cold path for the others.
-func (e *Env) apiCreates(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg config.Config, template, mode, method string, n int) (ProvisionRow, error) {
+func (e *Env) apiCreates(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg config.Config, template string, mode tenant.Mode, method string, n int) (ProvisionRow, error) {
 	row := ProvisionRow{Template: template, Method: method}
 	d, err := e.startDaemonInProcess(ctx, fc, cfg)
 	if err != nil {
@@ -340,9 +344,9 @@ func (e *Env) apiCreates(ctx context.Context, meter *Meter, fc *fleet.Cluster, c
 // refill starts a daemon whose pools want n spares of template in mode (cfg
 // says so) and measures from its start until they are ready. The latencies
 // are the build jobs' run times.
-func (e *Env) refill(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg config.Config, template, mode string, n int) (ProvisionRow, error) {
+func (e *Env) refill(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg config.Config, template string, mode tenant.Mode, n int) (ProvisionRow, error) {
 	row := ProvisionRow{Template: template, Method: methodRefillDB}
-	if mode == provision.ModeSchema {
+	if mode == tenant.ModeSchema {
 		row.Method = methodRefillSchema
 	}
 	// Jobs after the last one so far are this refill's.
@@ -384,7 +388,7 @@ func (e *Env) refill(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg c
 		return row, err
 	}
 	rows, err := d.catalog.Query(ctx, `SELECT (extract(epoch FROM finished_at - started_at) * 1e9)::bigint FROM jobs
-		WHERE type = $1 AND state = 'succeeded' AND id > $2 AND started_at IS NOT NULL`, provision.BuildJob, lastJob)
+		WHERE type = $1 AND state = 'succeeded' AND id > $2 AND started_at IS NOT NULL`, jobs.TenantBuild, lastJob)
 	if err != nil {
 		x.Stop(ctx)
 		return row, err
@@ -400,7 +404,7 @@ func (e *Env) refill(ctx context.Context, meter *Meter, fc *fleet.Cluster, cfg c
 	}
 	var failed int
 	if err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE type = $1 AND state <> 'succeeded' AND id > $2`,
-		provision.BuildJob, lastJob).Scan(&failed); err != nil {
+		jobs.TenantBuild, lastJob).Scan(&failed); err != nil {
 		x.Stop(ctx)
 		return row, err
 	}

@@ -7,16 +7,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // MetricTenant is what the metrics collector needs of one tenant row: where
 // it lives, its tier, its quota state and whether it is always exported.
 type MetricTenant struct {
 	ID         string
-	Mode       string
+	Mode       tenant.Mode
 	Database   string
 	Tier       string
-	State      string
+	State      TenantState
 	Export     bool       // opted in to per-tenant series on /metrics
 	Quota      string     // ok, warning, grace, enforced ("ok" without a row)
 	QuotaSince *time.Time // entered that quota state

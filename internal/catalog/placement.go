@@ -105,7 +105,7 @@ type SizedTenant struct {
 	ID        string
 	Cluster   string
 	Tier      string
-	State     string
+	State     TenantState
 	SizeBytes int64
 }
 

@@ -36,17 +36,27 @@ type HotSet struct {
 	Ranges     []BlockRange `json:"-"`
 }
 
+// PrewarmOutcome is how a tenant's prewarm on a node ended.
+type PrewarmOutcome string
+
+// Outcomes of a tenant's prewarm.
+const (
+	PrewarmDone    PrewarmOutcome = "done"
+	PrewarmSkipped PrewarmOutcome = "skipped" // the tenant is not active
+	PrewarmFailed  PrewarmOutcome = "failed"
+)
+
 // PrewarmResult is the last prewarm of a tenant on a node (a row of
 // prewarm_tenants).
 type PrewarmResult struct {
-	Tenant       string    `json:"tenant"`
-	Node         string    `json:"node"`
-	JobID        int64     `json:"job_id"`
-	State        string    `json:"state"` // done, skipped, failed
-	BlocksBuffer int64     `json:"blocks_buffer"`
-	BlocksOS     int64     `json:"blocks_os"`
-	Error        string    `json:"error,omitempty"`
-	At           time.Time `json:"at"`
+	Tenant       string         `json:"tenant"`
+	Node         string         `json:"node"`
+	JobID        int64          `json:"job_id"`
+	State        PrewarmOutcome `json:"state"`
+	BlocksBuffer int64          `json:"blocks_buffer"`
+	BlocksOS     int64          `json:"blocks_os"`
+	Error        string         `json:"error,omitempty"`
+	At           time.Time      `json:"at"`
 }
 
 // PrewarmNode is what pgtenant last saw of a node (a row of prewarm_nodes).

@@ -7,59 +7,68 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Rollout states (rollouts.state). The job's own state wins once it is
-// paused or finished (see migrate.Status).
+// RolloutState is where a rollout is: rollouts.state. The job's own state
+// wins once it is paused or finished (see migrate.Status).
+type RolloutState string
+
+// Rollout states.
 const (
-	RolloutQueued    = "queued"
-	RolloutBuilding  = "building"  // waiting for the target version's template builds
-	RolloutMigrating = "migrating" // tenants being migrated
-	RolloutPaused    = "paused"    // canary done: waiting for `rollout continue`
-	RolloutSucceeded = "succeeded"
-	RolloutFailed    = "failed"
-	RolloutCancelled = "cancelled"
+	RolloutQueued    RolloutState = "queued"
+	RolloutBuilding  RolloutState = "building"  // waiting for the target version's template builds
+	RolloutMigrating RolloutState = "migrating" // tenants being migrated
+	RolloutPaused    RolloutState = "paused"    // canary done: waiting for `rollout continue`
+	RolloutSucceeded RolloutState = "succeeded"
+	RolloutFailed    RolloutState = "failed"
+	RolloutCancelled RolloutState = "cancelled"
 )
 
-// States of a tenant within a rollout (rollout_tenants.state).
+// RolloutTenantState is where a tenant is within a rollout:
+// rollout_tenants.state.
+type RolloutTenantState string
+
+// States of a tenant within a rollout.
 const (
-	RolloutTenantPending = "pending"
-	RolloutTenantRunning = "running"
-	RolloutTenantDone    = "done"
-	RolloutTenantFailed  = "failed"
-	RolloutTenantSkipped = "skipped" // purged or gone while the rollout ran
+	RolloutTenantPending RolloutTenantState = "pending"
+	RolloutTenantRunning RolloutTenantState = "running"
+	RolloutTenantDone    RolloutTenantState = "done"
+	RolloutTenantFailed  RolloutTenantState = "failed"
+	RolloutTenantSkipped RolloutTenantState = "skipped" // purged or gone while the rollout ran
 )
 
 // Rollout is one row of rollouts, with its tenants counted by state.
 type Rollout struct {
-	ID              int64          `json:"id"`
-	Template        string         `json:"template"`
-	TargetVersion   int            `json:"target_version"`
-	Canary          int            `json:"canary"`
-	CanaryPassed    bool           `json:"canary_passed"`
-	Parallel        int            `json:"parallel"`
-	Cluster         string         `json:"cluster,omitempty"`
-	State           string         `json:"state"`
-	JobID           int64          `json:"job_id"`
-	AlreadyAtTarget int            `json:"already_at_target"`
-	CreatedAt       time.Time      `json:"created_at"`
-	UpdatedAt       time.Time      `json:"updated_at"`
-	Counts          map[string]int `json:"counts"` // pending, running, done, failed, skipped
-	Total           int            `json:"total"`  // tenants the rollout has to move
+	ID              int64                      `json:"id"`
+	Template        string                     `json:"template"`
+	TargetVersion   int                        `json:"target_version"`
+	Canary          int                        `json:"canary"`
+	CanaryPassed    bool                       `json:"canary_passed"`
+	Parallel        int                        `json:"parallel"`
+	Cluster         string                     `json:"cluster,omitempty"`
+	State           RolloutState               `json:"state"`
+	JobID           int64                      `json:"job_id"`
+	AlreadyAtTarget int                        `json:"already_at_target"`
+	CreatedAt       time.Time                  `json:"created_at"`
+	UpdatedAt       time.Time                  `json:"updated_at"`
+	Counts          map[RolloutTenantState]int `json:"counts"` // pending, running, done, failed, skipped
+	Total           int                        `json:"total"`  // tenants the rollout has to move
 }
 
 // RolloutTenant is one tenant of a rollout.
 type RolloutTenant struct {
-	Tenant      string     `json:"tenant"`
-	Cluster     string     `json:"cluster"`
-	Mode        string     `json:"mode"`
-	FromVersion int        `json:"from_version"`
-	Version     int        `json:"version"`
-	State       string     `json:"state"`
-	Error       string     `json:"error,omitempty"`
-	Attempts    int        `json:"attempts"`
-	StartedAt   *time.Time `json:"started_at,omitempty"`
-	FinishedAt  *time.Time `json:"finished_at,omitempty"`
+	Tenant      string             `json:"tenant"`
+	Cluster     string             `json:"cluster"`
+	Mode        tenant.Mode        `json:"mode"`
+	FromVersion int                `json:"from_version"`
+	Version     int                `json:"version"`
+	State       RolloutTenantState `json:"state"`
+	Error       string             `json:"error,omitempty"`
+	Attempts    int                `json:"attempts"`
+	StartedAt   *time.Time         `json:"started_at,omitempty"`
+	FinishedAt  *time.Time         `json:"finished_at,omitempty"`
 }
 
 // InsertRollout adds a rollout in tx and returns its id.
@@ -78,7 +87,7 @@ func (s *Store) SetRolloutJob(ctx context.Context, q Querier, id, jobID int64) e
 }
 
 // SetRolloutState records a rollout's state.
-func (s *Store) SetRolloutState(ctx context.Context, q Querier, id int64, state string) error {
+func (s *Store) SetRolloutState(ctx context.Context, q Querier, id int64, state RolloutState) error {
 	_, err := q.Exec(ctx, `UPDATE rollouts SET state = $2, updated_at = now() WHERE id = $1`, id, state)
 	return err
 }
@@ -168,9 +177,9 @@ func scanRollout(row pgx.Row) (Rollout, error) {
 	err := row.Scan(&r.ID, &r.Template, &r.TargetVersion, &r.Canary, &r.CanaryPassed, &r.Parallel, &r.Cluster, &r.State,
 		&r.JobID, &r.AlreadyAtTarget, &r.CreatedAt, &r.UpdatedAt, &r.Counts)
 	if r.Counts == nil {
-		r.Counts = map[string]int{}
+		r.Counts = map[RolloutTenantState]int{}
 	}
-	for _, st := range []string{RolloutTenantPending, RolloutTenantRunning, RolloutTenantDone, RolloutTenantFailed, RolloutTenantSkipped} {
+	for _, st := range []RolloutTenantState{RolloutTenantPending, RolloutTenantRunning, RolloutTenantDone, RolloutTenantFailed, RolloutTenantSkipped} {
 		r.Total += r.Counts[st]
 		r.Counts[st] += 0
 	}
@@ -229,12 +238,12 @@ func scanRolloutTenant(row pgx.Row) (RolloutTenant, error) {
 
 // RolloutTenants lists a rollout's tenants in the given states (all with
 // none), failed first, then running, pending, skipped and done.
-func (s *Store) RolloutTenants(ctx context.Context, id int64, states []string, limit int) ([]RolloutTenant, error) {
+func (s *Store) RolloutTenants(ctx context.Context, id int64, states []RolloutTenantState, limit int) ([]RolloutTenant, error) {
 	if limit <= 0 || limit > 100000 {
 		limit = 1000
 	}
 	if states == nil {
-		states = []string{}
+		states = []RolloutTenantState{}
 	}
 	rows, err := s.pool.Query(ctx, `SELECT `+rolloutTenantColumns+` FROM rollout_tenants
 		WHERE rollout = $1 AND (cardinality($2::text[]) = 0 OR state = ANY($2))
@@ -270,8 +279,8 @@ func (s *Store) PendingRolloutTenants(ctx context.Context, id int64) ([]RolloutW
 			&w.Attempts, &w.StartedAt, &w.FinishedAt,
 			&t.id, &t.name, &t.externalID, &t.mode, &t.cluster, &t.template, &t.version, &t.tier, &t.state, &t.database)
 		if t.id != nil {
-			w.Tenant = Tenant{ID: *t.id, Name: *t.name, ExternalID: *t.externalID, Mode: *t.mode, Cluster: *t.cluster,
-				Template: *t.template, Version: *t.version, Tier: *t.tier, State: *t.state, Database: *t.database}
+			w.Tenant = Tenant{ID: *t.id, Name: *t.name, ExternalID: *t.externalID, Mode: tenant.Mode(*t.mode), Cluster: *t.cluster,
+				Template: *t.template, Version: *t.version, Tier: *t.tier, State: TenantState(*t.state), Database: *t.database}
 		}
 		return w, err
 	})
@@ -291,7 +300,7 @@ type nullableTenant struct {
 type RolloutOutcome struct {
 	Tenant   string
 	Version  int
-	State    string
+	State    RolloutTenantState
 	Error    string
 	Attempts int // transactions tried
 }
@@ -313,7 +322,7 @@ func (s *Store) RecordRollout(ctx context.Context, id int64, started []string, o
 	tenants, states, errs := make([]string, n), make([]string, n), make([]string, n)
 	versions, attempts := make([]int32, n), make([]int32, n)
 	for i, o := range outcomes {
-		tenants[i], states[i], errs[i], versions[i], attempts[i] = o.Tenant, o.State, o.Error, int32(o.Version), int32(o.Attempts)
+		tenants[i], states[i], errs[i], versions[i], attempts[i] = o.Tenant, string(o.State), o.Error, int32(o.Version), int32(o.Attempts)
 	}
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}

@@ -28,11 +28,25 @@ type Template struct {
 	CreatedAt time.Time `json:"created_at"`
 }
 
+// VersionState is where a template version is: template_versions.state.
+type VersionState string
+
 // States of a template version.
 const (
-	VersionBuilding = "building" // not yet built on every cluster
-	VersionReady    = "ready"    // built on every cluster: it is, or was, current
-	VersionFailed   = "failed"   // a build failed: never current, never the base of a push
+	VersionBuilding VersionState = "building" // not yet built on every cluster
+	VersionReady    VersionState = "ready"    // built on every cluster: it is, or was, current
+	VersionFailed   VersionState = "failed"   // a build failed: never current, never the base of a push
+)
+
+// BuildState is where a version's build on one cluster is:
+// template_builds.state.
+type BuildState string
+
+// States of a template build.
+const (
+	BuildBuilding BuildState = "building"
+	BuildReady    BuildState = "ready"
+	BuildFailed   BuildState = "failed"
 )
 
 // TemplateFile is one stored file of a version.
@@ -49,7 +63,7 @@ type TemplateVersion struct {
 	Template  string         `json:"template"`
 	Version   int            `json:"version"`
 	Checksum  string         `json:"checksum"`
-	State     string         `json:"state"`           // building, ready, failed
+	State     VersionState   `json:"state"`
 	Error     string         `json:"error,omitempty"` // why it failed: "cluster C: …"
 	CreatedAt time.Time      `json:"created_at"`
 	Files     []TemplateFile `json:"files,omitempty"`
@@ -57,15 +71,15 @@ type TemplateVersion struct {
 
 // TemplateBuild is a version materialised on a cluster.
 type TemplateBuild struct {
-	Template  string    `json:"template"`
-	Version   int       `json:"version"`
-	Cluster   string    `json:"cluster"`
-	State     string    `json:"state"` // building, ready, failed, retired
-	Database  string    `json:"database"`
-	Relations int       `json:"relations"`
-	SizeBytes int64     `json:"size_bytes"`
-	Error     string    `json:"error,omitempty"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Template  string     `json:"template"`
+	Version   int        `json:"version"`
+	Cluster   string     `json:"cluster"`
+	State     BuildState `json:"state"`
+	Database  string     `json:"database"`
+	Relations int        `json:"relations"`
+	SizeBytes int64      `json:"size_bytes"`
+	Error     string     `json:"error,omitempty"`
+	UpdatedAt time.Time  `json:"updated_at"`
 }
 
 // VersionChecksum is the checksum of a version: over its files' names and checksums, in order.
@@ -80,12 +94,12 @@ func VersionChecksum(files []TemplateFile) string {
 // lockTemplate reads a template's versions FOR UPDATE in tx, which
 // serialises pushes, deletes and the moves of its current version. The wait
 // is bounded: the lock is only ever held by short catalog transactions.
-func lockTemplate(ctx context.Context, tx pgx.Tx, name string) (Template, string, error) {
+func lockTemplate(ctx context.Context, tx pgx.Tx, name string) (Template, VersionState, error) {
 	if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout = '10s'`); err != nil {
 		return Template{}, "", err
 	}
 	var t Template
-	var latestState string
+	var latestState VersionState
 	err := tx.QueryRow(ctx, `SELECT name, current_version, deleting, created_at,
 			coalesce((SELECT max(version) FROM template_versions WHERE template = $1), 0),
 			coalesce((SELECT state FROM template_versions WHERE template = $1 ORDER BY version DESC LIMIT 1), '')
@@ -303,7 +317,7 @@ func upsertBuild(ctx context.Context, q Querier, b TemplateBuild) error {
 // version superseded by a later push never becomes current, even if a retry
 // of its build succeeds). It reports whether the version became current.
 func (s *Store) FinishBuild(ctx context.Context, b TemplateBuild) (current bool, err error) {
-	b.State = "ready"
+	b.State = BuildReady
 	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		t, _, err := lockTemplate(ctx, tx, b.Template)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -341,7 +355,7 @@ func (s *Store) FinishBuild(ctx context.Context, b TemplateBuild) (current bool,
 // ready: only its build on that cluster failed. A template that is gone has
 // nothing to record.
 func (s *Store) FailBuild(ctx context.Context, b TemplateBuild) error {
-	b.State = "failed"
+	b.State = BuildFailed
 	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		if _, _, err := lockTemplate(ctx, tx, b.Template); errors.Is(err, pgx.ErrNoRows) {
 			return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // Querier is a pool or a transaction, so that callers can group writes.
@@ -21,47 +22,50 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// TenantState is where a tenant (or a spare) is: tenants.state.
+type TenantState string
+
 // Tenant states.
 const (
-	StateBuilding     = "building"     // a spare being made
-	StateSpare        = "spare"        // ready, unclaimed, unusable
-	StateProvisioning = "provisioning" // a tenant made on the cold path
-	StateActive       = "active"
-	StateSuspended    = "suspended"
-	StateDropped      = "dropped" // soft-deleted, restorable until purge_after
-	StatePurging      = "purging"
-	StatePurged       = "purged" // gone from the cluster; the row and its events kept for drop.purged_retention
-	StateFailed       = "failed"
+	StateBuilding     TenantState = "building"     // a spare being made
+	StateSpare        TenantState = "spare"        // ready, unclaimed, unusable
+	StateProvisioning TenantState = "provisioning" // a tenant made on the cold path
+	StateActive       TenantState = "active"
+	StateSuspended    TenantState = "suspended"
+	StateDropped      TenantState = "dropped" // soft-deleted, restorable until purge_after
+	StatePurging      TenantState = "purging"
+	StatePurged       TenantState = "purged" // gone from the cluster; the row and its events kept for drop.purged_retention
+	StateFailed       TenantState = "failed"
 )
 
 // ListedStates are the states of tenants (not spares) that lists filter on.
-var ListedStates = []string{StateProvisioning, StateActive, StateSuspended, StateDropped, StatePurging, StatePurged, StateFailed}
+var ListedStates = []TenantState{StateProvisioning, StateActive, StateSuspended, StateDropped, StatePurging, StatePurged, StateFailed}
 
 // Tenant is one row of tenants (spares included).
 type Tenant struct {
-	ID         string `json:"id"`
-	Name       string `json:"name"`
-	ExternalID string `json:"external_id,omitempty"`
-	Mode       string `json:"mode"`
-	Cluster    string `json:"cluster"`
+	ID         string      `json:"id"`
+	Name       string      `json:"name"`
+	ExternalID string      `json:"external_id,omitempty"`
+	Mode       tenant.Mode `json:"mode"`
+	Cluster    string      `json:"cluster"`
 	// Front is the cluster whose pooler holds the tenant's entry (its DSN)
 	// when that is not its own cluster: a tenant moved keeps the front
 	// door it had. "" for every tenant that never moved.
-	Front      string     `json:"front,omitempty"`
-	Template   string     `json:"template"`
-	Version    int        `json:"version"`
-	Tier       string     `json:"tier"`
-	State      string     `json:"state"`
-	Database   string     `json:"database"`
-	CreatedAt  time.Time  `json:"created_at"`
-	UpdatedAt  time.Time  `json:"updated_at"`
-	ClaimedAt  *time.Time `json:"claimed_at,omitempty"` // asked for: claimed from the pool, or a cold create's request; nil for spares
-	DroppedAt  *time.Time `json:"dropped_at,omitempty"`
-	PurgeAfter *time.Time `json:"purge_after,omitempty"`
-	PurgedAt   *time.Time `json:"purged_at,omitempty"` // a purged tenant's tombstone only
+	Front      string      `json:"front,omitempty"`
+	Template   string      `json:"template"`
+	Version    int         `json:"version"`
+	Tier       string      `json:"tier"`
+	State      TenantState `json:"state"`
+	Database   string      `json:"database"`
+	CreatedAt  time.Time   `json:"created_at"`
+	UpdatedAt  time.Time   `json:"updated_at"`
+	ClaimedAt  *time.Time  `json:"claimed_at,omitempty"` // asked for: claimed from the pool, or a cold create's request; nil for spares
+	DroppedAt  *time.Time  `json:"dropped_at,omitempty"`
+	PurgeAfter *time.Time  `json:"purge_after,omitempty"`
+	PurgedAt   *time.Time  `json:"purged_at,omitempty"` // a purged tenant's tombstone only
 	// DroppedFrom is the state a dropped tenant had before its drop
 	// (active or suspended): what restore brings back.
-	DroppedFrom string `json:"dropped_from,omitempty"`
+	DroppedFrom TenantState `json:"dropped_from,omitempty"`
 }
 
 // IsSpare reports whether the row is a spare rather than a tenant: being
@@ -144,12 +148,12 @@ func (s *Store) TenantByExternalID(ctx context.Context, externalID string) (Tena
 // when State names them; retired spares being purged never are. State
 // purged lists the tombstones of purged tenants.
 type TenantFilter struct {
-	State   string
+	State   TenantState
 	Cluster string
 	// Front lists the tenants whose DSN goes through this cluster's pooler.
 	Front    string
 	Template string
-	Mode     string
+	Mode     tenant.Mode
 	Tier     string
 	// Search matches the id exactly, or part of the name or external id
 	// (case-insensitive; % and _ are literal).
@@ -186,7 +190,7 @@ func likeEscape(s string) string {
 // ClaimSpare locks the oldest ready spare of a pool in tx, or returns
 // ErrNotFound when the pool is empty. SKIP LOCKED lets concurrent claims take
 // different spares.
-func (s *Store) ClaimSpare(ctx context.Context, tx pgx.Tx, cluster, template string, version int, mode string) (Tenant, error) {
+func (s *Store) ClaimSpare(ctx context.Context, tx pgx.Tx, cluster, template string, version int, mode tenant.Mode) (Tenant, error) {
 	t, err := scanTenant(tx.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants
 		WHERE state = 'spare' AND cluster = $1 AND template = $2 AND version = $3 AND mode = $4
 		ORDER BY created_at LIMIT 1 FOR UPDATE SKIP LOCKED`, cluster, template, version, mode))
@@ -210,7 +214,7 @@ func (s *Store) ActivateTenant(ctx context.Context, q Querier, t Tenant) (Tenant
 
 // SetTenantState moves a tenant from one of the states in from to state. It
 // returns ErrConflict if the tenant is in none of them.
-func (s *Store) SetTenantState(ctx context.Context, q Querier, id, state string, from ...string) error {
+func (s *Store) SetTenantState(ctx context.Context, q Querier, id string, state TenantState, from ...TenantState) error {
 	tag, err := q.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now() WHERE id = $1 AND state = ANY($3)`, id, state, from)
 	if err != nil {
 		return err
@@ -237,7 +241,7 @@ func (s *Store) DropTenant(ctx context.Context, q Querier, id string, retention 
 // RestoreTenant brings a dropped tenant back to state (the one it was
 // dropped from), clearing its deletion clock. The caller holds the row
 // (LockTenant) and has checked its state.
-func (s *Store) RestoreTenant(ctx context.Context, q Querier, id, state string) error {
+func (s *Store) RestoreTenant(ctx context.Context, q Querier, id string, state TenantState) error {
 	_, err := q.Exec(ctx, `UPDATE tenants SET state = $2, updated_at = now(),
 		dropped_at = NULL, purge_after = NULL, dropped_from = NULL WHERE id = $1`, id, state)
 	return err
@@ -341,7 +345,7 @@ type PoolCount struct {
 }
 
 // CountPool counts a pool's spares: ready, being built, and being retired.
-func (s *Store) CountPool(ctx context.Context, q Querier, cluster, template string, version int, mode string) (PoolCount, error) {
+func (s *Store) CountPool(ctx context.Context, q Querier, cluster, template string, version int, mode tenant.Mode) (PoolCount, error) {
 	var c PoolCount
 	err := q.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'spare'), count(*) FILTER (WHERE state = 'building'),
 		count(*) FILTER (WHERE state = 'purging' AND claimed_at IS NULL)
@@ -352,7 +356,8 @@ func (s *Store) CountPool(ctx context.Context, q Querier, cluster, template stri
 
 // PoolKey names a pool: its cluster, template and mode (of any version).
 type PoolKey struct {
-	Cluster, Template, Mode string
+	Cluster, Template string
+	Mode              tenant.Mode
 }
 
 // PoolDemand is what a pool was asked for lately.
@@ -388,7 +393,7 @@ func (s *Store) PoolDemands(ctx context.Context, window, lookback time.Duration)
 
 // NewestSpare returns a pool's most recently built ready spare, or
 // ErrNotFound.
-func (s *Store) NewestSpare(ctx context.Context, cluster, template string, version int, mode string) (Tenant, error) {
+func (s *Store) NewestSpare(ctx context.Context, cluster, template string, version int, mode tenant.Mode) (Tenant, error) {
 	t, err := scanTenant(s.pool.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants
 		WHERE state = 'spare' AND cluster = $1 AND template = $2 AND version = $3 AND mode = $4
 		ORDER BY created_at DESC LIMIT 1`, cluster, template, version, mode))

@@ -114,6 +114,7 @@ func TestCLI_FiltersValidated(t *testing.T) {
 		{[]string{"tenant", "list", "--state", "bogus"}, "provisioning, active, suspended, dropped, purging, purged, failed"},
 		{[]string{"tenant", "list", "--mode", "bogus"}, "one of database, schema"},
 		{[]string{"job", "list", "--state", "bogus"}, "queued, running, waiting, paused, succeeded, failed, cancelled, active"},
+		{[]string{"job", "list", "--type", "tenant.bogus"}, "tenant.build, tenant.purge, tenant.move"},
 	} {
 		out, err := e.run(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -127,6 +128,9 @@ func TestCLI_FiltersValidated(t *testing.T) {
 	}
 	if _, err := c.Jobs(pgtest.Context(t), url.Values{"state": {"bogus"}}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "cancelled") {
 		t.Errorf("GET /v1/jobs?state=bogus: %v, want invalid naming the states", err)
+	}
+	if _, err := c.Jobs(pgtest.Context(t), url.Values{"type": {"bogus"}}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), "cluster.prewarm") {
+		t.Errorf("GET /v1/jobs?type=bogus: %v, want invalid naming the types", err)
 	}
 	if _, err := e.run(t, "template", "create", "saas", "--from", "../../examples/templates/saas", "--wait"); err != nil {
 		t.Fatal(err)

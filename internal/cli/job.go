@@ -18,7 +18,10 @@ func newJobCmd(g *globals) *cobra.Command {
 	list := &cobra.Command{
 		Use: "list", Short: "List jobs, newest first", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := oneOf("--state", state, jobs.FilterStates...); err != nil {
+			if err := oneOf("--state", jobs.State(state), jobs.FilterStates...); err != nil {
+				return err
+			}
+			if err := oneOf("--type", jobs.Type(typ), jobs.Types...); err != nil {
 				return err
 			}
 			c, err := g.client()
@@ -48,7 +51,7 @@ func newJobCmd(g *globals) *cobra.Command {
 		},
 	}
 	list.Flags().StringVar(&state, "state", "", "queued, running, waiting, paused, succeeded, failed, cancelled, or active (any unfinished)")
-	list.Flags().StringVar(&typ, "type", "", "job type, e.g. tenant.build, tenant.purge, template.build")
+	list.Flags().StringVar(&typ, "type", "", "job type: "+join(jobs.Types))
 	list.Flags().StringVar(&target, "target", "", "target as the TARGET column prints it (tenant:ID, template:NAME), or a bare id")
 	list.Flags().IntVar(&limit, "limit", 50, "at most this many")
 

@@ -37,9 +37,18 @@ func humanBytes(n int64) string { return config.ByteSize(n).Human() }
 
 // oneOf checks a filter flag: empty, or one of valid. The error names the
 // valid values (the daemon checks too; this answers without it).
-func oneOf(flag, v string, valid ...string) error {
+func oneOf[S ~string](flag string, v S, valid ...S) error {
 	if v == "" || slices.Contains(valid, v) {
 		return nil
 	}
-	return fmt.Errorf("%s %q: one of %s", flag, v, strings.Join(valid, ", "))
+	return fmt.Errorf("%s %q: one of %s", flag, v, join(valid))
+}
+
+// join lists values for a help text or an error: "a, b, c".
+func join[S ~string](values []S) string {
+	names := make([]string, len(values))
+	for i, s := range values {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ", ")
 }

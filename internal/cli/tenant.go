@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -17,6 +16,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 func newTenantCmd(g *globals) *cobra.Command {
@@ -87,7 +87,7 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 	}
 	f := create.Flags()
 	f.StringVar(&req.Template, "template", "", "template name (required)")
-	f.StringVar(&req.Mode, "mode", "", "database or schema (default: provision.default_mode, database)")
+	f.StringVar((*string)(&req.Mode), "mode", "", "database or schema (default: provision.default_mode, database)")
 	f.StringVar(&name, "name", "", "display name, kept in the catalog only")
 	f.StringVar(&req.ExternalID, "external-id", "", "your id for this tenant; makes retries idempotent")
 	f.StringVar(&req.Tier, "tier", "", "tier of limits from the config (default: default)")
@@ -99,10 +99,10 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 	list := &cobra.Command{
 		Use: "list", Short: "List tenants", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := oneOf("--state", q.state, catalog.ListedStates...); err != nil {
+			if err := oneOf("--state", catalog.TenantState(q.state), catalog.ListedStates...); err != nil {
 				return err
 			}
-			if err := oneOf("--mode", q.mode, "database", "schema"); err != nil {
+			if err := oneOf("--mode", tenant.Mode(q.mode), tenant.Modes...); err != nil {
 				return err
 			}
 			c, err := g.client()
@@ -133,7 +133,7 @@ window, 'pgtenant tenant password ID' gives the tenant a new one.`,
 		},
 	}
 	lf := list.Flags()
-	lf.StringVar(&q.state, "state", "", "only tenants in this state: "+strings.Join(catalog.ListedStates, ", ")+" (purged: remembered for drop.purged_retention)")
+	lf.StringVar(&q.state, "state", "", "only tenants in this state: "+join(catalog.ListedStates)+" (purged: remembered for drop.purged_retention)")
 	lf.StringVar(&q.cluster, "cluster", "", "only tenants on this cluster")
 	lf.StringVar(&q.template, "template", "", "only tenants of this template")
 	lf.StringVar(&q.mode, "mode", "", "only database or schema tenants")

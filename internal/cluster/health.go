@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/background"
 )
 
 // Health is one probe of a cluster's primary: what the pacer, the metrics
@@ -26,10 +28,14 @@ type Health struct {
 	MissingStandbys      int            `json:"missing_standbys,omitempty"` // configured standby DSNs without a replication connection
 }
 
+// StandbyDown is the State of a standby of which only its replication slot
+// is left (PostgreSQL's own states are those of pg_stat_replication).
+const StandbyDown = "down"
+
 // StandbyState is one standby as the primary sees it.
 type StandbyState struct {
 	Name             string  `json:"name"`  // application_name, or the slot of a standby that is down
-	State            string  `json:"state"` // streaming, catchup, startup, backup, stopping; "down" if only its slot is left
+	State            string  `json:"state"` // streaming, catchup, startup, backup, stopping; StandbyDown if only its slot is left
 	ClientAddr       string  `json:"client_addr,omitempty"`
 	Slot             string  `json:"slot,omitempty"`
 	ReplayLagBytes   int64   `json:"replay_lag_bytes"`
@@ -40,7 +46,7 @@ type StandbyState struct {
 // whether any standby is down.
 func (h Health) MaxReplayLag() (bytes int64, anyDown bool) {
 	for _, s := range h.Standbys {
-		if s.State == "down" {
+		if s.State == StandbyDown {
 			anyDown = true
 			continue
 		}
@@ -113,7 +119,7 @@ func (c *Cluster) Probe(ctx context.Context) (Health, error) {
 		}
 		up := 0
 		for _, s := range h.Standbys {
-			if s.State != "down" {
+			if s.State != StandbyDown {
 				up++
 			}
 		}
@@ -148,11 +154,9 @@ type Monitor struct {
 
 // Run probes until ctx is done.
 func (m *Monitor) Run(ctx context.Context) error {
-	t := time.NewTicker(m.Interval)
-	defer t.Stop()
 	down := map[string]*Outage{}
 	log := m.Logger.With("component", "monitor")
-	for {
+	background.Every(ctx, m.Interval, func(ctx context.Context) {
 		for _, c := range m.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, m.Interval)
 			_, err := c.Probe(pctx)
@@ -165,10 +169,6 @@ func (m *Monitor) Run(ctx context.Context) error {
 			}
 			down[c.Name()].Report(log, err, "cluster", c.Name())
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }

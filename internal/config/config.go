@@ -318,7 +318,7 @@ func (t Tier) Pooling() (mode string, poolSize, maxDBConnections int) {
 // PoolConfig keeps Size spares of a template's current version.
 type PoolConfig struct {
 	Template string `yaml:"template"`
-	Mode     string `yaml:"mode"`    // database or schema
+	Mode     string `yaml:"mode"`    // database or schema: a tenant.Mode (tenant imports config, for tiers)
 	Cluster  string `yaml:"cluster"` // empty: every cluster
 	Size     int    `yaml:"size"`
 }
@@ -332,7 +332,8 @@ type ProvisionConfig struct {
 	WALLogMaxSize ByteSize `yaml:"wal_log_max_size"`
 	// DefaultPoolSize is the spare count for pools not listed in Pools.
 	DefaultPoolSize int `yaml:"default_pool_size"`
-	// DefaultMode is the tenant mode when a create request names none.
+	// DefaultMode is the tenant mode when a create request names none: a
+	// tenant.Mode, kept a string as Pools[].Mode is.
 	DefaultMode string `yaml:"default_mode"`
 	// ColdWait bounds how long a create waits for a cold build before it
 	// answers 202 with the job to poll.

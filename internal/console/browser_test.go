@@ -112,7 +112,7 @@ func waitText(t *testing.T, ctx context.Context, sel, want string) {
 
 func catalogFailed(state string) bool {
 	s := strings.TrimSpace(state)
-	return s == catalog.RolloutFailed || s == catalog.RolloutCancelled
+	return s == string(catalog.RolloutFailed) || s == string(catalog.RolloutCancelled)
 }
 
 // TestBrowser_OperatorFlows drives the console in headless Chromium against
@@ -159,13 +159,13 @@ func TestBrowser_OperatorFlows(t *testing.T) {
 	}
 
 	run("open its page", chromedp.Click(link), chromedp.WaitVisible(css(`#state`)))
-	if state := text("#state"); state != catalog.StateActive {
+	if state := text("#state"); state != string(catalog.StateActive) {
 		t.Fatalf("tenant page state %q, want active", state)
 	}
 
 	for _, step := range []struct{ action, want, flash string }{
-		{"suspend", catalog.StateSuspended, "Suspended."},
-		{"resume", catalog.StateActive, "Resumed."},
+		{"suspend", string(catalog.StateSuspended), "Suspended."},
+		{"resume", string(catalog.StateActive), "Resumed."},
 	} {
 		run(step.action, chromedp.Click(css(`#action-`+step.action)), chromedp.WaitVisible(css(`#confirm`)))
 		title := text("h2")
@@ -177,7 +177,7 @@ func TestBrowser_OperatorFlows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tn.State != step.want {
+		if string(tn.State) != step.want {
 			t.Errorf("after %s in the console the API says %s, want %s", step.action, tn.State, step.want)
 		}
 	}
@@ -199,11 +199,11 @@ func TestBrowser_OperatorFlows(t *testing.T) {
 	if err != nil || !strings.Contains(at, "/rollouts/") {
 		t.Fatalf("after starting the rollout the browser is at %s (%v)", at, err)
 	}
-	waitText(t, ctx, "#state", catalog.RolloutPaused)
+	waitText(t, ctx, "#state", string(catalog.RolloutPaused))
 	run("continue it", chromedp.Click(css(`#action-continue`)),
 		chromedp.WaitVisible(css(`#confirm`)), chromedp.Click(css(`#confirm`)),
 		chromedp.WaitVisible(css(`#flash`)))
-	waitText(t, ctx, "#state", catalog.RolloutSucceeded)
+	waitText(t, ctx, "#state", string(catalog.RolloutSucceeded))
 	tenants := text("#rollout-tenants")
 	for _, id := range []string{f.acme.ID, f.globex.ID} {
 		if !strings.Contains(tenants, id) {

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
@@ -147,16 +148,8 @@ const (
 // It reads the last probe (no query to the clusters) and the catalog's
 // waiting jobs (one query).
 func (c *Console) Run(ctx context.Context) error {
-	t := time.NewTicker(historyEvery)
-	defer t.Stop()
-	for {
-		c.sample(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	background.Every(ctx, historyEvery, c.sample)
+	return nil
 }
 
 func (c *Console) sample(ctx context.Context) {

@@ -212,7 +212,7 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 			t.Errorf("%s: status %d, want 403", tc.name, status)
 		}
 	}
-	state := func(id string) string {
+	state := func(id string) catalog.TenantState {
 		t.Helper()
 		tn, err := f.c.Tenant(ctx, id)
 		if err != nil {
@@ -224,7 +224,8 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 		t.Fatalf("refused posts left the tenant %s", got)
 	}
 	for _, step := range []struct {
-		tenant, action, want string // want "": refused by the API, with its status and message
+		tenant, action string
+		want           catalog.TenantState // "": refused by the API, with its status and message
 	}{
 		{f.acme.ID, "suspend", catalog.StateSuspended},
 		{f.acme.ID, "restore", catalog.StateSuspended}, // not dropped: a no-op (retries are idempotent)
@@ -287,7 +288,7 @@ func TestConsole_RolloutErrorsAndRetry(t *testing.T) {
 		t.Fatalf("start rollout: %v", err)
 	}
 	id := started.Rollout.ID
-	waitRollout := func(want string) {
+	waitRollout := func(want catalog.RolloutState) {
 		t.Helper()
 		for {
 			st, err := f.c.Rollout(ctx, id, nil)

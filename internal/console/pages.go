@@ -5,6 +5,7 @@ import (
 	"html/template"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // pageSize is the tenants on one page of the list unless ?per= (up to
@@ -146,7 +148,7 @@ func (c *Console) tenants(w http.ResponseWriter, r *http.Request, v view) error 
 	}
 	v["Tenants"], v["Filters"], v["Templates"], v["ClusterNames"] = ts, filters, tpls, cls
 	v["States"] = catalog.ListedStates
-	v["Modes"] = []string{"database", "schema"}
+	v["Modes"] = tenant.Modes
 	c.render(w, http.StatusOK, "tenants.html", v)
 	return nil
 }
@@ -164,14 +166,14 @@ func withValues(q url.Values, k, val string) string {
 // confirmation says, and the states they apply to.
 var tenantActions = map[string]struct {
 	Title, Says string
-	From        []string
+	From        []catalog.TenantState
 }{
-	"suspend":  {"Suspend", "No one can log in as the tenant and its sessions are ended on every node, until it is resumed.", []string{catalog.StateActive}},
-	"resume":   {"Resume", "The tenant can log in again; its hot set is prewarmed.", []string{catalog.StateSuspended}},
-	"drop":     {"Drop", "The tenant can no longer log in; it is kept, restorable, for the drop retention, then purged.", []string{catalog.StateActive, catalog.StateSuspended}},
-	"restore":  {"Restore", "The dropped tenant comes back as it was.", []string{catalog.StateDropped}},
-	"purge":    {"Purge now", "The tenant is dropped (if it is not yet) and its database or schema is destroyed now: this cannot be undone.", []string{catalog.StateActive, catalog.StateSuspended, catalog.StateDropped}},
-	"password": {"Rotate password", "The tenant gets a new password, shown once on the next page; the old one stops working and its open sessions are ended.", []string{catalog.StateActive, catalog.StateSuspended}},
+	"suspend":  {"Suspend", "No one can log in as the tenant and its sessions are ended on every node, until it is resumed.", []catalog.TenantState{catalog.StateActive}},
+	"resume":   {"Resume", "The tenant can log in again; its hot set is prewarmed.", []catalog.TenantState{catalog.StateSuspended}},
+	"drop":     {"Drop", "The tenant can no longer log in; it is kept, restorable, for the drop retention, then purged.", []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}},
+	"restore":  {"Restore", "The dropped tenant comes back as it was.", []catalog.TenantState{catalog.StateDropped}},
+	"purge":    {"Purge now", "The tenant is dropped (if it is not yet) and its database or schema is destroyed now: this cannot be undone.", []catalog.TenantState{catalog.StateActive, catalog.StateSuspended, catalog.StateDropped}},
+	"password": {"Rotate password", "The tenant gets a new password, shown once on the next page; the old one stops working and its open sessions are ended.", []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}},
 }
 
 // actionOrder is the order of the buttons on a tenant page.
@@ -197,7 +199,7 @@ func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
 	}
 	var links []actionLink
 	for _, name := range actionOrder {
-		if a := tenantActions[name]; contains(a.From, t.State) {
+		if a := tenantActions[name]; slices.Contains(a.From, t.State) {
 			links = append(links, actionLink{name, a.Title})
 		}
 	}
@@ -220,15 +222,6 @@ var doneMessages = map[string]string{
 	"suspend": "Suspended.", "resume": "Resumed.", "drop": "Dropped: restorable until its purge.",
 	"restore": "Restored.", "purge": "Purge started.", "continue": "The rollout goes on.", "retry": "Failed tenants queued again.",
 	"cancel-job": "Cancel asked: the job stops at its next step.", "retry-job": "The job is queued again.",
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // confirmTenant is the confirmation page of a tenant action (GET); its
@@ -308,7 +301,7 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request, v view) error {
 		}
 	}
 	v["Jobs"], v["Filters"] = js, q
-	v["States"] = []string{"active", jobs.Queued, jobs.Running, jobs.Waiting, jobs.Paused, jobs.Succeeded, jobs.Failed, jobs.Cancelled}
+	v["States"] = []jobs.State{jobs.Active, jobs.Queued, jobs.Running, jobs.Waiting, jobs.Paused, jobs.Succeeded, jobs.Failed, jobs.Cancelled}
 	c.render(w, http.StatusOK, "jobs.html", v)
 	return nil
 }
@@ -464,7 +457,7 @@ func (c *Console) rollouts(w http.ResponseWriter, r *http.Request, v view) error
 	return nil
 }
 
-func rolloutRunning(state string) bool {
+func rolloutRunning(state catalog.RolloutState) bool {
 	return state == catalog.RolloutQueued || state == catalog.RolloutBuilding || state == catalog.RolloutMigrating
 }
 
@@ -538,7 +531,7 @@ func (c *Console) clusters(w http.ResponseWriter, r *http.Request, v view) error
 	if err != nil {
 		return err
 	}
-	waiting, err := c.client().Jobs(r.Context(), url.Values{"state": {jobs.Waiting}, "limit": {"100"}})
+	waiting, err := c.client().Jobs(r.Context(), url.Values{"state": {string(jobs.Waiting)}, "limit": {"100"}})
 	if err != nil {
 		return err
 	}

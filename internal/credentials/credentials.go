@@ -16,6 +16,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/pooler"
@@ -130,7 +131,7 @@ func (s *Service) SweepInterval() time.Duration {
 // Run sweeps every SweepInterval until ctx is done.
 func (s *Service) Run(ctx context.Context) error {
 	log := s.Logger.With("component", "credentials")
-	for {
+	background.Every(ctx, s.SweepInterval(), func(ctx context.Context) {
 		n, err := s.Sweep(ctx)
 		if err != nil && ctx.Err() == nil {
 			log.Warn("sweep of expired passwords failed", "err", err)
@@ -138,10 +139,6 @@ func (s *Service) Run(ctx context.Context) error {
 		if n > 0 {
 			log.Debug("deleted kept passwords whose retry window ended", "passwords", n)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(s.SweepInterval()):
-		}
-	}
+	})
+	return nil
 }

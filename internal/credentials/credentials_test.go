@@ -32,6 +32,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -484,7 +485,7 @@ func TestRotate_OldRefusedNewAccepted(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			ctx := pgtest.Context(t)
 			f.waitSpare(mode)
-			req := provision.Request{Template: "tiny", Mode: mode, ExternalID: "rot-" + mode}
+			req := provision.Request{Template: "tiny", Mode: tenant.Mode(mode), ExternalID: "rot-" + mode}
 			created, err := c.CreateTenant(ctx, req)
 			if err != nil {
 				t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -171,16 +172,16 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
 	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg.Drop, Logger: log, Poolers: d.poolers}
 	tpl.Spares = pur // a template's delete purges its spares
-	d.runner.Register(templates.BuildJob, tpl.BuildHandler())
-	d.runner.Register(templates.DeleteJob, tpl.DeleteHandler())
-	d.runner.Register(provision.BuildJob, prov.BuildHandler())
-	d.runner.Register(purge.Job, pur.Handler())
+	d.runner.Register(jobs.TemplateBuild, tpl.BuildHandler())
+	d.runner.Register(jobs.TemplateDelete, tpl.DeleteHandler())
+	d.runner.Register(jobs.TenantBuild, prov.BuildHandler())
+	d.runner.Register(jobs.TenantPurge, pur.Handler())
 	d.retain = &purge.Retention{S: pur, Interval: cfg.Drop.CheckInterval.D()}
 	mig := &migrate.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Migrate: cfg.Migrate,
 		Provision: cfg.Provision, Logger: log, Pool: d.pool}
-	d.runner.Register(migrate.Job, mig.Handler())
+	d.runner.Register(jobs.Rollout, mig.Handler())
 	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Prewarm: cfg.Prewarm, Tiers: cfg.Tiers, Logger: log}
-	d.runner.Register(prewarm.Job, warm.Handler())
+	d.runner.Register(jobs.Prewarm, warm.Handler())
 	d.watcher = &prewarm.Watcher{S: warm}
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
@@ -195,10 +196,10 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(analytics.NewCollector(d.analytics))
 
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
-	d.runner.Register(move.Job, mov.Handler())
+	d.runner.Register(jobs.TenantMove, mov.Handler())
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg, Logger: log}
-	d.runner.Register(placement.DrainJob, plc.DrainHandler())
-	d.runner.Register(placement.RebalanceJob, plc.RebalanceHandler())
+	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
+	d.runner.Register(jobs.Rebalance, plc.RebalanceHandler())
 	reg.MustRegister(placement.NewCollector(plc))
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
@@ -383,16 +384,13 @@ type syncClusters struct{ d *Daemon }
 
 func (s syncClusters) Run(ctx context.Context) error {
 	down := cluster.Outage{What: "read the clusters from the catalog"}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(clusterSyncInterval):
-		}
+	// The first load is registerClusters's, at start.
+	background.EveryAfter(ctx, clusterSyncInterval, func(ctx context.Context) {
 		if err := s.d.loadClusters(ctx); ctx.Err() == nil {
 			down.Report(s.d.log, err)
 		}
-	}
+	})
+	return nil
 }
 
 // Addr is the address the API listens on.

@@ -30,8 +30,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pooler"
-	"github.com/pgtenant/pgtenant/internal/provision"
-	"github.com/pgtenant/pgtenant/internal/purge"
 )
 
 // Doctor examines clusters.
@@ -125,7 +123,7 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		}
 	}
 	for _, s := range info.Standbys {
-		if s.State != "down" {
+		if s.State != cluster.StandbyDown {
 			f.Streaming++
 		}
 	}
@@ -153,10 +151,10 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		return f, err
 	}
 	day := time.Now().Add(-24 * time.Hour)
-	if f.BuildsDay, err = jobs.SucceededSince(ctx, d.Store.Pool(), cl.Name(), provision.BuildJob, day); err != nil {
+	if f.BuildsDay, err = jobs.SucceededSince(ctx, d.Store.Pool(), cl.Name(), jobs.TenantBuild, day); err != nil {
 		return f, err
 	}
-	if f.PurgesDay, err = jobs.SucceededSince(ctx, d.Store.Pool(), cl.Name(), purge.Job, day); err != nil {
+	if f.PurgesDay, err = jobs.SucceededSince(ctx, d.Store.Pool(), cl.Name(), jobs.TenantPurge, day); err != nil {
 		return f, err
 	}
 	if f.Spares, err = d.Store.SpareCounts(ctx, cl.Name()); err != nil {

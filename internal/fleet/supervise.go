@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/background"
 )
 
 // Outcomes of a RestartEvent.
@@ -85,17 +87,8 @@ type nodeWatch struct {
 }
 
 func (s *Supervisor) watch(ctx context.Context, log *slog.Logger, n Node) {
-	t := time.NewTicker(cmp.Or(s.Interval, 2*time.Second))
-	defer t.Stop()
 	var w nodeWatch
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		s.check(ctx, log, n, &w)
-	}
+	background.EveryAfter(ctx, cmp.Or(s.Interval, 2*time.Second), func(ctx context.Context) { s.check(ctx, log, n, &w) })
 }
 
 func (s *Supervisor) check(ctx context.Context, log *slog.Logger, n Node, w *nodeWatch) {

@@ -26,6 +26,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -103,7 +104,7 @@ func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgt
 }
 
 // waitJob waits for a job to end and wants it in state want.
-func waitJob(t *testing.T, c *api.Client, id int64, want string) jobs.Job {
+func waitJob(t *testing.T, c *api.Client, id int64, want jobs.State) jobs.Job {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(pgtest.Context(t), 2*time.Minute)
 	defer cancel()
@@ -126,7 +127,7 @@ type login struct {
 
 func (e *env) tenant(t *testing.T, mode, tier string) login {
 	t.Helper()
-	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: mode, Tier: tier})
+	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tier})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func tenantOutcome(st migrate.Status, id string) catalog.RolloutTenant {
 }
 
 // purge drops a tenant at once and waits for its purge job to end in want.
-func (e *env) purge(t *testing.T, id, want string) jobs.Job {
+func (e *env) purge(t *testing.T, id string, want jobs.State) jobs.Job {
 	t.Helper()
 	r, err := e.c.DropTenant(pgtest.Context(t), id, true)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // TestFinding12_MoveRunsNoTenantCodeWithPrivilege: a tenant moved to
@@ -36,7 +37,7 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
 			// On local: placement would put the second on local2.
-			r, err := e.c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: hostileTier, Cluster: "local"})
+			r, err := e.c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: hostileTier, Cluster: "local"})
 			if err != nil {
 				t.Fatal(err)
 			}

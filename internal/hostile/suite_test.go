@@ -18,7 +18,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
-	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -341,7 +340,7 @@ INSERT INTO organizations (name, slug) VALUES ('seeded by round %[1]d', 'seed-%[
 
 // prewarmJobs lists the prewarm jobs, newest first.
 func prewarmJobs(ctx context.Context, e *env) ([]jobs.Job, error) {
-	return e.c.Jobs(ctx, url.Values{"type": {prewarm.Job}, "limit": {"100"}})
+	return e.c.Jobs(ctx, url.Values{"type": {string(jobs.Prewarm)}, "limit": {"100"}})
 }
 
 // resetStatements empties pg_stat_statements, so that what it shows is

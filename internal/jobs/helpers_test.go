@@ -92,7 +92,7 @@ func (h *harness) startDaemon(t *testing.T, workers int, handlers func(owner str
 	cfg.Workers = workers
 	r := jobs.NewRunner(store.Pool(), cfg, pacer, logger, nil)
 	for typ, hd := range handlers(r.Owner()) {
-		r.Register(typ, hd)
+		r.Register(jobs.Type(typ), hd)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -212,9 +212,9 @@ func (h *harness) waitJob(t *testing.T, id int64, what string, cond func(jobs.Jo
 }
 
 // waitState waits until the job is in state.
-func (h *harness) waitState(t *testing.T, id int64, state string) jobs.Job {
+func (h *harness) waitState(t *testing.T, id int64, state jobs.State) jobs.Job {
 	t.Helper()
-	return h.waitJob(t, id, state, func(j jobs.Job) bool { return j.State == state })
+	return h.waitJob(t, id, string(state), func(j jobs.Job) bool { return j.State == state })
 }
 
 // waitFinished waits until the job is finished, whatever the outcome.

@@ -22,37 +22,41 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 )
 
+// State is where a job is: the catalog's jobs.state.
+type State string
+
 // Job states.
 const (
-	Queued    = "queued"
-	Running   = "running"
-	Waiting   = "waiting" // running, held by the pacer
-	Paused    = "paused"  // waits for an operator (e.g. a canary rollout)
-	Succeeded = "succeeded"
-	Failed    = "failed"
-	Cancelled = "cancelled"
+	Queued    State = "queued"
+	Running   State = "running"
+	Waiting   State = "waiting" // running, held by the pacer
+	Paused    State = "paused"  // waits for an operator (e.g. a canary rollout)
+	Succeeded State = "succeeded"
+	Failed    State = "failed"
+	Cancelled State = "cancelled"
 )
 
-// Active is the filter of List for every unfinished state.
-const Active = "active"
+// Active is the filter of List for every unfinished state: not a state
+// of a job.
+const Active State = "active"
 
 // FilterStates are the states List filters on: every state, and Active.
-var FilterStates = []string{Queued, Running, Waiting, Paused, Succeeded, Failed, Cancelled, Active}
+var FilterStates = []State{Queued, Running, Waiting, Paused, Succeeded, Failed, Cancelled, Active}
 
 // Finished reports whether a state is final.
-func Finished(state string) bool { return state == Succeeded || state == Failed || state == Cancelled }
+func Finished(state State) bool { return state == Succeeded || state == Failed || state == Cancelled }
 
 // Job is one row of the jobs table.
 type Job struct {
 	ID              int64           `json:"id"`
-	Type            string          `json:"type"`
+	Type            Type            `json:"type"`
 	Key             string          `json:"key,omitempty"`
 	TargetKind      string          `json:"target_kind,omitempty"`
 	Target          string          `json:"target,omitempty"`
 	Cluster         string          `json:"cluster,omitempty"`
 	Args            json.RawMessage `json:"args"`
 	Data            json.RawMessage `json:"-"`
-	State           string          `json:"state"`
+	State           State           `json:"state"`
 	Attempts        int             `json:"attempts"`
 	MaxAttempts     int             `json:"max_attempts"`
 	RunAfter        time.Time       `json:"run_after"`
@@ -90,7 +94,7 @@ func (j *Job) DecodeArgs(v any) error {
 
 // Spec describes a job to enqueue.
 type Spec struct {
-	Type        string
+	Type        Type
 	Key         string // optional: at most one unfinished job per key
 	TargetKind  string // tenant, template, cluster, rollout …
 	Target      string
@@ -197,8 +201,8 @@ func Get(ctx context.Context, q Querier, id int64) (Job, error) {
 
 // Filter narrows List.
 type Filter struct {
-	State      string // one state, or "active" for queued/running/waiting/paused
-	Type       string
+	State      State // one state, or Active for queued/running/waiting/paused
+	Type       Type
 	TargetKind string
 	Target     string
 	Limit      int
@@ -305,7 +309,7 @@ func IsPermanent(err error) bool {
 
 // Busy reports whether a job of a type on a cluster is queued, running or
 // waiting (paused ones do not count: they wait for an operator).
-func Busy(ctx context.Context, q Querier, typ, cluster string) (bool, error) {
+func Busy(ctx context.Context, q Querier, typ Type, cluster string) (bool, error) {
 	var busy bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND cluster = $2
 		AND state IN ('queued', 'running', 'waiting'))`, typ, cluster).Scan(&busy)
@@ -314,7 +318,7 @@ func Busy(ctx context.Context, q Querier, typ, cluster string) (bool, error) {
 
 // Unfinished reports whether a job of a type on a target is queued,
 // running, waiting or paused.
-func Unfinished(ctx context.Context, q Querier, typ, target string) (bool, error) {
+func Unfinished(ctx context.Context, q Querier, typ Type, target string) (bool, error) {
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND target = $2
 		AND state IN ('queued', 'running', 'waiting', 'paused'))`, typ, target).Scan(&ok)
@@ -323,7 +327,7 @@ func Unfinished(ctx context.Context, q Querier, typ, target string) (bool, error
 
 // SucceededSince counts the jobs of a type that succeeded on a cluster
 // since a time.
-func SucceededSince(ctx context.Context, q Querier, cluster, typ string, since time.Time) (int, error) {
+func SucceededSince(ctx context.Context, q Querier, cluster string, typ Type, since time.Time) (int, error) {
 	var n int
 	err := q.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE cluster = $1 AND type = $2 AND state = 'succeeded'
 		AND finished_at >= $3`, cluster, typ, since).Scan(&n)
@@ -333,15 +337,16 @@ func SucceededSince(ctx context.Context, q Querier, cluster, typ string, since t
 // TargetJobs is what the jobs table holds of one target: whether one of
 // its jobs is unfinished, and its newest job of one type.
 type TargetJobs struct {
-	Active               bool
-	Last                 int64 // id of the newest job of the type; 0 if none
-	LastState, LastError string
+	Active    bool
+	Last      int64 // id of the newest job of the type; 0 if none
+	LastState State
+	LastError string
 }
 
 // Targets summarises the jobs of every target (jobs without a target left
 // out), the newest job of type typ included: reconcile tells by it what
 // pgtenant ever had a job for.
-func Targets(ctx context.Context, q Querier, typ string) (map[string]TargetJobs, error) {
+func Targets(ctx context.Context, q Querier, typ Type) (map[string]TargetJobs, error) {
 	rows, err := q.Query(ctx, `SELECT target, bool_or(state IN ('queued', 'running', 'waiting', 'paused')),
 		       coalesce((array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1], 0),
 		       coalesce((array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1], ''),

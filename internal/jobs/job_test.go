@@ -12,7 +12,7 @@ import (
 func TestQueries_BusyUnfinishedSucceededTargets(t *testing.T) {
 	h := newHarness(t)
 	ctx := testCtx(t)
-	set := func(id int64, state, lastError string) {
+	set := func(id int64, state jobs.State, lastError string) {
 		t.Helper()
 		if _, err := h.pool.Exec(ctx, `UPDATE jobs SET state = $2, last_error = $3,
 			finished_at = CASE WHEN $2 IN ('succeeded', 'failed', 'cancelled') THEN now() END WHERE id = $1`, id, state, lastError); err != nil {
@@ -21,7 +21,7 @@ func TestQueries_BusyUnfinishedSucceededTargets(t *testing.T) {
 	}
 	a := h.enqueue(t, jobs.Spec{Type: "warm", Cluster: "c1", TargetKind: "tenant", Target: "t1"})
 	for _, tc := range []struct {
-		state                string
+		state                jobs.State
 		busy, unfinished     bool
 		succeededSinceBefore int
 	}{

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 )
@@ -51,7 +52,7 @@ type Runner struct {
 	owner    string
 	log      *slog.Logger
 	pacer    *Pacer
-	handlers map[string]Handler
+	handlers map[Type]Handler
 	poke     chan struct{}
 	claims   atomic.Int64 // numbers this runner's leases
 	ends     jobEnds      // wakes waiters when this daemon's workers end a job
@@ -76,7 +77,7 @@ func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	r := &Runner{
-		pool: pool, cfg: cfg, pacer: pacer, handlers: map[string]Handler{},
+		pool: pool, cfg: cfg, pacer: pacer, handlers: map[Type]Handler{},
 		owner: fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b)),
 		log:   logger.With("component", "jobs"),
 		poke:  make(chan struct{}, 1),
@@ -99,7 +100,7 @@ func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *
 func (r *Runner) Owner() string { return r.owner }
 
 // Register adds the handler of a job type. Call before Run.
-func (r *Runner) Register(typ string, h Handler) { r.handlers[typ] = h }
+func (r *Runner) Register(typ Type, h Handler) { r.handlers[typ] = h }
 
 // Enqueue inserts a job (in q, which may be a transaction) and wakes a worker.
 func (r *Runner) Enqueue(ctx context.Context, q Querier, s Spec) (Job, error) {
@@ -212,7 +213,7 @@ func (e *jobEnds) ended(id int64) {
 func (r *Runner) Run(ctx context.Context) error {
 	types := make([]string, 0, len(r.handlers))
 	for t := range r.handlers {
-		types = append(types, t)
+		types = append(types, string(t))
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	down := cluster.Outage{What: "claim jobs"}
@@ -370,7 +371,7 @@ func (r *Runner) runSteps(ctx context.Context, run *Run, log *slog.Logger) error
 		if err := r.recordStep(ctx, run, st.Name, start); err != nil {
 			return err
 		}
-		r.stepTime.WithLabelValues(run.Job.Type, st.Name).Observe(time.Since(start).Seconds())
+		r.stepTime.WithLabelValues(string(run.Job.Type), st.Name).Observe(time.Since(start).Seconds())
 		log.Debug("step done", "step", st.Name, "took", time.Since(start))
 	}
 	return nil
@@ -400,21 +401,16 @@ func (r *Runner) recordStep(ctx context.Context, run *Run, step string, start ti
 // cancels the steps (cancel) when a cancel is requested, and goes on renewing
 // while the job is cleaned up; it stops when the lease is lost.
 func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id int64, lease string) {
-	t := time.NewTicker(r.cfg.Lease.D() / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	ctx, lost := context.WithCancel(ctx)
+	defer lost()
+	background.EveryAfter(ctx, r.cfg.Lease.D()/3, func(ctx context.Context) {
 		var cancelReq bool
 		err := r.pool.QueryRow(ctx, `UPDATE jobs SET lease_expires = now() + make_interval(secs => $3)
 			WHERE id = $1 AND lease_owner = $2 RETURNING cancel_requested`, id, lease, r.cfg.Lease.D().Seconds()).Scan(&cancelReq)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			cancel(errLeaseLost)
-			return
+			lost() // no more renewals
 		case err != nil:
 			if ctx.Err() == nil {
 				r.log.Warn("lease renewal failed", "job", id, "err", err)
@@ -422,10 +418,10 @@ func (r *Runner) renew(ctx context.Context, cancel context.CancelCauseFunc, id i
 		case cancelReq:
 			cancel(errCancelRequested)
 		}
-	}
+	})
 }
 
-func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
+func (r *Runner) finish(ctx context.Context, run *Run, state State, msg string) {
 	ctx = context.WithoutCancel(ctx)
 	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = $3, finished_at = now(), updated_at = now(),
 		lease_owner = NULL, lease_expires = NULL,
@@ -436,7 +432,7 @@ func (r *Runner) finish(ctx context.Context, run *Run, state, msg string) {
 		r.log.Error("record job end", "job", run.Job.ID, "state", state, "err", err)
 	}
 	r.ends.ended(run.Job.ID)
-	r.finished.WithLabelValues(run.Job.Type, state).Inc()
+	r.finished.WithLabelValues(string(run.Job.Type), string(state)).Inc()
 }
 
 // failed counts the attempt and either schedules a retry with backoff or
@@ -601,7 +597,7 @@ func (r *Run) pace(ctx context.Context, acquire func(report func(string)) (func(
 	return release, err
 }
 
-func (r *Run) setState(ctx context.Context, state, msg string) {
+func (r *Run) setState(ctx context.Context, state State, msg string) {
 	_, err := r.runner.pool.Exec(ctx, `UPDATE jobs SET state = $3, progress_msg = $4, updated_at = now()
 		WHERE id = $1 AND lease_owner = $2`, r.Job.ID, r.lease, state, msg)
 	if err != nil && ctx.Err() == nil {

@@ -10,9 +10,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // QuotaChecker is told, after each pass over a cluster, the storage usage
@@ -24,7 +26,7 @@ type QuotaChecker interface {
 // Usage is one tenant's last known size with its tier and quota state.
 type Usage struct {
 	Tenant     string
-	Mode       string
+	Mode       tenant.Mode
 	Database   string
 	Tier       string
 	SizeBytes  int64
@@ -106,8 +108,8 @@ func (a counters) sub(b counters) counters {
 // autovacuum_naptime and its catalog scans and transactions count in
 // pg_stat_database (and its vacuums in the table I/O counters): that
 // background must neither rank a tenant as active nor write history.
-func clientActivity(mode string, d counters) bool {
-	if mode == "database" {
+func clientActivity(mode tenant.Mode, d counters) bool {
+	if mode == tenant.ModeDatabase {
 		return d.Sessions > 0 || d.ActiveMicros > 0 || d.RowsWritten > 0
 	}
 	return d.RowsRead > 0 || d.RowsWritten > 0
@@ -155,30 +157,30 @@ func (c Connections) Total() int { return c.Active + c.Idle + c.IdleInTransactio
 // tenant's mode (PostgreSQL keeps transactions, temp files and deadlocks per
 // database, not per schema) or is not known yet.
 type Figures struct {
-	Tenant            string      `json:"tenant"`
-	Cluster           string      `json:"cluster"`
-	Mode              string      `json:"mode"`
-	State             string      `json:"state"`
-	At                time.Time   `json:"at"` // the pass that measured it
-	SizeBytes         *int64      `json:"size_bytes,omitempty"`
-	SizeAt            *time.Time  `json:"size_at,omitempty"`
-	Connections       Connections `json:"connections"`
-	CommitsPerSec     *float64    `json:"commits_per_sec,omitempty"`
-	RollbacksPerSec   *float64    `json:"rollbacks_per_sec,omitempty"`
-	RowsReadPerSec    float64     `json:"rows_read_per_sec"`
-	RowsWrittenPerSec float64     `json:"rows_written_per_sec"`
-	Commits           *int64      `json:"commits,omitempty"`
-	Rollbacks         *int64      `json:"rollbacks,omitempty"`
-	RowsRead          int64       `json:"rows_read"`
-	RowsWritten       int64       `json:"rows_written"`
-	BlocksHit         int64       `json:"blocks_hit"`
-	BlocksRead        int64       `json:"blocks_read"`
-	HitRatio          *float64    `json:"hit_ratio,omitempty"` // blocks hit / (hit + read)
-	TempBytes         *int64      `json:"temp_bytes,omitempty"`
-	Deadlocks         *int64      `json:"deadlocks,omitempty"`
-	Activity          float64     `json:"activity"` // smoothed (rows read + written + transactions)/s + active sessions
-	Quota             string      `json:"quota_state"`
-	Export            bool        `json:"export"` // always on /metrics
+	Tenant            string              `json:"tenant"`
+	Cluster           string              `json:"cluster"`
+	Mode              tenant.Mode         `json:"mode"`
+	State             catalog.TenantState `json:"state"`
+	At                time.Time           `json:"at"` // the pass that measured it
+	SizeBytes         *int64              `json:"size_bytes,omitempty"`
+	SizeAt            *time.Time          `json:"size_at,omitempty"`
+	Connections       Connections         `json:"connections"`
+	CommitsPerSec     *float64            `json:"commits_per_sec,omitempty"`
+	RollbacksPerSec   *float64            `json:"rollbacks_per_sec,omitempty"`
+	RowsReadPerSec    float64             `json:"rows_read_per_sec"`
+	RowsWrittenPerSec float64             `json:"rows_written_per_sec"`
+	Commits           *int64              `json:"commits,omitempty"`
+	Rollbacks         *int64              `json:"rollbacks,omitempty"`
+	RowsRead          int64               `json:"rows_read"`
+	RowsWritten       int64               `json:"rows_written"`
+	BlocksHit         int64               `json:"blocks_hit"`
+	BlocksRead        int64               `json:"blocks_read"`
+	HitRatio          *float64            `json:"hit_ratio,omitempty"` // blocks hit / (hit + read)
+	TempBytes         *int64              `json:"temp_bytes,omitempty"`
+	Deadlocks         *int64              `json:"deadlocks,omitempty"`
+	Activity          float64             `json:"activity"` // smoothed (rows read + written + transactions)/s + active sessions
+	Quota             string              `json:"quota_state"`
+	Export            bool                `json:"export"` // always on /metrics
 }
 
 func (c *Collector) now() time.Time {
@@ -203,10 +205,8 @@ func (c *Collector) Run(ctx context.Context) error {
 		<-ctx.Done()
 		return nil
 	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
 	down := map[string]*cluster.Outage{}
-	for {
+	background.Every(ctx, interval, func(ctx context.Context) {
 		for _, cl := range c.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
 			err := c.Pass(pctx, cl.Name())
@@ -220,12 +220,8 @@ func (c *Collector) Run(ctx context.Context) error {
 			down[cl.Name()].Report(c.log(), err, "cluster", cl.Name())
 		}
 		c.retention(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }
 
 // retention deletes old history once an hour (a DELETE that finds nothing
@@ -330,7 +326,7 @@ func (c *Collector) state(name string) *clusterState {
 
 // measured says whether a tenant's data exists and is worth measuring:
 // spares and builds are not tenants yet, purging ones are going away.
-func measured(state string) bool {
+func measured(state catalog.TenantState) bool {
 	switch state {
 	case catalog.StateActive, catalog.StateSuspended, catalog.StateDropped:
 		return true
@@ -433,7 +429,7 @@ func (c *Collector) apply(st *clusterState, rows []catalog.MetricTenant, s sampl
 	live := map[string]bool{}
 	var out []catalog.Rollup
 	for _, r := range rows {
-		byState[[2]string{r.State, r.Mode}]++
+		byState[[2]string{string(r.State), string(r.Mode)}]++
 		if !measured(r.State) {
 			continue
 		}
@@ -517,7 +513,7 @@ func rollup(r catalog.MetricTenant, minute time.Time, d counters, ts *tenantStat
 		v := ts.size
 		x.SizeBytes = &v
 	}
-	if r.Mode == "database" {
+	if r.Mode == tenant.ModeDatabase {
 		x.Commits, x.Rollbacks, x.TempBytes, x.Deadlocks = ptr(d.Commits), ptr(d.Rollbacks), ptr(d.TempBytes), ptr(d.Deadlocks)
 	}
 	return x
@@ -587,7 +583,7 @@ func figures(clusterName, id string, ts *tenantState) Figures {
 	if ts.hasSize {
 		f.SizeBytes, f.SizeAt = ptr(ts.size), ptr(ts.sizeAt)
 	}
-	if ts.meta.Mode == "database" && ts.hasCur {
+	if ts.meta.Mode == tenant.ModeDatabase && ts.hasCur {
 		f.CommitsPerSec, f.RollbacksPerSec = ptr(ts.rates.commits), ptr(ts.rates.rollbacks)
 		f.Commits, f.Rollbacks, f.TempBytes, f.Deadlocks = ptr(ts.cur.Commits), ptr(ts.cur.Rollbacks), ptr(ts.cur.TempBytes), ptr(ts.cur.Deadlocks)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -47,7 +48,7 @@ func startFleet(t *testing.T, mutate func(*config.Config)) fleet {
 	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 	f := fleet{c: c, store: d.Store(), cfg: cfg, tenants: map[string]api.CreateTenantResponse{}}
 	for _, l := range []struct{ label, mode string }{{"db1", "database"}, {"db2", "database"}, {"sc1", "schema"}, {"sc2", "schema"}} {
-		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: l.mode})
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(l.mode)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,10 +179,10 @@ func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 		t.Logf("%s (%s): written %d, read %d, size %v, conns %+v", label, g.Mode, written, read, *g.SizeBytes, g.Connections)
 		// Table statistics count exactly a schema's own rows; a database's
 		// counters also hold its catalogs (autoanalyze of the new rows).
-		if g.Mode == "schema" && written != int64(n) {
+		if g.Mode == tenant.ModeSchema && written != int64(n) {
 			t.Errorf("%s: rows written = %d, want %d", label, written, n)
 		}
-		if g.Mode == "database" && (written < int64(n) || written > int64(n)+500) {
+		if g.Mode == tenant.ModeDatabase && (written < int64(n) || written > int64(n)+500) {
 			t.Errorf("%s: rows written = %d, want %d (+ a few catalog rows)", label, written, n)
 		}
 		if read < 2*int64(n) {
@@ -190,10 +191,10 @@ func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 		if g.SizeBytes == nil || *g.SizeBytes <= 0 {
 			t.Errorf("%s: no size", label)
 		}
-		if g.Mode == "database" && (g.CommitsPerSec == nil || g.Commits == nil || *g.Commits == 0) {
+		if g.Mode == tenant.ModeDatabase && (g.CommitsPerSec == nil || g.Commits == nil || *g.Commits == 0) {
 			t.Errorf("%s: database tenant without transaction counts: %+v", label, g)
 		}
-		if g.Mode == "schema" && g.Commits != nil {
+		if g.Mode == tenant.ModeSchema && g.Commits != nil {
 			t.Errorf("%s: schema tenant with per-database transaction counts", label)
 		}
 	}
@@ -230,7 +231,7 @@ func TestCollector_ConstantQueries(t *testing.T) {
 	// Four more tenants of each mode: same shared database, same queries.
 	for i := 0; i < 4; i++ {
 		for _, mode := range []string{"database", "schema"} {
-			if _, err := f.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: mode}); err != nil {
+			if _, err := f.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode)}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -359,7 +360,7 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 			case "pgtenant_tenant_series_omitted":
 				omitted += m.GetGauge().GetValue()
 			case "pgtenant_tenants":
-				if labels["state"] == catalog.StateActive {
+				if labels["state"] == string(catalog.StateActive) {
 					tenantsTotal += m.GetGauge().GetValue()
 				}
 			}
@@ -389,7 +390,7 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(byActivity) == 2 && byActivity[0].ID == busy.Tenant.ID && len(bySize) == 4 && bySize[0].ID == busy.Tenant.ID &&
-			bySize[3].Mode == "schema" && bySize[0].Metrics != nil && bySize[0].Metrics.Figures.RowsWritten >= 50000 {
+			bySize[3].Mode == tenant.ModeSchema && bySize[0].Metrics != nil && bySize[0].Metrics.Figures.RowsWritten >= 50000 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -412,7 +413,7 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 func ids(ts []api.Tenant) []string {
 	var out []string
 	for _, t := range ts {
-		out = append(out, t.ID+"("+t.Mode+")")
+		out = append(out, t.ID+"("+string(t.Mode)+")")
 	}
 	return out
 }

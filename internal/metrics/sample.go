@@ -97,7 +97,7 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 			continue
 		}
 		byPhysical[tenant.PhysicalName(r.ID)] = r
-		if r.Mode == "schema" {
+		if r.Mode == tenant.ModeSchema {
 			shared[r.Database] = append(shared[r.Database], r)
 		}
 	}
@@ -120,7 +120,7 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 			dbRows.Close()
 			return res, err
 		}
-		if t, ok := byPhysical[name]; ok && t.Mode == "database" && t.Database == name {
+		if t, ok := byPhysical[name]; ok && t.Mode == tenant.ModeDatabase && t.Database == name {
 			res.counters[t.ID] = k
 		}
 	}
@@ -186,7 +186,7 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 	var dbNames []string
 	schemas := map[string][]string{}
 	for _, t := range sizeTurn {
-		if t.Mode == "schema" {
+		if t.Mode == tenant.ModeSchema {
 			schemas[t.Database] = append(schemas[t.Database], tenant.PhysicalName(t.ID))
 		} else {
 			dbNames = append(dbNames, t.Database)
@@ -234,7 +234,7 @@ func schemaStats(ctx context.Context, pool *pgxpool.Pool, byPhysical map[string]
 		if err := rows.Scan(&schema, &k.RowsRead, &k.RowsWritten, &k.BlksHit, &k.BlksRead); err != nil {
 			return err
 		}
-		if t, ok := byPhysical[schema]; ok && t.Mode == "schema" {
+		if t, ok := byPhysical[schema]; ok && t.Mode == tenant.ModeSchema {
 			out[t.ID] = k
 		}
 	}

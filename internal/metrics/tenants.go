@@ -137,7 +137,7 @@ func (t *TenantCollector) Collect(ch chan<- prometheus.Metric) {
 			omitted[r.cluster]++
 			continue
 		}
-		ts, l := r.ts, []string{r.cluster, r.id, r.ts.meta.Mode}
+		ts, l := r.ts, []string{r.cluster, r.id, string(r.ts.meta.Mode)}
 		if ts.hasSize {
 			gauge(t.size, float64(ts.size), l...)
 		}
@@ -160,7 +160,7 @@ func (t *TenantCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(t.rowsWritten, float64(ts.cur.RowsWritten), l...)
 		counter(t.blksHit, float64(ts.cur.BlksHit), l...)
 		counter(t.blksRead, float64(ts.cur.BlksRead), l...)
-		if ts.meta.Mode == "database" {
+		if ts.meta.Mode == tenant.ModeDatabase {
 			counter(t.xacts, float64(ts.cur.Commits), append(l, "commit")...)
 			counter(t.xacts, float64(ts.cur.Rollbacks), append(l, "rollback")...)
 			counter(t.temp, float64(ts.cur.TempBytes), l...)

@@ -78,7 +78,7 @@ func (s *Service) builds(ctx context.Context, r *jobs.Run, id int64) error {
 				return jobs.Permanent(err)
 			}
 			b, err := s.Store.GetBuild(ctx, ro.Template, ro.TargetVersion, name)
-			if err == nil && b.State == "failed" {
+			if err == nil && b.State == catalog.BuildFailed {
 				return jobs.Permanent(fmt.Errorf("template %s version %d failed to build on cluster %s: %s (retry its build job, see `pgtenant job list --type template.build`, then `pgtenant rollout retry %d`)",
 					ro.Template, ro.TargetVersion, name, b.Error, id))
 			}
@@ -185,7 +185,7 @@ func (s *Service) finish(ctx context.Context, id int64) (bool, error) {
 		over = true
 		if n := ro.Counts[catalog.RolloutTenantFailed]; n > 0 {
 			first := ""
-			if ts, err := s.Store.RolloutTenants(ctx, id, []string{catalog.RolloutTenantFailed}, 1); err == nil && len(ts) > 0 {
+			if ts, err := s.Store.RolloutTenants(ctx, id, []catalog.RolloutTenantState{catalog.RolloutTenantFailed}, 1); err == nil && len(ts) > 0 {
 				first = fmt.Sprintf(" (first: tenant %s: %s)", ts[0].Tenant, ts[0].Error)
 			}
 			failed = jobs.Permanent(fmt.Errorf("%d of %d tenant(s) failed to migrate to version %d%s; they are at their previous version. Fix them and run `pgtenant rollout retry %d`",
@@ -216,7 +216,7 @@ type dispatcher struct {
 	lastPace map[string]time.Time
 	lastProg time.Time
 	inflight int
-	settled  map[string]int // tenants settled in this run, by state
+	settled  map[catalog.RolloutTenantState]int // tenants settled in this run, by state
 
 	started   []string
 	outcomes  []catalog.RolloutOutcome
@@ -287,7 +287,7 @@ func (d *dispatcher) run(ctx context.Context, work []catalog.RolloutWork) (err e
 		}
 		queues[w.Cluster] = append(queues[w.Cluster], w)
 	}
-	d.settled = map[string]int{}
+	d.settled = map[catalog.RolloutTenantState]int{}
 	// Whatever happens, what is known is recorded before run returns.
 	defer func() {
 		if ferr := d.flush(ctx, true); err == nil {
@@ -440,7 +440,7 @@ func (d *dispatcher) precheck(w catalog.RolloutWork) bool {
 	case t.ID == "":
 		d.end(w.RolloutTenant.Tenant, catalog.RolloutTenantSkipped, "the tenant no longer exists (purged)")
 	case t.State != catalog.StateActive && t.State != catalog.StateSuspended && t.State != catalog.StateDropped:
-		d.end(t.ID, catalog.RolloutTenantSkipped, "the tenant is "+t.State)
+		d.end(t.ID, catalog.RolloutTenantSkipped, "the tenant is "+string(t.State))
 	case t.Version >= d.ro.TargetVersion:
 		d.end(t.ID, catalog.RolloutTenantSkipped, fmt.Sprintf("already at version %d", t.Version))
 	default:
@@ -503,7 +503,7 @@ func (d *dispatcher) outcome(ctx context.Context, o outcome) bool {
 
 // end settles a tenant that was not migrated (skipped, or failed before it
 // was tried).
-func (d *dispatcher) end(tenant, state, reason string) {
+func (d *dispatcher) end(tenant string, state catalog.RolloutTenantState, reason string) {
 	d.outcomes = append(d.outcomes, catalog.RolloutOutcome{Tenant: tenant, State: state, Error: reason})
 	d.settled[state]++
 }
@@ -538,7 +538,7 @@ func (d *dispatcher) progress(ctx context.Context, now bool, msg string) {
 		return
 	}
 	d.lastProg = time.Now()
-	c := func(state string) int { return d.ro.Counts[state] + d.settled[state] }
+	c := func(state catalog.RolloutTenantState) int { return d.ro.Counts[state] + d.settled[state] }
 	settled := c(catalog.RolloutTenantDone) + c(catalog.RolloutTenantFailed) + c(catalog.RolloutTenantSkipped)
 	if msg == "" {
 		msg = fmt.Sprintf("%s to v%d: %d done, %d failed, %d skipped, %d in flight", d.ro.Template, d.ro.TargetVersion,

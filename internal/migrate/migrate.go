@@ -34,9 +34,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
-// Job is the rollout job type.
-const Job = "template.rollout"
-
 // ErrInvalid wraps errors in a rollout request.
 var ErrInvalid = errors.New("invalid rollout request")
 
@@ -177,7 +174,7 @@ func (s *Service) Start(ctx context.Context, req Request) (Started, error) {
 	if _, err := s.Store.AddRolloutTenants(ctx, tx, id); err != nil {
 		return Started{}, err
 	}
-	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: Job, Key: "rollout:" + tpl.Name, TargetKind: "template", Target: tpl.Name,
+	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: jobs.Rollout, Key: "rollout:" + tpl.Name, TargetKind: "template", Target: tpl.Name,
 		Cluster: req.Cluster, Args: jobArgs{Rollout: id}})
 	if err != nil {
 		return Started{}, err
@@ -266,7 +263,7 @@ func (s *Service) scope(clusterName string) []string {
 
 // Get returns a rollout with its job and its tenants in the given states
 // (with no states: every tenant not done, up to limit).
-func (s *Service) Get(ctx context.Context, id int64, states []string, limit int) (Status, error) {
+func (s *Service) Get(ctx context.Context, id int64, states []catalog.RolloutTenantState, limit int) (Status, error) {
 	r, err := s.Store.GetRollout(ctx, nil, id)
 	if err != nil {
 		return Status{}, err
@@ -281,7 +278,7 @@ func (s *Service) Get(ctx context.Context, id int64, states []string, limit int)
 			st.Job = &j
 			switch j.State {
 			case jobs.Paused, jobs.Succeeded, jobs.Failed, jobs.Cancelled:
-				st.State = j.State
+				st.State = catalog.RolloutState(j.State) // the same words
 			}
 			if j.State == jobs.Failed {
 				st.Error = j.LastError
@@ -289,7 +286,7 @@ func (s *Service) Get(ctx context.Context, id int64, states []string, limit int)
 		}
 	}
 	if states == nil {
-		states = []string{catalog.RolloutTenantFailed, catalog.RolloutTenantRunning, catalog.RolloutTenantPending, catalog.RolloutTenantSkipped}
+		states = []catalog.RolloutTenantState{catalog.RolloutTenantFailed, catalog.RolloutTenantRunning, catalog.RolloutTenantPending, catalog.RolloutTenantSkipped}
 	}
 	if st.Tenants, err = s.Store.RolloutTenants(ctx, id, states, limit); err != nil {
 		return Status{}, err

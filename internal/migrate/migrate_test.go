@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -79,7 +80,7 @@ func (e env) upload(t *testing.T, name string, files ...templates.Upload) {
 
 func (e env) tenant(t *testing.T, template, mode string) catalog.Tenant {
 	t.Helper()
-	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: template, Mode: mode})
+	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: template, Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +148,7 @@ func (e env) catalogVersion(t *testing.T, id string) int {
 func inTenant(t *testing.T, tn catalog.Tenant, f func(conn *pgx.Conn)) {
 	t.Helper()
 	conn := pg.Conn(t, tn.Database)
-	if tn.Mode == "schema" {
+	if tn.Mode == tenant.ModeSchema {
 		if _, err := conn.Exec(pgtest.Context(t), "SET search_path = t_"+tn.ID); err != nil {
 			t.Fatal(err)
 		}
@@ -162,7 +163,7 @@ func marker(t *testing.T, tn catalog.Tenant) string {
 	var m *string
 	inTenant(t, tn, func(conn *pgx.Conn) {
 		q := `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 'pgtenant'`
-		if tn.Mode == "schema" {
+		if tn.Mode == tenant.ModeSchema {
 			q = `SELECT obj_description(oid, 'pg_namespace') FROM pg_namespace WHERE nspname = 't_` + tn.ID + `'`
 		}
 		if err := conn.QueryRow(pgtest.Context(t), q).Scan(&m); err != nil {
@@ -235,7 +236,7 @@ CREATE INDEX CONCURRENTLY IF NOT EXISTS accounts_note ON accounts (note);`}
 		t.Fatalf("dry run = %+v, want 5 tenants from v1 to v3 through two versions, v3 outside a transaction, no rollout", dry)
 	}
 	var rollouts int
-	if err := e.cat.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollouts) + (SELECT count(*) FROM jobs WHERE type = $1)`, migrate.Job).Scan(&rollouts); err != nil || rollouts != 0 {
+	if err := e.cat.QueryRow(ctx, `SELECT (SELECT count(*) FROM rollouts) + (SELECT count(*) FROM jobs WHERE type = $1)`, jobs.Rollout).Scan(&rollouts); err != nil || rollouts != 0 {
 		t.Errorf("after a dry run: %d rollouts and rollout jobs, %v; want none", rollouts, err)
 	}
 	for _, tn := range ts {

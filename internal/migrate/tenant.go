@@ -156,7 +156,7 @@ var errBusy = fmt.Errorf("%w: another migrator is working on this tenant", clust
 type outcome struct {
 	tenant   string
 	cluster  string
-	state    string // done, failed, or ""
+	state    catalog.RolloutTenantState // done, failed, or ""
 	version  int
 	err      error
 	attempts int
@@ -184,7 +184,7 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 		return out
 	}
 	defer m.locks.release(m.t.ID)
-	if moving, err := jobs.Unfinished(ctx, m.s.Store.Pool(), "tenant.move", m.t.ID); err != nil || moving {
+	if moving, err := jobs.Unfinished(ctx, m.s.Store.Pool(), jobs.TenantMove, m.t.ID); err != nil || moving {
 		out.err = cmp.Or(err, errMoving)
 		if ctx.Err() == nil {
 			out.state = catalog.RolloutTenantFailed
@@ -267,7 +267,7 @@ func (m *tenantMove) markerQuery() string {
 
 // markerSchema is the schema whose comment is the tenant's marker.
 func (m *tenantMove) markerSchema() string {
-	if m.t.Mode == "schema" {
+	if m.t.Mode == tenant.ModeSchema {
 		return tenant.PhysicalName(m.t.ID)
 	}
 	return tenant.MarkerSchema
@@ -286,7 +286,7 @@ func (m *tenantMove) readMarker(ctx context.Context, conn *pgx.Conn) (tenant.Mar
 func (m *tenantMove) parseMarker(exists bool, comment *string) (tenant.Marker, error) {
 	schema := m.markerSchema()
 	switch {
-	case !exists && m.t.Mode == "schema":
+	case !exists && m.t.Mode == tenant.ModeSchema:
 		return tenant.Marker{}, fmt.Errorf("schema %s: %w", schema, errGone)
 	case !exists:
 		return tenant.Marker{}, fmt.Errorf("%w: database %s has no schema %s holding its marker", ErrMarkerMismatch, m.t.Database, schema)
@@ -325,7 +325,7 @@ func (m *tenantMove) roleSQL(local bool) string {
 		set = "SET LOCAL "
 	}
 	path := "public"
-	if m.t.Mode == "schema" {
+	if m.t.Mode == tenant.ModeSchema {
 		path = cluster.Ident(tenant.PhysicalName(m.t.ID))
 	}
 	return set + "ROLE " + cluster.Ident(tenant.PhysicalName(m.t.ID)) + "; " + set + "search_path = " + path
@@ -435,7 +435,7 @@ func (m *tenantMove) checkIndexes(ctx context.Context, conn *pgx.Conn) error {
 }
 
 func (m *tenantMove) schemaFilter() string {
-	if m.t.Mode == "schema" {
+	if m.t.Mode == tenant.ModeSchema {
 		return tenant.PhysicalName(m.t.ID)
 	}
 	return ""

@@ -43,9 +43,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Job is the move job type.
-const Job = "tenant.move"
-
 // SentinelSchema holds, on both clusters, one table per move in flight
 // (t_<id>, admin-owned): the row the cut-over writes on the source last and
 // waits for on the target, which logical replication applies in commit order.
@@ -99,7 +96,7 @@ type Service struct {
 
 // Spec is the job that moves tenant id to cluster to.
 func Spec(t catalog.Tenant, to string) jobs.Spec {
-	return jobs.Spec{Type: Job, Key: "move:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: to,
+	return jobs.Spec{Type: jobs.TenantMove, Key: "move:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: to,
 		Args: args{Tenant: t.ID, To: to}, MaxAttempts: 20, Priority: 1}
 }
 
@@ -292,7 +289,7 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 	if los > 0 {
 		out = append(out, fmt.Sprintf("it has %d large objects, which logical replication does not carry: move their contents to bytea columns", los))
 	}
-	if t.Mode == "database" {
+	if t.Mode == tenant.ModeDatabase {
 		var exts []string
 		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(extname::text ORDER BY extname), '{}') FROM pg_catalog.pg_extension
 			WHERE extname NOT IN ('plpgsql', 'pg_prewarm')`).Scan(&exts); err != nil {
@@ -343,10 +340,10 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 		role, t.Database, templates.ConnectRole(t.Template)).Scan(&hasRole, &hasDB, &hasShared, &hasConnect); err != nil {
 		return nil, cluster.Classify(err)
 	}
-	if hasRole || (t.Mode == "database" && hasDB) {
+	if hasRole || (t.Mode == tenant.ModeDatabase && hasDB) {
 		out = append(out, fmt.Sprintf("cluster %s still has a copy of the tenant (role or database %s; a move's leftover is purged once its retention ends, or purge it with `pgtenant job list --target %s`)", dst.Name(), role, t.ID))
 	}
-	if t.Mode == "schema" && (!hasShared || !hasConnect) {
+	if t.Mode == tenant.ModeSchema && (!hasShared || !hasConnect) {
 		out = append(out, fmt.Sprintf("template %s is not built on cluster %s (no %s)", t.Template, dst.Name(), t.Database))
 	}
 	return out, nil
@@ -355,7 +352,7 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 // tenantSchemas are the schemas a move carries: the tenant's own (schema
 // mode), or every schema of its database but the system's and pgtenant's.
 func tenantSchemas(ctx context.Context, conn *pgx.Conn, t catalog.Tenant) ([]string, error) {
-	if t.Mode == "schema" {
+	if t.Mode == tenant.ModeSchema {
 		return []string{tenant.PhysicalName(t.ID)}, nil
 	}
 	var out []string
@@ -406,7 +403,7 @@ func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
 		}
 		fmt.Fprintf(&sql, "ALTER ROLE %s SET %s = %s;\n", id, k, cluster.Literal(v))
 	}
-	if e.t.Mode == "schema" {
+	if e.t.Mode == tenant.ModeSchema {
 		// As provisioning sets it: a schema tenant finds its tables by its role.
 		fmt.Fprintf(&sql, "ALTER ROLE %s SET search_path = %s;\nGRANT %s TO %s;\n", id, id, cluster.Ident(templates.ConnectRole(e.t.Template)), id)
 	}
@@ -443,7 +440,7 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	agent := cluster.Ident(tenant.AgentRole(e.t.ID))
 	id := cluster.Ident(e.role)
-	if e.t.Mode == "database" {
+	if e.t.Mode == tenant.ModeDatabase {
 		exists, err := cluster.DatabaseExists(ctx, dadmin, e.role)
 		if err != nil {
 			return err
@@ -525,7 +522,7 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 		return cluster.Classify(err)
 	}
 	schemas := []string{e.role}
-	if e.t.Mode == "database" {
+	if e.t.Mode == tenant.ModeDatabase {
 		if schemas, err = tenantSchemas(ctx, sess.Conn(), e.t); err != nil {
 			return err
 		}
@@ -552,7 +549,7 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 		fmt.Fprintf(&sql, "ALTER TABLE %s.%s DISABLE TRIGGER %s;\n", cluster.Ident(tg.Schema), cluster.Ident(tg.Table), cluster.Ident(tg.Name))
 	}
 	// The marker last: in database mode its schema is the agent's.
-	if e.t.Mode == "database" {
+	if e.t.Mode == tenant.ModeDatabase {
 		fmt.Fprintf(&sql, "RESET ROLE; COMMENT ON SCHEMA %s IS %s", cluster.Ident(tenant.MarkerSchema), cluster.Literal(marker))
 	} else {
 		fmt.Fprintf(&sql, "COMMENT ON SCHEMA %s IS %s", id, cluster.Literal(marker))
@@ -582,7 +579,7 @@ func readMarker(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) (str
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	schema := tenant.PhysicalName(t.ID)
-	if t.Mode == "database" {
+	if t.Mode == tenant.ModeDatabase {
 		schema = tenant.MarkerSchema
 	}
 	var c *string
@@ -609,7 +606,7 @@ func (m *mover) dump(ctx context.Context, e *env) (string, error) {
 	}
 	argv := []string{"--schema-only", "--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
 		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000"}
-	if e.t.Mode == "schema" {
+	if e.t.Mode == tenant.ModeSchema {
 		argv = append(argv, "--schema="+e.role)
 	} else {
 		argv = append(argv, "--exclude-schema="+tenant.MarkerSchema, "--exclude-schema="+SentinelSchema)
@@ -623,7 +620,7 @@ func (m *mover) dump(ctx context.Context, e *env) (string, error) {
 		return "", fmt.Errorf("pg_dump of tenant %s on %s: %w: %s", e.t.ID, e.st.From, err, strings.TrimSpace(stderr.String()))
 	}
 	text := string(out)
-	if e.t.Mode == "schema" {
+	if e.t.Mode == tenant.ModeSchema {
 		// The schema exists (made by the admin: the tenant may not create
 		// schemas in the shared database).
 		text = strings.Replace(text, "\nCREATE SCHEMA "+e.role+";\n", "\n", 1)
@@ -703,7 +700,7 @@ func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	if !published {
 		what := "ALL TABLES"
-		if e.t.Mode == "schema" {
+		if e.t.Mode == tenant.ModeSchema {
 			what = "TABLES IN SCHEMA " + cluster.Ident(e.role) + ", TABLE " + sentinel
 		}
 		if _, err := sconn.Exec(ctx, "CREATE PUBLICATION "+cluster.Ident(name)+" FOR "+what); err != nil {
@@ -1209,7 +1206,7 @@ func (m *mover) cleanup(ctx context.Context, r *jobs.Run) error {
 	if _, err := purge.EndSessions(ctx, e.dst, roles...); err != nil {
 		return err
 	}
-	if e.t.Mode == "database" {
+	if e.t.Mode == tenant.ModeDatabase {
 		e.dst.ClosePool(e.role)
 		if err := cluster.DropDatabase(ctx, dadmin, e.role); err != nil {
 			return err

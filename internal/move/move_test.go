@@ -21,6 +21,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // pgs are two clusters, local and local2: tenants move between them.
@@ -155,7 +156,7 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 	_, c := fleet(t)
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
-			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: pooledTier, Cluster: "local"})
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: pooledTier, Cluster: "local"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -343,7 +344,7 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM nokey`).Scan(&n); err != nil || n != 1 {
 		t.Errorf("the tenant no longer serves: %d %v", n, err)
 	}
-	js, err := c.Jobs(ctx, url.Values{"type": {move.Job}, "target": {r.Tenant.ID}})
+	js, err := c.Jobs(ctx, url.Values{"type": {string(jobs.TenantMove)}, "target": {r.Tenant.ID}})
 	if err != nil || len(js) != 1 {
 		t.Errorf("move jobs of the tenant: %d %v; want 1", len(js), err)
 	}

@@ -104,7 +104,7 @@ func (s *Service) moves(ctx context.Context) ([]InFlight, error) {
 	if err != nil {
 		return nil, err
 	}
-	js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: move.Job, State: jobs.Active})
+	js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantMove, State: jobs.Active})
 	if err != nil {
 		return nil, err
 	}

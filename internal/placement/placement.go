@@ -28,12 +28,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/provision"
 )
 
-// Job types.
-const (
-	DrainJob     = "cluster.drain"
-	RebalanceJob = "fleet.rebalance"
-)
-
 // Service drains and rebalances.
 type Service struct {
 	Store     *catalog.Store
@@ -76,7 +70,7 @@ type inFlight struct {
 }
 
 func (s *Service) inFlight(ctx context.Context) (inFlight, error) {
-	js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: move.Job, State: jobs.Active})
+	js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantMove, State: jobs.Active})
 	if err != nil {
 		return inFlight{}, err
 	}
@@ -112,7 +106,7 @@ func (s *Service) Drain(ctx context.Context, name string) (jobs.Job, error) {
 	}
 	s.Provision.Invalidate()
 	s.Provision.Pool.Poke()
-	return s.Runner.Enqueue(ctx, s.Store.Pool(), jobs.Spec{Type: DrainJob, Key: "drain:" + name, TargetKind: "cluster",
+	return s.Runner.Enqueue(ctx, s.Store.Pool(), jobs.Spec{Type: jobs.ClusterDrain, Key: "drain:" + name, TargetKind: "cluster",
 		Target: name, Cluster: name, Args: drainArgs{Cluster: name}})
 }
 
@@ -190,7 +184,7 @@ type progress struct {
 	Failed map[string]string `json:"failed,omitempty"` // tenant → why its move did not happen
 }
 
-// Handlers are the job handlers of DrainJob and RebalanceJob.
+// Handlers are the job handlers of jobs.ClusterDrain and jobs.Rebalance.
 func (s *Service) DrainHandler() jobs.Handler {
 	return jobs.Handler{Steps: func(j *jobs.Job) ([]jobs.Step, error) {
 		var a drainArgs

@@ -21,9 +21,9 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
-	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // pgs are two clusters, local and local2.
@@ -175,7 +175,7 @@ func TestPlacement_LeastLoaded(t *testing.T) {
 
 // activeMoves counts the move jobs not finished.
 func activeMoves(t *testing.T, c *api.Client) int {
-	js, err := c.Jobs(context.Background(), map[string][]string{"type": {move.Job}, "state": {"active"}})
+	js, err := c.Jobs(context.Background(), map[string][]string{"type": {string(jobs.TenantMove)}, "state": {"active"}})
 	if err != nil {
 		t.Error(err)
 	}
@@ -385,7 +385,7 @@ func TestHostile_PlantedSizeFunctionsDoNotSteerPlacement(t *testing.T) {
 	d, c := fleet(t, testConfig(t), false)
 	const lie = int64(1) << 50
 	var dsns []string
-	for _, mode := range []string{"database", "schema"} {
+	for _, mode := range tenant.Modes {
 		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Cluster: "local"})
 		if err != nil {
 			t.Fatal(err)
@@ -524,7 +524,7 @@ func TestDrain_ResumesAfterTheDaemonStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
-		js, err := c.Jobs(ctx, map[string][]string{"type": {move.Job}})
+		js, err := c.Jobs(ctx, map[string][]string{"type": {string(jobs.TenantMove)}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -547,7 +547,7 @@ func TestDrain_ResumesAfterTheDaemonStops(t *testing.T) {
 		if err != nil || tn.Cluster != "local2" {
 			t.Errorf("tenant %s after the drain: on %s, %v; want local2", id, tn.Cluster, err)
 		}
-		js, err := c.Jobs(ctx, map[string][]string{"type": {move.Job}, "target": {id}})
+		js, err := c.Jobs(ctx, map[string][]string{"type": {string(jobs.TenantMove)}, "target": {id}})
 		if err != nil || len(js) != 1 || js[0].State != jobs.Succeeded {
 			t.Errorf("tenant %s: %d move jobs (%v); want one, succeeded", id, len(js), err)
 		}

@@ -177,7 +177,7 @@ func (s *Service) Rebalance(ctx context.Context, dryRun bool, maxMoves int) (Pla
 		maxMoves = 10
 	}
 	if !dryRun {
-		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: RebalanceJob, State: jobs.Active, Limit: 1})
+		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.Rebalance, State: jobs.Active, Limit: 1})
 		if err != nil {
 			return Plan{}, nil, err
 		}
@@ -190,7 +190,7 @@ func (s *Service) Rebalance(ctx context.Context, dryRun bool, maxMoves int) (Pla
 	if err != nil || dryRun || len(p.Moves) == 0 {
 		return p, nil, err
 	}
-	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), jobs.Spec{Type: RebalanceJob, Key: "rebalance", TargetKind: "fleet", Args: p})
+	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), jobs.Spec{Type: jobs.Rebalance, Key: "rebalance", TargetKind: "fleet", Args: p})
 	if err != nil {
 		return p, nil, err
 	}

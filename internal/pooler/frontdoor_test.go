@@ -26,6 +26,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // pooledTier is a transaction-mode tier with one server connection per
@@ -68,7 +69,7 @@ func TestFrontDoor_BothModesConnectThroughThePooler(t *testing.T) {
 	d, c := daemonWithPooler(t)
 	front := d.Poolers().Get("local")
 	for _, mode := range []string{"database", "schema"} {
-		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode)})
 		if err != nil {
 			t.Fatal(err)
 		}

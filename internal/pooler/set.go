@@ -139,7 +139,7 @@ func (c CatalogSource) For(clusterName string) Source {
 		mu.Lock()
 		defer mu.Unlock()
 		var ts []catalog.Tenant
-		for _, state := range []string{catalog.StateActive, catalog.StateSuspended} {
+		for _, state := range []catalog.TenantState{catalog.StateActive, catalog.StateSuspended} {
 			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Front: clusterName, Limit: 100000})
 			if err != nil {
 				return nil, nil, err

@@ -304,7 +304,7 @@ func (s *Service) schemaFilenodes(ctx context.Context, cl *cluster.Cluster, node
 type NodeState = catalog.PrewarmNode
 
 func (s *Service) prewarmRunning(ctx context.Context, clusterName string) (bool, error) {
-	return jobs.Busy(ctx, s.Store.Pool(), Job, clusterName)
+	return jobs.Busy(ctx, s.Store.Pool(), jobs.Prewarm, clusterName)
 }
 
 // HotSets returns a tenant's hot sets, one per node.

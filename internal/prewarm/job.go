@@ -11,9 +11,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Job prewarms one node of a cluster.
-const Job = "cluster.prewarm"
-
 // Args of a prewarm job.
 type Args struct {
 	Cluster string   `json:"cluster"`
@@ -30,8 +27,18 @@ func Spec(a Args) jobs.Spec {
 		key += ":" + a.Tenants[0]
 		target, kind = a.Tenants[0], "tenant"
 	}
-	return jobs.Spec{Type: Job, Key: key, TargetKind: kind, Target: target, Cluster: a.Cluster, Args: a, MaxAttempts: 3}
+	return jobs.Spec{Type: jobs.Prewarm, Key: key, TargetKind: kind, Target: target, Cluster: a.Cluster, Args: a, MaxAttempts: 3}
 }
+
+// Outcome is how a tenant's prewarm on a node ended (TenantResult.State).
+type Outcome = catalog.PrewarmOutcome
+
+// Outcomes of a tenant's prewarm.
+const (
+	Done    = catalog.PrewarmDone
+	Skipped = catalog.PrewarmSkipped
+	Failed  = catalog.PrewarmFailed
+)
 
 // TenantResult is the last prewarm of a tenant on a node.
 type TenantResult = catalog.PrewarmResult

@@ -21,6 +21,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/prewarm"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -62,7 +63,7 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 func (e env) tenant(t *testing.T, mode string, mb int) api.CreateTenantResponse {
 	t.Helper()
 	ctx := context.Background()
-	r, err := e.c.CreateTenant(ctx, provision.Request{Template: "kv", Mode: mode})
+	r, err := e.c.CreateTenant(ctx, provision.Request{Template: "kv", Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +184,7 @@ func TestCapture_AttributesBothModes(t *testing.T) {
 			other = s1
 		}
 		for _, rg := range h.Ranges {
-			if rg.Filenode == filenode(t, other) && r.Tenant.Mode == "schema" {
+			if rg.Filenode == filenode(t, other) && r.Tenant.Mode == tenant.ModeSchema {
 				t.Errorf("schema tenant %s has schema tenant %s's blocks", r.Tenant.ID, other.Tenant.ID)
 			}
 		}
@@ -263,7 +264,7 @@ func TestPrewarm_AfterRestartHottestFirst(t *testing.T) {
 	// The daemon notices the restart and prewarms.
 	var job jobs.Job
 	for {
-		js, err := e.c.Jobs(ctx, url.Values{"type": {prewarm.Job}})
+		js, err := e.c.Jobs(ctx, url.Values{"type": {string(jobs.Prewarm)}})
 		if err == nil && len(js) > 0 {
 			if job, err = e.c.WaitJob(ctx, js[0].ID, nil); err != nil {
 				t.Fatal(err)
@@ -354,7 +355,7 @@ func TestPrewarm_ResumeTriggers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for {
-		js, err := e.c.Jobs(ctx, url.Values{"type": {prewarm.Job}, "target": {r.Tenant.ID}})
+		js, err := e.c.Jobs(ctx, url.Values{"type": {string(jobs.Prewarm)}, "target": {r.Tenant.ID}})
 		if err != nil {
 			t.Fatal(err)
 		}

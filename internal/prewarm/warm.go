@@ -153,15 +153,15 @@ func (w *warmer) next(ctx context.Context) (p planned, inBuffer, beyond []load, 
 // costs a few round trips whatever the number of its ranges: one to find
 // the relations, then one per loadChunk blocks.
 func (w *warmer) tenant(ctx context.Context, conns map[string]*warmConn, p planned, inBuffer, beyond []load) TenantResult {
-	res := TenantResult{Tenant: p.t.ID, Node: w.node, State: "done"}
+	res := TenantResult{Tenant: p.t.ID, Node: w.node, State: Done}
 	switch p.t.State {
 	case catalog.StateActive, catalog.StateSuspended:
 	default:
-		res.State, res.Error = "skipped", "tenant is "+p.t.State
+		res.State, res.Error = Skipped, "tenant is "+string(p.t.State)
 		return res
 	}
 	fail := func(err error) TenantResult {
-		res.State, res.Error = "failed", err.Error()
+		res.State, res.Error = Failed, err.Error()
 		w.s.Logger.Warn("prewarm: tenant skipped", "component", "prewarm", "tenant", p.t.ID, "err", err)
 		return res
 	}

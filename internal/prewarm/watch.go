@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 )
@@ -42,7 +43,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	defer wg.Wait()
 	watched := map[string]bool{}
 	tried := map[string]time.Time{} // last capture attempt per node, by this daemon
-	for {
+	background.Every(ctx, tick, func(ctx context.Context) {
 		for _, cl := range w.S.Clusters.All() {
 			for _, node := range w.nodes(cl) {
 				key := cl.Name() + "/" + node
@@ -65,12 +66,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 				}
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(tick):
-		}
-	}
+	})
+	return nil
 }
 
 // watchNode polls one node's identity until ctx is done, reconnecting when
@@ -86,7 +83,7 @@ func (w *Watcher) watchNode(ctx context.Context, cl *cluster.Cluster, node strin
 	}()
 	var last nodeID
 	down := cluster.Outage{What: "restart check"}
-	for ctx.Err() == nil {
+	background.Every(ctx, every, func(ctx context.Context) {
 		if conn == nil {
 			if c, err := cl.ConnectNode(ctx, node, cl.MaintenanceDB()); err == nil {
 				conn = c
@@ -108,11 +105,7 @@ func (w *Watcher) watchNode(ctx context.Context, cl *cluster.Cluster, node strin
 				}
 			}
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(every):
-		}
-	}
+	})
 }
 
 // captureDue says whether a node's hot sets are older than CaptureInterval.

@@ -17,10 +17,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// BuildJob builds one tenant from its template: a spare for the pool, or,
-// with an activation, a tenant on the cold path.
-const BuildJob = "tenant.build"
-
 type buildArgs struct {
 	Tenant   string      `json:"tenant"`
 	Activate *activation `json:"activate,omitempty"`
@@ -33,7 +29,7 @@ type activation struct {
 }
 
 func buildSpec(t catalog.Tenant, act *activation) jobs.Spec {
-	return jobs.Spec{Type: BuildJob, Key: "tenant:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: t.Cluster,
+	return jobs.Spec{Type: jobs.TenantBuild, Key: "tenant:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: t.Cluster,
 		Args: buildArgs{Tenant: t.ID, Activate: act}}
 }
 
@@ -43,7 +39,7 @@ func buildSpec(t catalog.Tenant, act *activation) jobs.Spec {
 // database tenant carries the same on its database.
 func schemaMarker(version int) string { return tenant.BuiltMarker(version).String() }
 
-// BuildHandler is the job handler of BuildJob. Steps: the role (NOLOGIN, the
+// BuildHandler is the job handler of jobs.TenantBuild. Steps: the role (NOLOGIN, the
 // tier's settings), the storage (a database copied from the template
 // database with its objects given to the role, or a schema built from the
 // template's files in lock-bounded batches), then ready (spare) or active.
@@ -141,7 +137,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 		tier = b.a.Activate.Tier
 	}
 	sql := b.s.tierSQL(t.ID, tier)
-	if t.Mode == ModeSchema {
+	if t.Mode == tenant.ModeSchema {
 		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
 	}
 	if _, err = admin.Exec(ctx, sql); err != nil {
@@ -151,7 +147,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 }
 
 func (b *tenantBuilder) storage(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
-	if t.Mode == ModeSchema {
+	if t.Mode == tenant.ModeSchema {
 		return b.buildSchema(ctx, r, t, cl)
 	}
 	return b.buildDatabase(ctx, r, t, cl)
@@ -168,7 +164,7 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 	if err != nil {
 		return err
 	}
-	if build.State != "ready" {
+	if build.State != catalog.BuildReady {
 		return fmt.Errorf("template %s version %d is %s on cluster %s", t.Template, t.Version, build.State, t.Cluster)
 	}
 	name := tenant.PhysicalName(t.ID)

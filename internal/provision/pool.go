@@ -72,14 +72,14 @@ const poolLockKey = 0x70677402
 // Size returns how many spares a pool keeps at least: the configured pools
 // of the template, or, when none is configured for it, the default size in
 // both modes.
-func (p *Pool) Size(clusterName, template, mode string) int {
+func (p *Pool) Size(clusterName, template string, mode tenant.Mode) int {
 	listed, size := false, 0
 	for _, pc := range p.Svc.Config.Pools {
 		if pc.Template != template {
 			continue
 		}
 		listed = true
-		if pc.Mode == mode && (pc.Cluster == "" || pc.Cluster == clusterName) {
+		if tenant.Mode(pc.Mode) == mode && (pc.Cluster == "" || pc.Cluster == clusterName) {
 			size = pc.Size
 		}
 	}
@@ -171,7 +171,7 @@ func (p *Pool) Refill(ctx context.Context) error {
 				errs = append(errs, err)
 				continue
 			}
-			for _, mode := range []string{ModeDatabase, ModeSchema} {
+			for _, mode := range tenant.Modes {
 				d := demand[catalog.PoolKey{Cluster: cl.Name(), Template: tp.Name, Mode: mode}]
 				if err := p.fill(ctx, cl.Name(), tp.Name, version, mode, d, draining[cl.Name()]); err != nil {
 					errs = append(errs, err)
@@ -189,7 +189,7 @@ func (p *Pool) Refill(ctx context.Context) error {
 // in flight at a time, and retires one spare above the configured size when
 // the pool is idle. A draining cluster's pool has size 0 and is retired
 // whether idle or not.
-func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode string, d catalog.PoolDemand, draining bool) error {
+func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode tenant.Mode, d catalog.PoolDemand, draining bool) error {
 	s := p.Svc
 	pc := s.Config.Provision
 	size := p.Size(clusterName, template, mode)
@@ -242,10 +242,10 @@ func (p *Pool) fill(ctx context.Context, clusterName, template string, version i
 // (database mode: WAL_LOG copies run pacer.wal_log_slots at once, FILE_COPY
 // ones one heavy DDL slot each). More would only wait in the pacer, each
 // holding a job worker.
-func (p *Pool) parallel(ctx context.Context, clusterName, template string, version int, mode string) (int, error) {
+func (p *Pool) parallel(ctx context.Context, clusterName, template string, version int, mode tenant.Mode) (int, error) {
 	s := p.Svc
 	n := s.Config.Provision.RefillParallel
-	if mode != ModeDatabase {
+	if mode != tenant.ModeDatabase {
 		return n, nil
 	}
 	build, err := s.Store.GetBuild(ctx, template, version, clusterName)
@@ -265,7 +265,7 @@ func (p *Pool) parallel(ctx context.Context, clusterName, template string, versi
 // and only when no other retirement of the pool is in flight: spares above
 // the configured size go back gradually, so that a DROP DATABASE (a forced
 // checkpoint each) at a time is all an idle pool costs.
-func (p *Pool) shrink(ctx context.Context, clusterName, template string, version int, mode string, size int) error {
+func (p *Pool) shrink(ctx context.Context, clusterName, template string, version int, mode tenant.Mode, size int) error {
 	s := p.Svc
 	t, err := s.Store.NewestSpare(ctx, clusterName, template, version, mode)
 	if errors.Is(err, catalog.ErrNotFound) {

@@ -26,12 +26,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Modes of isolation.
-const (
-	ModeDatabase = "database"
-	ModeSchema   = "schema"
-)
-
 // Service provisions tenants.
 type Service struct {
 	Store     *catalog.Store
@@ -60,12 +54,12 @@ type Service struct {
 
 // Request asks for a tenant.
 type Request struct {
-	Template   string  `json:"template"`
-	Mode       string  `json:"mode,omitempty"`
-	Name       *string `json:"name,omitempty"`
-	ExternalID string  `json:"external_id,omitempty"`
-	Tier       string  `json:"tier,omitempty"`
-	Cluster    string  `json:"cluster,omitempty"`
+	Template   string      `json:"template"`
+	Mode       tenant.Mode `json:"mode,omitempty"`
+	Name       *string     `json:"name,omitempty"`
+	ExternalID string      `json:"external_id,omitempty"`
+	Tier       string      `json:"tier,omitempty"`
+	Cluster    string      `json:"cluster,omitempty"`
 }
 
 // Created is the answer to Create.
@@ -145,9 +139,9 @@ func (s *Service) validate(req *Request) error {
 		return invalid("%v", err)
 	}
 	if req.Mode == "" {
-		req.Mode = s.Config.Provision.DefaultMode
+		req.Mode = tenant.Mode(s.Config.Provision.DefaultMode)
 	}
-	if req.Mode != ModeDatabase && req.Mode != ModeSchema {
+	if !req.Mode.Valid() {
 		return invalid("mode %q: use database or schema", req.Mode)
 	}
 	if req.Tier == "" {
@@ -200,7 +194,7 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 		return Created{}, err
 	}
 	if t.State == catalog.StateProvisioning {
-		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: BuildJob, TargetKind: "tenant", Target: t.ID, Limit: 1})
+		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantBuild, TargetKind: "tenant", Target: t.ID, Limit: 1})
 		if err != nil {
 			return Created{}, err
 		}
@@ -252,9 +246,9 @@ func (s *Service) version(ctx context.Context, template, clusterName string) (in
 		}
 		// A version built elsewhere whose build failed here (a cluster
 		// added since): its job can be retried once the cause is fixed.
-		if b, err := s.Store.GetBuild(ctx, template, want, clusterName); err == nil && b.State == "failed" {
+		if b, err := s.Store.GetBuild(ctx, template, want, clusterName); err == nil && b.State == catalog.BuildFailed {
 			return 0, fmt.Errorf("%w: template %s version %d failed to build on cluster %s: %s (retry its build job once fixed: `pgtenant job list --type %s`)",
-				catalog.ErrConflict, template, want, clusterName, b.Error, templates.BuildJob)
+				catalog.ErrConflict, template, want, clusterName, b.Error, jobs.TemplateBuild)
 		}
 		select {
 		case <-wctx.Done():
@@ -393,7 +387,7 @@ const coldPriority = 10
 // databaseOf is where a tenant lives: its own database, or its template's
 // shared database.
 func (s *Service) databaseOf(t catalog.Tenant) string {
-	if t.Mode == ModeSchema {
+	if t.Mode == tenant.ModeSchema {
 		return templates.SharedDatabase(t.Template)
 	}
 	return tenant.PhysicalName(t.ID)
@@ -417,7 +411,7 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 	role := cluster.Ident(tenant.PhysicalName(t.ID))
 	var b strings.Builder
 	fmt.Fprintf(&b, "ALTER ROLE %s WITH LOGIN PASSWORD %s;\n", role, cluster.Literal(verifier))
-	if t.Mode == ModeDatabase {
+	if t.Mode == tenant.ModeDatabase {
 		fmt.Fprintf(&b, "GRANT ALL ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
 	} else {
 		fmt.Fprintf(&b, "GRANT %s TO %s;\n", cluster.Ident(templates.ConnectRole(t.Template)), role)

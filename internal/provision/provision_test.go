@@ -21,6 +21,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -74,11 +75,11 @@ func TestCreate_BothModes(t *testing.T) {
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
 			waitSpares(t, catDB, "saas", mode, 1)
-			pooled, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Name: name("Acme " + mode)})
+			pooled, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Name: name("Acme " + mode)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			cold, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+			cold, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -86,7 +87,7 @@ func TestCreate_BothModes(t *testing.T) {
 				t.Errorf("first create path = %q, want pool", pooled.Path)
 			}
 			for _, got := range []api.CreateTenantResponse{pooled, cold} {
-				if got.Tenant.State != catalog.StateActive || got.Password == "" || got.Tenant.Mode != mode {
+				if got.Tenant.State != catalog.StateActive || got.Password == "" || got.Tenant.Mode != tenant.Mode(mode) {
 					t.Fatalf("created = %+v, want an active %s tenant with a password", got.Tenant, mode)
 				}
 				if strings.Contains(got.Tenant.DSN, got.Password) {
@@ -288,7 +289,7 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 		t.Fatal(err)
 	}
 	building, err := c.CreateTenant(ctx, provision.Request{Template: "saas", ExternalID: "cust-42"})
-	if err != nil || !building.Existing || building.Job == nil || building.Job.Target != first.Tenant.ID || building.Job.Type != provision.BuildJob {
+	if err != nil || !building.Existing || building.Job == nil || building.Job.Target != first.Tenant.ID || building.Job.Type != jobs.TenantBuild {
 		t.Errorf("retry while provisioning = %+v, %v; want the existing tenant with its build job", building, err)
 	}
 	if _, err := cat.Exec(ctx, `UPDATE tenants SET state = 'active' WHERE id = $1`, first.Tenant.ID); err != nil {
@@ -380,7 +381,7 @@ func TestCreate_ClusterDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mode := range []string{"database", "schema"} {
-		_, err = c.CreateTenant(ctx, provision.Request{Template: "saas", Cluster: "other", Mode: mode})
+		_, err = c.CreateTenant(ctx, provision.Request{Template: "saas", Cluster: "other", Mode: tenant.Mode(mode)})
 		var apiErr *api.Error
 		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusServiceUnavailable {
 			t.Errorf("create on a stopped cluster (%s): %v, want 503", mode, err)
@@ -509,7 +510,7 @@ func TestCreate_ConcurrentClaims(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			mode := []string{"database", "schema"}[i%2]
-			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode)})
 			if err != nil {
 				t.Errorf("concurrent %s claim: %v", mode, err)
 				return
@@ -555,7 +556,7 @@ func TestCreate_BurstWithRetriesOneTenantEach(t *testing.T) {
 			defer wg.Done()
 			ext := fmt.Sprintf("burst-%d", i%ids)
 			mode := []string{"database", "schema"}[i%ids%2]
-			r, err := c.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: mode, ExternalID: ext})
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: tenant.Mode(mode), ExternalID: ext})
 			if err != nil {
 				t.Errorf("create %s: %v", ext, err)
 				return

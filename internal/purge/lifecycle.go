@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -89,8 +90,9 @@ func (s *Service) Resume(ctx context.Context, id string) (Result, error) {
 // state it had before its drop), changing its role's LOGIN on the cluster
 // in the same catalog transaction: LOGIN for active, NOLOGIN otherwise.
 // Already in the target state is not an error (retries are idempotent).
-func (s *Service) transition(ctx context.Context, id, from, to, event string) (Result, error) {
-	var clusterName, reached string
+func (s *Service) transition(ctx context.Context, id string, from, to catalog.TenantState, event string) (Result, error) {
+	var clusterName string
+	var reached catalog.TenantState
 	err := s.change(ctx, id, func(ctx context.Context, tx pgx.Tx, t catalog.Tenant, cl *cluster.Cluster) error {
 		clusterName = t.FrontCluster()
 		target := to
@@ -206,7 +208,7 @@ func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, r
 // purged again (it would fail the same way): the error names the job.
 func (s *Service) PurgeSpare(ctx context.Context, t catalog.Tenant, reason string) error {
 	if t.State != catalog.StateSpare {
-		last, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: Job, TargetKind: "tenant", Target: t.ID, Limit: 1})
+		last, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantPurge, TargetKind: "tenant", Target: t.ID, Limit: 1})
 		if err != nil {
 			return err
 		}
@@ -241,7 +243,7 @@ type Retention struct {
 func (r *Retention) Run(ctx context.Context) error {
 	log := r.S.Logger.With("component", "retention")
 	down := cluster.Outage{What: "retention pass"}
-	for {
+	background.Every(ctx, r.Interval, func(ctx context.Context) {
 		n, err := r.S.PurgeExpired(ctx)
 		forgotten := 0
 		if err == nil {
@@ -256,12 +258,8 @@ func (r *Retention) Run(ctx context.Context) error {
 		if forgotten > 0 {
 			log.Info("purged tenants forgotten after drop.purged_retention", "tenants", forgotten)
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(r.Interval):
-		}
-	}
+	})
+	return nil
 }
 
 // PurgeExpired starts the purge of every dropped tenant past its retention.

@@ -22,9 +22,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// Job is the purge job type.
-const Job = "tenant.purge"
-
 type args struct {
 	Tenant string `json:"tenant"`
 	Reason string `json:"reason,omitempty"`
@@ -39,13 +36,13 @@ type args struct {
 // on that cluster again by then.
 func LeftoverSpec(left catalog.Tenant, reason string) jobs.Spec {
 	l := catalog.Tenant{ID: left.ID, Mode: left.Mode, Cluster: left.Cluster, Database: left.Database, Template: left.Template}
-	return jobs.Spec{Type: Job, Key: "purge-leftover:" + left.ID + ":" + left.Cluster, TargetKind: "tenant", Target: left.ID, Cluster: left.Cluster,
+	return jobs.Spec{Type: jobs.TenantPurge, Key: "purge-leftover:" + left.ID + ":" + left.Cluster, TargetKind: "tenant", Target: left.ID, Cluster: left.Cluster,
 		Args: args{Tenant: left.ID, Reason: reason, Leftover: &l}}
 }
 
 // Spec is the job that purges a tenant.
 func Spec(t catalog.Tenant, reason string) jobs.Spec {
-	return jobs.Spec{Type: Job, Key: "purge:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: t.Cluster,
+	return jobs.Spec{Type: jobs.TenantPurge, Key: "purge:" + t.ID, TargetKind: "tenant", Target: t.ID, Cluster: t.Cluster,
 		Args: args{Tenant: t.ID, Reason: reason}}
 }
 
@@ -287,7 +284,7 @@ func (p *purger) analytics(ctx context.Context, r *jobs.Run) error {
 func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
 		name := tenant.PhysicalName(t.ID)
-		if t.Mode == "database" {
+		if t.Mode == tenant.ModeDatabase {
 			admin, err := cl.Admin(ctx)
 			if err != nil {
 				return err
@@ -332,7 +329,7 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
 		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)}
-		if t.Mode == "schema" {
+		if t.Mode == tenant.ModeSchema {
 			conn, err := cl.Connect(ctx, t.Database)
 			if err != nil && !errors.Is(err, cluster.ErrNotFound) {
 				return err

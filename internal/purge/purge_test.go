@@ -20,6 +20,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -50,7 +51,7 @@ func start(t *testing.T, mutate func(*config.Config)) env {
 func (e env) tenant(t *testing.T, template, mode string) api.CreateTenantResponse {
 	t.Helper()
 	ctx := pgtest.Context(t)
-	r, err := e.c.CreateTenant(ctx, provision.Request{Template: template, Mode: mode})
+	r, err := e.c.CreateTenant(ctx, provision.Request{Template: template, Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func checksum(t *testing.T, tn catalog.Tenant) string {
 	ctx := pgtest.Context(t)
 	conn := pg.Conn(t, tn.Database)
 	schema := "public"
-	if tn.Mode == "schema" {
+	if tn.Mode == tenant.ModeSchema {
 		schema = "t_" + tn.ID
 	}
 	rows, err := conn.Query(ctx, `SELECT quote_ident(schemaname) || '.' || quote_ident(tablename) FROM pg_tables WHERE schemaname = $1 ORDER BY 1`, schema)
@@ -119,7 +120,7 @@ func objectsLeft(t *testing.T, e env, tn catalog.Tenant) []string {
 	if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_roles WHERE rolname = $1`, name).Scan(&n); err != nil || n > 0 {
 		left = append(left, "role")
 	}
-	if tn.Mode == "schema" {
+	if tn.Mode == tenant.ModeSchema {
 		if err := pg.Conn(t, tn.Database).QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, name).Scan(&n); err != nil || n > 0 {
 			left = append(left, "schema")
 		}

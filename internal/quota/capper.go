@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -192,10 +193,10 @@ func (c *Capper) Run(ctx context.Context) error {
 		return nil
 	}
 	var w inFlight
-	defer w.wg.Wait() // after the ticker stops: the checks in flight end with ctx
-	t := time.NewTicker(c.Metrics.CapInterval.D())
-	defer t.Stop()
-	for tick := 0; ; tick++ {
+	defer w.wg.Wait() // after the loop: the checks in flight end with ctx
+	tick := 0
+	background.Every(ctx, c.Metrics.CapInterval.D(), func(ctx context.Context) {
+		defer func() { tick++ }()
 		for _, cl := range c.Clusters.All() {
 			for _, node := range cl.Nodes() {
 				c.spawn(ctx, &w, cl.Name(), node, nodeTimeout, func(ctx context.Context) error {
@@ -210,12 +211,8 @@ func (c *Capper) Run(ctx context.Context) error {
 				})
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	})
+	return nil
 }
 
 // inFlight tracks the checks running: each node of a cluster, and each

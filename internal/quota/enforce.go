@@ -70,7 +70,7 @@ var largeObjectWriters = []string{"pg_catalog.lo_creat(integer)", "pg_catalog.lo
 
 // schemaArg is $1 of scope: "" for a database tenant, its schema otherwise.
 func schemaArg(u metrics.Usage) string {
-	if u.Mode == "schema" {
+	if u.Mode == tenant.ModeSchema {
 		return tenant.PhysicalName(u.Tenant)
 	}
 	return ""
@@ -107,7 +107,7 @@ func (s *Service) plan(ctx context.Context, cl *cluster.Cluster, u metrics.Usage
 	if err != nil {
 		return Enforcement{}, cluster.Classify(err)
 	}
-	return Enforcement{PublicGrants: grants, LargeObjects: u.Mode == "database"}, nil
+	return Enforcement{PublicGrants: grants, LargeObjects: u.Mode == tenant.ModeDatabase}, nil
 }
 
 // lock enforces the quota: see the comment at the top of this file. Every
@@ -152,7 +152,7 @@ func (s *Service) lock(ctx context.Context, cl *cluster.Cluster, u metrics.Usage
 			return fmt.Errorf("revoke public write grants: %w", cluster.Classify(err))
 		}
 	}
-	if u.Mode == "database" {
+	if u.Mode == tenant.ModeDatabase {
 		// The database is the admin's: the tenant cannot grant these back.
 		if _, err := admin.Exec(ctx, fmt.Sprintf(`REVOKE CREATE, TEMPORARY ON DATABASE %s FROM %s`,
 			cluster.Ident(u.Database), cluster.Ident(role))); err != nil {
@@ -210,7 +210,7 @@ func (s *Service) unlock(ctx context.Context, cl *cluster.Cluster, u metrics.Usa
 			return err
 		}
 	}
-	if u.Mode == "database" {
+	if u.Mode == tenant.ModeDatabase {
 		if _, err := admin.Exec(ctx, fmt.Sprintf(`GRANT CREATE, TEMPORARY ON DATABASE %s TO %s`,
 			cluster.Ident(u.Database), cluster.Ident(role))); err != nil {
 			return fmt.Errorf("give CREATE and TEMPORARY on database %s back to its tenant: %w", u.Database, cluster.Classify(err))

@@ -19,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/quota"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -120,7 +121,7 @@ func TestQuota_WarnGraceEnforceRestore(t *testing.T) {
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
 			tierName := "quota_" + mode
-			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: tierName})
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tierName})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -258,7 +259,7 @@ func TestCapper_CancelsStatementsOverTheCap(t *testing.T) {
 	ctx := pgtest.Context(t)
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
-			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: "capped"})
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: "capped"})
 			if err != nil {
 				t.Fatal(err)
 			}

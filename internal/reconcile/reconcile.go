@@ -289,7 +289,7 @@ type jobRef struct {
 }
 
 func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
-	targets, err := jobs.Targets(ctx, r.Store.Pool(), purge.Job)
+	targets, err := jobs.Targets(ctx, r.Store.Pool(), jobs.TenantPurge)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +346,7 @@ func (s *scan) databases() []finding {
 					}
 					return cluster.DropDatabase(ctx, admin, db)
 				}))
-			case t.Mode != "database":
+			case t.Mode != tenant.ModeDatabase:
 				out = append(out, finding{Finding: Finding{Kind: Mismatch, Object: "database " + db, Tenant: id,
 					Detail: "tenant " + id + " is a schema tenant but a database carries its name", Action: notAttributable}})
 			}
@@ -370,7 +370,7 @@ func (s *scan) databases() []finding {
 
 // buildJob returns the state of a job by id; known is false when the
 // catalog has no such job.
-func (s *scan) buildJob(jobID string) (state string, known bool) {
+func (s *scan) buildJob(jobID string) (state jobs.State, known bool) {
 	id, err := strconv.ParseInt(jobID, 10, 64)
 	if err != nil {
 		return "", false
@@ -384,7 +384,7 @@ func (s *scan) buildJob(jobID string) (state string, known bool) {
 
 func (s *scan) buildReady(db string) bool {
 	for _, b := range s.builds {
-		if b.Cluster == s.cl.Name() && b.Database == db && b.State == "ready" {
+		if b.Cluster == s.cl.Name() && b.Database == db && b.State == catalog.BuildReady {
 			return true
 		}
 	}
@@ -593,7 +593,7 @@ func (s *scan) tenantRows() []finding {
 			continue
 		case t.State == catalog.StateBuilding, t.State == catalog.StateProvisioning, t.State == catalog.StatePurging, t.State == catalog.StateFailed:
 			out = append(out, finding{Finding: Finding{Kind: Missing, Object: "tenant " + id, Tenant: id,
-				Detail: "tenant is " + t.State + " but no job is working on it", Action: "roll back: enqueue its purge"},
+				Detail: "tenant is " + string(t.State) + " but no job is working on it", Action: "roll back: enqueue its purge"},
 				repair: s.enqueuePurge(t)})
 			continue
 		}
@@ -601,7 +601,7 @@ func (s *scan) tenantRows() []finding {
 		if _, ok := s.obs.roles[name]; !ok {
 			gone = append(gone, "role")
 		}
-		if t.Mode == "database" {
+		if t.Mode == tenant.ModeDatabase {
 			if _, ok := s.obs.databases[name]; !ok {
 				gone = append(gone, "database")
 			}
@@ -626,7 +626,7 @@ func (s *scan) tenantRows() []finding {
 func (s *scan) templateBuilds() []finding {
 	var out []finding
 	for _, b := range s.builds {
-		if b.Cluster != s.cl.Name() || b.State != "ready" || s.templates[b.Template].Deleting {
+		if b.Cluster != s.cl.Name() || b.State != catalog.BuildReady || s.templates[b.Template].Deleting {
 			continue
 		}
 		if _, ok := s.obs.databases[b.Database]; ok {

@@ -53,7 +53,7 @@ type Agents struct {
 // Target is the tenant a session is for.
 type Target struct {
 	ID       string
-	Mode     string // database or schema
+	Mode     tenant.Mode
 	Database string // its database, or its template's shared database
 	Template string
 }
@@ -120,7 +120,7 @@ func (a *Agents) EnsureRole(ctx context.Context, admin cluster.Execer, id string
 func GrantConnect(ctx context.Context, admin cluster.Execer, t Target) error {
 	agent := cluster.Ident(tenant.AgentRole(t.ID))
 	var sql string
-	if t.Mode == "schema" {
+	if t.Mode == tenant.ModeSchema {
 		sql = "GRANT " + cluster.Ident(templates.ConnectRole(t.Template)) + " TO " + agent
 	} else {
 		sql = "GRANT CONNECT ON DATABASE " + cluster.Ident(t.Database) + " TO " + agent

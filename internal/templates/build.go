@@ -11,9 +11,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
-// BuildJob materialises a template version on a cluster.
-const BuildJob = "template.build"
-
 type buildArgs struct {
 	Template string `json:"template"`
 	Version  int    `json:"version"`
@@ -24,7 +21,7 @@ type buildData struct {
 	Relations int `json:"relations"`
 }
 
-// BuildHandler is the job handler of BuildJob. Its steps: the template owner
+// BuildHandler is the job handler of jobs.TemplateBuild. Its steps: the template owner
 // role, the template's shared database (schema mode), the build into a
 // scratch database in lock-bounded batches, and finalize (rename to the
 // template database, IS_TEMPLATE, no connections). A build that fails is
@@ -160,7 +157,7 @@ func (b *builder) build(ctx context.Context, r *jobs.Run) error {
 		return err // renamed by an earlier attempt: built
 	}
 	if err := b.s.Store.UpsertBuild(ctx, catalog.TemplateBuild{Template: b.a.Template, Version: b.a.Version,
-		Cluster: b.a.Cluster, State: "building", Database: target}); err != nil {
+		Cluster: b.a.Cluster, State: catalog.BuildBuilding, Database: target}); err != nil {
 		return err
 	}
 	files, err := b.s.Files(ctx, b.a.Template, b.a.Version)

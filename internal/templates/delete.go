@@ -14,9 +14,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
-// DeleteJob removes a template that has no tenants.
-const DeleteJob = "template.delete"
-
 type deleteArgs struct {
 	Template string `json:"template"`
 }
@@ -51,7 +48,7 @@ func (s *Service) Delete(ctx context.Context, name string) (Deleted, error) {
 	if err := s.Store.MarkTemplateDeleting(ctx, tx, name); err != nil {
 		return Deleted{}, err
 	}
-	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: DeleteJob, Key: "template-delete:" + name, TargetKind: "template", Target: name,
+	j, err := s.Runner.Enqueue(ctx, tx, jobs.Spec{Type: jobs.TemplateDelete, Key: "template-delete:" + name, TargetKind: "template", Target: name,
 		Args: deleteArgs{Template: name}})
 	if err != nil {
 		return Deleted{}, err
@@ -63,7 +60,7 @@ func (s *Service) Delete(ctx context.Context, name string) (Deleted, error) {
 	return Deleted{Template: name, Job: j}, nil
 }
 
-// DeleteHandler is the job handler of DeleteJob. Its steps, each idempotent:
+// DeleteHandler is the job handler of jobs.TemplateDelete. Its steps, each idempotent:
 // stop the template's other jobs (builds, rollouts), purge its spares
 // (purge jobs, waited for), drop its template and scratch build databases
 // on every cluster (paced: each DROP DATABASE forces a checkpoint), drop
@@ -108,7 +105,7 @@ func (d *deleter) sleep(ctx context.Context) error {
 // rollouts) and waits until they have ended and cleaned up.
 func (d *deleter) stopJobs(ctx context.Context, r *jobs.Run) error {
 	for {
-		active, err := jobs.List(ctx, d.s.Store.Pool(), jobs.Filter{State: "active", TargetKind: "template", Target: d.name, Limit: 1000})
+		active, err := jobs.List(ctx, d.s.Store.Pool(), jobs.Filter{State: jobs.Active, TargetKind: "template", Target: d.name, Limit: 1000})
 		if err != nil {
 			return err
 		}
@@ -207,7 +204,7 @@ func (d *deleter) spare(ctx context.Context, t catalog.Tenant) error {
 // template's versions and the scratch databases its build jobs left, then
 // forgets its builds there.
 func (d *deleter) templateDatabases(ctx context.Context, r *jobs.Run) error {
-	builds, err := jobs.List(ctx, d.s.Store.Pool(), jobs.Filter{Type: BuildJob, TargetKind: "template", Target: d.name, Limit: 10000})
+	builds, err := jobs.List(ctx, d.s.Store.Pool(), jobs.Filter{Type: jobs.TemplateBuild, TargetKind: "template", Target: d.name, Limit: 10000})
 	if err != nil {
 		return err
 	}

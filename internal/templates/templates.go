@@ -261,7 +261,7 @@ func errDeleting(name string) error {
 // returns whether a job was started. A template being deleted is refused.
 func (s *Service) EnsureBuild(ctx context.Context, template string, version int, clusterName string) (bool, error) {
 	b, err := s.Store.GetBuild(ctx, template, version, clusterName)
-	if err == nil && (b.State == "ready" || b.State == "failed") {
+	if err == nil && (b.State == catalog.BuildReady || b.State == catalog.BuildFailed) {
 		return false, nil
 	}
 	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
@@ -292,7 +292,7 @@ func (s *Service) Rebuild(ctx context.Context, template string, version int, clu
 
 func (s *Service) enqueueBuild(ctx context.Context, q catalog.Querier, template string, version int, clusterName string) (jobs.Job, error) {
 	return s.Runner.Enqueue(ctx, q, jobs.Spec{
-		Type: BuildJob, Key: fmt.Sprintf("build:%s:%d:%s", template, version, clusterName),
+		Type: jobs.TemplateBuild, Key: fmt.Sprintf("build:%s:%d:%s", template, version, clusterName),
 		TargetKind: "template", Target: template, Cluster: clusterName,
 		Args: buildArgs{Template: template, Version: version, Cluster: clusterName},
 	})

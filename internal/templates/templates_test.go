@@ -18,6 +18,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 var pg *pgtest.Cluster
@@ -43,7 +44,7 @@ func start(t *testing.T, spares int) env {
 
 // add creates (push false) or pushes a version and waits for its builds,
 // which must end in state.
-func (e env) add(t *testing.T, push bool, name, state string, files ...templates.Upload) (templates.Added, []jobs.Job) {
+func (e env) add(t *testing.T, push bool, name string, state jobs.State, files ...templates.Upload) (templates.Added, []jobs.Job) {
 	t.Helper()
 	ctx := pgtest.Context(t)
 	f := e.c.CreateTemplate
@@ -67,7 +68,7 @@ func (e env) add(t *testing.T, push bool, name, state string, files ...templates
 
 func (e env) tenant(t *testing.T, template, mode string) api.CreateTenantResponse {
 	t.Helper()
-	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: template, Mode: mode})
+	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: template, Mode: tenant.Mode(mode)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +229,7 @@ ALTER TABLE no_such_table ADD COLUMN x int;`}
 		t.Errorf("current %d, v1 %s; want 0, failed", d.CurrentVersion, version(d, 1).State)
 	}
 	for _, mode := range []string{"database", "schema"} {
-		_, err := e.c.CreateTenant(ctx, provision.Request{Template: "fix_first", Mode: mode})
+		_, err := e.c.CreateTenant(ctx, provision.Request{Template: "fix_first", Mode: tenant.Mode(mode)})
 		if !errors.Is(err, catalog.ErrConflict) || !strings.Contains(err.Error(), "failed to build on cluster local: ") ||
 			!strings.Contains(err.Error(), realError) {
 			t.Errorf("%s tenant of a failed first version: %v, want a conflict with the build's error (%s)", mode, err, realError)

@@ -1,0 +1,23 @@
+package jobs
+
+// Type names a kind of job: the catalog's jobs.type, the key a handler is
+// registered under. Every type is named here, not in the workflow that
+// handles it, so that a package which only reads jobs (doctor, the API, the
+// CLI, the console) needs no import of the workflow.
+type Type string
+
+// Job types, one per workflow handler.
+const (
+	TemplateBuild  Type = "template.build"   // materialise a template version on a cluster (templates)
+	TemplateDelete Type = "template.delete"  // remove a template that has no tenants (templates)
+	Rollout        Type = "template.rollout" // move a template's tenants to a version (migrate)
+	TenantBuild    Type = "tenant.build"     // build a spare, or a tenant on the cold path (provision)
+	TenantPurge    Type = "tenant.purge"     // remove a dropped tenant or a leftover (purge)
+	TenantMove     Type = "tenant.move"      // move a tenant to another cluster (move)
+	Prewarm        Type = "cluster.prewarm"  // load the hot sets of one node (prewarm)
+	ClusterDrain   Type = "cluster.drain"    // move a draining cluster's tenants away (placement)
+	Rebalance      Type = "fleet.rebalance"  // run a rebalance's planned moves (placement)
+)
+
+// Types are the job types, the ones List's filter takes.
+var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance}
