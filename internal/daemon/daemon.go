@@ -197,7 +197,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
 	d.runner.Register(jobs.TenantMove, mov.Handler())
-	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg, Logger: log}
+	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
 	d.runner.Register(jobs.Rebalance, plc.RebalanceHandler())
 	reg.MustRegister(placement.NewCollector(plc))
@@ -286,7 +286,7 @@ func (d *Daemon) newPoolers(cfg config.Config, managed map[string]config.PoolerC
 		}
 		blocks[name] = pc
 	}
-	src := pooler.CatalogSource{Store: d.store, Clusters: d.clusters, Config: cfg, Logger: log}
+	src := pooler.CatalogSource{Store: d.store, Clusters: d.clusters, Tiers: cfg.Tiers, Logger: log}
 	var fronts []*pooler.Front
 	for name, pc := range blocks {
 		cl, err := d.clusters.Get(name)

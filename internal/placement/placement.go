@@ -35,7 +35,8 @@ type Service struct {
 	Runner    *jobs.Runner
 	Provision *provision.Service
 	Move      *move.Service
-	Config    config.Config
+	Config    config.MoveConfig // move: its concurrency limit
+	Tiers     map[string]config.Tier
 	Logger    *slog.Logger
 	// Poll is how often a drain or rebalance job looks at its moves (2 s).
 	Poll time.Duration
@@ -92,7 +93,7 @@ func (s *Service) inFlight(ctx context.Context) (inFlight, error) {
 	return f, nil
 }
 
-func (s *Service) limit() int { return max(s.Config.Move.MaxConcurrentPerCluster, 1) }
+func (s *Service) limit() int { return max(s.Config.MaxConcurrentPerCluster, 1) }
 
 // Drain marks a cluster draining (no new tenants or spares there; the pool
 // retires its spares) and starts the job that moves its tenants away.

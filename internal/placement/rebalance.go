@@ -48,7 +48,7 @@ func (s *Service) PlanRebalance(ctx context.Context, maxMoves int) (Plan, error)
 	}
 	movable := map[string][]catalog.SizedTenant{} // by cluster, largest first
 	for _, t := range ts {
-		if _, moving := fl.tenants[t.ID]; moving || t.State != catalog.StateActive || s.Config.Tiers[t.Tier].Dedicated() {
+		if _, moving := fl.tenants[t.ID]; moving || t.State != catalog.StateActive || s.Tiers[t.Tier].Dedicated() {
 			continue
 		}
 		movable[t.Cluster] = append(movable[t.Cluster], t)

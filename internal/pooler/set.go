@@ -127,7 +127,7 @@ func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn,
 type CatalogSource struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
-	Config   config.Config
+	Tiers    map[string]config.Tier
 	Logger   *slog.Logger
 }
 
@@ -180,9 +180,9 @@ func (c CatalogSource) For(clusterName string) Source {
 				}
 				continue
 			}
-			tier, ok := c.Config.Tiers[t.Tier]
+			tier, ok := c.Tiers[t.Tier]
 			if !ok {
-				tier = c.Config.Tiers["default"]
+				tier = c.Tiers["default"]
 			}
 			mode, size, maxDB := tier.Pooling()
 			e := Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
