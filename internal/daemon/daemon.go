@@ -167,7 +167,9 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.runner = jobs.NewRunner(store.Pool(), cfg.Jobs, pacer, log, reg)
 	tpl := &templates.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: cfg.Provision, Logger: log}
 	agents := &sandbox.Agents{Store: store}
-	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents, Config: cfg,
+	prov := &provision.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Agents: agents,
+		Provision: cfg.Provision, Tiers: cfg.Tiers, Pools: cfg.Pools, RolloutConnections: cfg.Migrate.PerCluster,
+		BatchRelations: cfg.Drop.BatchRelations, PacerFor: cfg.PacerFor,
 		Credentials: d.creds, Logger: log, ColdWait: cfg.Provision.ColdWait.D(), Poolers: d.poolers}
 	d.pool = provision.NewPool(prov, cfg.Provision.PoolInterval.D())
 	pur := &purge.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Config: cfg.Drop, Logger: log, Poolers: d.poolers}

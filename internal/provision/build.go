@@ -177,7 +177,7 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		if err != nil {
 			return err
 		}
-		strategy := tenant.CreateStrategy(build.SizeBytes, len(h.Standbys), int64(b.s.Config.Provision.WALLogMaxSize))
+		strategy := tenant.CreateStrategy(build.SizeBytes, len(h.Standbys), int64(b.s.Provision.WALLogMaxSize))
 		r.Progress(ctx, 0, 2, fmt.Sprintf("copying template %s v%d (%s)", t.Template, t.Version, strategy))
 		// FILE_COPY forces two checkpoints: one at a time (a heavy DDL
 		// slot). WAL_LOG sends about the template's size through the WAL:
@@ -210,7 +210,7 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := cluster.ReassignOwned(ctx, conn, templates.OwnerRole, name, b.s.Config.Provision.BatchLocks); err != nil {
+	if err := cluster.ReassignOwned(ctx, conn, templates.OwnerRole, name, b.s.Provision.BatchLocks); err != nil {
 		return err
 	}
 	// The tenant owns public (as the owner of a database would); its
@@ -277,7 +277,7 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 		return err
 	}
 	if exists { // half-built by an interrupted attempt
-		if err := cluster.DropSchemaBatched(ctx, conn, name, b.s.Config.Drop.BatchRelations, pace); err != nil {
+		if err := cluster.DropSchemaBatched(ctx, conn, name, b.s.BatchRelations, pace); err != nil {
 			return err
 		}
 	}
@@ -301,7 +301,7 @@ func (b *tenantBuilder) buildSchema(ctx context.Context, r *jobs.Run, t catalog.
 	if _, err := conn.Exec(ctx, fmt.Sprintf("CREATE SCHEMA %s AUTHORIZATION %s; SET ROLE %s; SET search_path = %s", id, id, id, id)); err != nil {
 		return cluster.Classify(err)
 	}
-	if err := templates.Apply(ctx, conn, files, templates.ApplyOptions{LockBudget: b.s.Config.Provision.BatchLocks, OnBatch: pace}); err != nil {
+	if err := templates.Apply(ctx, conn, files, templates.ApplyOptions{LockBudget: b.s.Provision.BatchLocks, OnBatch: pace}); err != nil {
 		return fmt.Errorf("build schema %s from template %s v%d: %w", name, t.Template, t.Version, err)
 	}
 	_, err = conn.Exec(ctx, fmt.Sprintf("RESET ROLE; RESET search_path; COMMENT ON SCHEMA %s IS %s", id, cluster.Literal(schemaMarker(t.Version))))

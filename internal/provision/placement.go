@@ -57,7 +57,7 @@ func (s *Service) LoadFleet(ctx context.Context) (*Fleet, error) {
 			continue // in the catalog, not (yet) in this daemon's registry
 		}
 		f.Clusters = append(f.Clusters, c)
-		if s.Config.Provision.ConnectionOvercommit == 0 {
+		if s.Provision.ConnectionOvercommit == 0 {
 			continue
 		}
 		cc, err := s.connections(ctx, cl)
@@ -76,9 +76,9 @@ func (s *Service) LoadFleet(ctx context.Context) (*Fleet, error) {
 
 // Need is what a tenant of tier asks of its cluster, size bytes big.
 func (f *Fleet) Need(tier string, size int64) tenant.Need {
-	t := f.s.Config.Tiers[tier]
+	t := f.s.Tiers[tier]
 	return tenant.Need{Tier: tier, Dedicated: t.Dedicated(), Label: t.ClusterLabel, SizeBytes: size,
-		Overcommit: f.s.Config.Provision.ConnectionOvercommit}
+		Overcommit: f.s.Provision.ConnectionOvercommit}
 }
 
 // Candidates are the clusters as placement sees them for a tenant of tier,
@@ -90,11 +90,11 @@ func (f *Fleet) Candidates(tier string) []tenant.Candidate {
 		for t, l := range f.Loads[c.Name] {
 			cand.Tenants += l.Tenants
 			cand.SizeBytes += l.SizeBytes
-			if l.Tenants > 0 && f.s.Config.Tiers[t].Dedicated() {
+			if l.Tenants > 0 && f.s.Tiers[t].Dedicated() {
 				cand.Dedicated = true
 			}
 		}
-		if f.s.Config.Provision.ConnectionOvercommit > 0 {
+		if f.s.Provision.ConnectionOvercommit > 0 {
 			cc, ok := f.Conns[c.Name]
 			if !ok {
 				continue
@@ -195,7 +195,7 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 // connections its pool may open (max_db_connections; README,
 // "Connections"). An unlimited tier without a pooler may take them all.
 func (s *Service) share(clusterName, tierName string, maxConnections int) int {
-	tier := s.Config.Tiers[tierName]
+	tier := s.Tiers[tierName]
 	if s.Poolers.Get(clusterName) != nil {
 		_, _, maxDB := tier.Pooling()
 		return maxDB

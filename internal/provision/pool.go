@@ -74,7 +74,7 @@ const poolLockKey = 0x70677402
 // both modes.
 func (p *Pool) Size(clusterName, template string, mode tenant.Mode) int {
 	listed, size := false, 0
-	for _, pc := range p.Svc.Config.Pools {
+	for _, pc := range p.Svc.Pools {
 		if pc.Template != template {
 			continue
 		}
@@ -84,7 +84,7 @@ func (p *Pool) Size(clusterName, template string, mode tenant.Mode) int {
 		}
 	}
 	if !listed {
-		return p.Svc.Config.Provision.DefaultPoolSize
+		return p.Svc.Provision.DefaultPoolSize
 	}
 	return size
 }
@@ -124,7 +124,7 @@ func (p *Pool) Refill(ctx context.Context) error {
 	}
 	// One query for the demand of every pool: the catalog's claim times
 	// are every daemon's creates.
-	pc := s.Config.Provision
+	pc := s.Provision
 	demand, err := s.Store.PoolDemands(ctx, pc.PoolDemandWindow.D(), pc.PoolIdleAfter.D())
 	if err != nil {
 		return err
@@ -191,7 +191,7 @@ func (p *Pool) Refill(ctx context.Context) error {
 // whether idle or not.
 func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode tenant.Mode, d catalog.PoolDemand, draining bool) error {
 	s := p.Svc
-	pc := s.Config.Provision
+	pc := s.Provision
 	size := p.Size(clusterName, template, mode)
 	target := Target(pc, size, d.Recent)
 	if draining {
@@ -244,7 +244,7 @@ func (p *Pool) fill(ctx context.Context, clusterName, template string, version i
 // holding a job worker.
 func (p *Pool) parallel(ctx context.Context, clusterName, template string, version int, mode tenant.Mode) (int, error) {
 	s := p.Svc
-	n := s.Config.Provision.RefillParallel
+	n := s.Provision.RefillParallel
 	if mode != tenant.ModeDatabase {
 		return n, nil
 	}
@@ -252,10 +252,10 @@ func (p *Pool) parallel(ctx context.Context, clusterName, template string, versi
 	if err != nil {
 		return 0, err
 	}
-	budget := s.Config.PacerFor(clusterName)
+	budget := s.PacerFor(clusterName)
 	// The strategy as if the cluster had standbys (tenant.CreateStrategy):
 	// without, a build may copy with WAL_LOG where this counted FILE_COPY.
-	if tenant.CreateStrategy(build.SizeBytes, 1, int64(s.Config.Provision.WALLogMaxSize)) == cluster.WALLog {
+	if tenant.CreateStrategy(build.SizeBytes, 1, int64(s.Provision.WALLogMaxSize)) == cluster.WALLog {
 		return min(n, budget.WALLogSlots), nil
 	}
 	return min(n, budget.HeavyDDLSlots), nil

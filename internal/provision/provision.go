@@ -33,8 +33,18 @@ type Service struct {
 	Runner    *jobs.Runner
 	Templates *templates.Service
 	Agents    *sandbox.Agents
-	Config    config.Config
-	Logger    *slog.Logger
+	Provision config.ProvisionConfig
+	Tiers     map[string]config.Tier
+	Pools     []config.PoolConfig
+	// RolloutConnections is what a rollout holds of a cluster's
+	// connections (migrate.per_cluster), counted by admission.
+	RolloutConnections int
+	// BatchRelations is how many relations a half-built schema's drop
+	// takes per transaction (drop.batch_relations).
+	BatchRelations int
+	// PacerFor is each cluster's pacer budget (config.Config.PacerFor).
+	PacerFor func(cluster string) config.PacerConfig
+	Logger   *slog.Logger
 	// ColdWait bounds how long Create waits for a cold build (and for a
 	// template's first materialisation) before answering "still provisioning".
 	ColdWait time.Duration
@@ -139,7 +149,7 @@ func (s *Service) validate(req *Request) error {
 		return invalid("%v", err)
 	}
 	if req.Mode == "" {
-		req.Mode = tenant.Mode(s.Config.Provision.DefaultMode)
+		req.Mode = tenant.Mode(s.Provision.DefaultMode)
 	}
 	if !req.Mode.Valid() {
 		return invalid("mode %q: use database or schema", req.Mode)
@@ -147,9 +157,9 @@ func (s *Service) validate(req *Request) error {
 	if req.Tier == "" {
 		req.Tier = "default"
 	}
-	if _, ok := s.Config.Tiers[req.Tier]; !ok {
-		names := make([]string, 0, len(s.Config.Tiers))
-		for n := range s.Config.Tiers {
+	if _, ok := s.Tiers[req.Tier]; !ok {
+		names := make([]string, 0, len(s.Tiers))
+		for n := range s.Tiers {
 			names = append(names, n)
 		}
 		sort.Strings(names)
@@ -207,14 +217,14 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 
 // connections reads a cluster's connection settings.
 func (s *Service) connections(ctx context.Context, cl *cluster.Cluster) (tenant.Connections, error) {
-	cc := tenant.Connections{Rollout: s.Config.Migrate.PerCluster}
+	cc := tenant.Connections{Rollout: s.RolloutConnections}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return cc, err
 	}
 	err = admin.QueryRow(ctx, `SELECT current_setting('max_connections')::int, current_setting('superuser_reserved_connections')::int`).
 		Scan(&cc.MaxConnections, &cc.Reserved)
-	cc.Reserved += s.Config.Provision.ReservedConnections
+	cc.Reserved += s.Provision.ReservedConnections
 	return cc, cluster.Classify(err)
 }
 
@@ -424,7 +434,7 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 
 // tierSQL applies a tier's limits to a tenant's role.
 func (s *Service) tierSQL(id, tierName string) string {
-	tier := s.Config.Tiers[tierName]
+	tier := s.Tiers[tierName]
 	role := cluster.Ident(tenant.PhysicalName(id))
 	var b strings.Builder
 	fmt.Fprintf(&b, "ALTER ROLE %s CONNECTION LIMIT %d;\n", role, tier.ConnectionLimit)
