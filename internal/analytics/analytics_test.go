@@ -28,7 +28,12 @@ import (
 
 var pg *pgtest.Cluster
 
-func TestMain(m *testing.M) { pgtest.Main(m, pgtest.Options{}, &pg) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec))
+	}
+	pgtest.Main(m, pgtest.Options{}, &pg)
+}
 
 // config is a daemon's configuration with quick analytics timings and
 // its files in dir.

@@ -131,20 +131,41 @@ func readState(ctx context.Context, db *sql.DB) (lsn pglogrepl.LSN, copied bool,
 	return pglogrepl.LSN(l), copied, rows, err
 }
 
+// openState opens the file and reads its state. A file DuckDB cannot open
+// or whose state it cannot read (corrupt, truncated, another version) is
+// removed, with an event, and an empty one made: the mirror is copied
+// again. A file held by another process (its lock) is left alone.
+func (m *mirror) openState(ctx context.Context) (*sql.DB, pglogrepl.LSN, bool, int64, error) {
+	db, err := m.open()
+	if err == nil {
+		lsn, copied, rows, err := readState(ctx, db)
+		if err == nil {
+			return db, lsn, copied, rows, nil
+		}
+		db.Close()
+		err = fmt.Errorf("read mirror state: %w", err)
+	}
+	if ctx.Err() != nil || strings.Contains(err.Error(), "Could not set lock") {
+		return nil, 0, false, 0, err
+	}
+	m.log.Warn("analytics mirror file unreadable: copying again", "err", err)
+	_ = m.s.Store.AddEvent(ctx, m.s.Store.Pool(), m.id, "analytics", "mirror file unreadable, copying again: "+err.Error())
+	if err := m.s.removeFile(m.id); err != nil {
+		return nil, 0, false, 0, err
+	}
+	db, err = m.open()
+	return db, 0, false, 0, err
+}
+
 // run makes (or resumes) the mirror and streams until an error or ctx.
 func (m *mirror) run(ctx context.Context) error {
 	t, cl, err := m.s.tenantOf(ctx, m.id)
 	if err != nil {
 		return err
 	}
-	db, err := m.open()
+	db, lsn, copied, rows, err := m.openState(ctx)
 	if err != nil {
 		return err
-	}
-	lsn, copied, rows, err := readState(ctx, db)
-	if err != nil {
-		db.Close()
-		return fmt.Errorf("read mirror state: %w", err)
 	}
 	if copied {
 		lost, err := slotLost(ctx, cl, SlotName(m.id))
