@@ -159,7 +159,11 @@ func TestMirror_KillDuringCopyAndApply(t *testing.T) {
 	}
 	ctx := context.Background()
 	cfg := testConfig(t)
-	c, stop := daemontest.StartCancellable(t, pg, cfg)
+	// The first daemon makes the tenant and records the mirror, but looks
+	// at mirrors only when it starts: the children make it.
+	first := cfg
+	first.Analytics.PollInterval = config.Duration(time.Hour)
+	c, stop := daemontest.StartCancellable(t, pg, first)
 	template(t, c)
 	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: "database"})
 	if err != nil {
@@ -168,6 +172,9 @@ func TestMirror_KillDuringCopyAndApply(t *testing.T) {
 	id, dsn := r.Tenant.ID, r.DSN
 	exec(t, dsn, `INSERT INTO items SELECT i, i % 7, md5(i::text), timestamp '2024-01-01' + i * interval '1 second', i / 7.0, CASE WHEN i % 1000 = 0 THEN repeat(md5(i::text), 100) END
 		FROM generate_series(1, 400000) i`)
+	if _, err := c.EnableAnalytics(ctx, id, nil); err != nil {
+		t.Fatal(err)
+	}
 	stop()
 	store, err := catalog.Open(ctx, cfg.Catalog.DSN, nil)
 	if err != nil {
@@ -177,9 +184,6 @@ func TestMirror_KillDuringCopyAndApply(t *testing.T) {
 	svc := analytics.New(store, nil, cfg.Analytics, cfg.Analytics.Dir, nil)
 	tn, err := store.GetTenant(ctx, nil, id)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := svc.Enable(ctx, tn, nil); err != nil {
 		t.Fatal(err)
 	}
 	file := filepath.Join(cfg.Analytics.Dir, id+".duckdb")

@@ -91,7 +91,8 @@ func (m *mirror) open() (*sql.DB, error) {
 	}
 	db := sql.OpenDB(conn)
 	if _, err := db.Exec(`CREATE SCHEMA IF NOT EXISTS ` + stateSchema + `;
-		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ)`); err != nil {
+		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ);
+		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.resync (tbl VARCHAR NOT NULL, pg_schema VARCHAR NOT NULL, pg_table VARCHAR NOT NULL, until UBIGINT NOT NULL)`); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("mirror state table: %w", err)
 	}
@@ -202,7 +203,7 @@ func (m *mirror) run(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	w := &writer{c: conn, staged: map[int]bool{}, cols: map[string]map[string]bool{}}
+	w := newWriter(conn)
 
 	repl, err := cl.ConnectReplication(ctx, t.Database)
 	if err != nil {
@@ -232,7 +233,7 @@ func (m *mirror) run(ctx context.Context) error {
 	m.mu.Unlock()
 	m.setDB(db)
 	m.s.report(ctx, m.id, StateStreaming, lsn.String(), rows, 0, "")
-	return m.stream(ctx, w, repl, t, lsn)
+	return m.stream(ctx, w, cl, repl, t, lsn)
 }
 
 // slotLost reports whether the mirror's slot is missing or invalidated
@@ -311,43 +312,76 @@ type column struct {
 	key  bool
 }
 
+// tableCols is a DuckDB table's columns and their types as DuckDB names
+// them (empty: no such table), from the writer's cache when it has them.
+func (w *writer) tableCols(ctx context.Context, schema, table string) (map[string]string, error) {
+	qt := quoteDuck(schema) + "." + quoteDuck(table)
+	if have, ok := w.seen[qt]; ok && have != nil {
+		return have, nil
+	} else if !ok && w.cols[qt] != nil {
+		return w.cols[qt], nil
+	}
+	rows, err := w.c.QueryContext(ctx, `SELECT column_name, data_type FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? AND database_name = current_database()`, schema, table)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	have := map[string]string{}
+	for rows.Next() {
+		var c, typ string
+		if err := rows.Scan(&c, &typ); err != nil {
+			return nil, err
+		}
+		have[c] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if w.seen != nil && len(have) > 0 {
+		w.seen[qt] = have
+	}
+	return have, nil
+}
+
+// forget drops the writer's cache of a table it changes.
+func (w *writer) forget(qt string) {
+	if w.seen != nil {
+		w.seen[qt] = nil
+	}
+}
+
+// canon is a DuckDB type as duckdb_columns() names it (REAL is FLOAT …).
+func (w *writer) canon(ctx context.Context, typ string) (string, error) {
+	if c, ok := w.canons[typ]; ok {
+		return c, nil
+	}
+	var c string
+	if err := w.c.QueryRowContext(ctx, "SELECT typeof(CAST(NULL AS "+typ+"))").Scan(&c); err != nil {
+		return "", err
+	}
+	w.canons[typ] = c
+	return c, nil
+}
+
 // ensureTable creates the table, or adds the columns it lacks.
 func ensureTable(ctx context.Context, w *writer, schema, table string, cols []column) error {
 	qt := quoteDuck(schema) + "." + quoteDuck(table)
-	known := w.seen[qt]
-	if known == nil {
-		known = w.cols[qt]
+	have, err := w.tableCols(ctx, schema, table)
+	if err != nil {
+		return err
 	}
-	if known != nil {
-		missing := false
-		for _, c := range cols {
-			missing = missing || !known[c.name]
-		}
-		if !missing {
-			return nil
-		}
+	missing := false
+	for _, c := range cols {
+		_, ok := have[c.name]
+		missing = missing || !ok
+	}
+	if !missing {
+		return nil
 	}
 	if schema != "main" {
 		if _, err := w.c.ExecContext(ctx, "CREATE SCHEMA IF NOT EXISTS "+quoteDuck(schema)); err != nil {
 			return err
 		}
-	}
-	rows, err := w.c.QueryContext(ctx, `SELECT column_name FROM duckdb_columns() WHERE schema_name = ? AND table_name = ? AND database_name = current_database()`, schema, table)
-	if err != nil {
-		return err
-	}
-	have := map[string]bool{}
-	for rows.Next() {
-		var c string
-		if err := rows.Scan(&c); err != nil {
-			rows.Close()
-			return err
-		}
-		have[c] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
 	}
 	if len(have) == 0 {
 		var defs []string
@@ -359,20 +393,55 @@ func ensureTable(ctx context.Context, w *writer, schema, table string, cols []co
 		}
 	} else {
 		for _, c := range cols {
-			if !have[c.name] {
+			if _, ok := have[c.name]; !ok {
 				if _, err := w.c.ExecContext(ctx, "ALTER TABLE "+qt+" ADD COLUMN "+quoteDuck(c.name)+" "+c.typ); err != nil {
 					return err
 				}
 			}
 		}
 	}
-	for _, c := range cols {
-		have[c.name] = true
-	}
-	if w.seen != nil {
-		w.seen[qt] = have // the writer's cache, once this transaction commits
-	}
+	w.forget(qt)
 	return nil
+}
+
+// schemaChanged compares a table as PostgreSQL describes it now with the
+// mirror's. Columns dropped on PostgreSQL are dropped here; any other
+// difference (a column renamed, retyped or added: an ALTER … TYPE … USING
+// or an ADD COLUMN … DEFAULT changes existing rows without a change in
+// the stream) reports true: the table is copied again. A table the mirror
+// does not have yet is not changed (it is created).
+func schemaChanged(ctx context.Context, w *writer, rel *relation, earlier []column) (bool, error) {
+	if len(earlier) > 0 {
+		return true, nil // the relation changed within the batch
+	}
+	have, err := w.tableCols(ctx, rel.schema, rel.name)
+	if err != nil || len(have) == 0 {
+		return false, err
+	}
+	now := map[string]bool{}
+	for _, c := range rel.cols {
+		now[c.name] = true
+		typ, ok := have[c.name]
+		if !ok {
+			return true, nil
+		}
+		want, err := w.canon(ctx, c.typ)
+		if err != nil {
+			return false, err
+		}
+		if want != typ {
+			return true, nil
+		}
+	}
+	for name := range have {
+		if !now[name] {
+			if _, err := w.c.ExecContext(ctx, "ALTER TABLE "+rel.quoted()+" DROP COLUMN "+quoteDuck(name)); err != nil {
+				return false, err
+			}
+			w.forget(rel.quoted())
+		}
+	}
+	return false, nil
 }
 
 // insertRows inserts rows (text values, nil = NULL) into a DuckDB table:
@@ -400,13 +469,18 @@ func insertRows(ctx context.Context, w *writer, qt string, cols []column, rows [
 // so that the appender's rows belong to them) and its staging tables.
 type writer struct {
 	c      *sql.Conn
-	staged map[int]bool               // staging tables made, by width
-	cols   map[string]map[string]bool // tables' columns as of the last commit
-	seen   map[string]map[string]bool // … and as this transaction left them
+	staged map[int]bool                 // staging tables made, by width
+	cols   map[string]map[string]string // tables' columns (name → DuckDB type) as of the last commit
+	seen   map[string]map[string]string // … and as this transaction left them (nil: changed, read again)
+	canons map[string]string            // DuckDB type → its name in duckdb_columns()
+}
+
+func newWriter(c *sql.Conn) *writer {
+	return &writer{c: c, staged: map[int]bool{}, cols: map[string]map[string]string{}, canons: map[string]string{}}
 }
 
 func (w *writer) begin(ctx context.Context) error {
-	w.seen = map[string]map[string]bool{}
+	w.seen = map[string]map[string]string{}
 	_, err := w.c.ExecContext(ctx, "BEGIN TRANSACTION")
 	return err
 }
@@ -415,7 +489,11 @@ func (w *writer) commit(ctx context.Context) error {
 	_, err := w.c.ExecContext(ctx, "COMMIT")
 	if err == nil {
 		for qt, cols := range w.seen {
-			w.cols[qt] = cols
+			if cols == nil {
+				delete(w.cols, qt)
+			} else {
+				w.cols[qt] = cols
+			}
 		}
 	}
 	return err
@@ -502,23 +580,9 @@ func (m *mirror) copyAll(ctx context.Context, w *writer, cl *cluster.Cluster, t 
 		if !ok {
 			continue
 		}
-		colRows, err := conn.Query(ctx, `SELECT a.attname::text, a.atttypid::int8, a.atttypmod FROM pg_catalog.pg_attribute a
-			JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-			WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, r.schema, r.name)
+		cols, err := tableColumns(ctx, conn, r.schema, r.name)
 		if err != nil {
-			return 0, fmt.Errorf("columns of %s.%s: %w", r.schema, r.name, cluster.Classify(err))
-		}
-		cols, err := pgx.CollectRows(colRows,
-			func(row pgx.CollectableRow) (column, error) {
-				var c column
-				var oid int64
-				var mod int32
-				err := row.Scan(&c.name, &oid, &mod)
-				c.typ = duckType(uint32(oid), mod)
-				return c, err
-			})
-		if err != nil {
-			return 0, fmt.Errorf("columns of %s.%s: %w", r.schema, r.name, cluster.Classify(err))
+			return 0, err
 		}
 		n, err := copyTable(ctx, w, conn, schema, r.schema, r.name, cols)
 		if err != nil {
@@ -542,18 +606,52 @@ func (m *mirror) copyAll(ctx context.Context, w *writer, cl *cluster.Cluster, t 
 	return total, w.commit(ctx)
 }
 
-// copyTable streams one table out with COPY … TO STDOUT (type output
-// functions only: no cast a tenant could have defined runs) into DuckDB.
+// tableColumns is a table's columns as PostgreSQL has them (in the
+// session's snapshot), with their DuckDB types; none: no such table.
+func tableColumns(ctx context.Context, conn *pgx.Conn, schema, table string) ([]column, error) {
+	colRows, err := conn.Query(ctx, `SELECT a.attname::text, a.atttypid::int8, a.atttypmod FROM pg_catalog.pg_attribute a
+		JOIN pg_catalog.pg_class c ON c.oid = a.attrelid JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum`, schema, table)
+	if err != nil {
+		return nil, fmt.Errorf("columns of %s.%s: %w", schema, table, cluster.Classify(err))
+	}
+	cols, err := pgx.CollectRows(colRows,
+		func(row pgx.CollectableRow) (column, error) {
+			var c column
+			var oid int64
+			var mod int32
+			err := row.Scan(&c.name, &oid, &mod)
+			c.typ = duckType(uint32(oid), mod)
+			return c, err
+		})
+	if err != nil {
+		return nil, fmt.Errorf("columns of %s.%s: %w", schema, table, cluster.Classify(err))
+	}
+	return cols, nil
+}
+
+// copyTable copies one table in a DuckDB transaction of its own.
 func copyTable(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, table string, cols []column) (int64, error) {
 	if err := w.begin(ctx); err != nil {
 		return 0, err
 	}
 	defer w.rollback()
+	n, err := copyRows(ctx, w, conn, duckSch, schema, table, cols)
+	if err != nil {
+		return 0, err
+	}
+	return n, w.commit(ctx)
+}
+
+// copyRows streams one table out with COPY … TO STDOUT (type output
+// functions only: no cast a tenant could have defined runs) into DuckDB,
+// in the writer's transaction.
+func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, table string, cols []column) (int64, error) {
 	if err := ensureTable(ctx, w, duckSch, table, cols); err != nil {
 		return 0, err
 	}
 	if len(cols) == 0 {
-		return 0, w.commit(ctx)
+		return 0, nil
 	}
 	names := make([]string, len(cols))
 	for i, c := range cols {
@@ -598,7 +696,108 @@ func copyTable(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, 
 		return 0, err
 	}
 	n += int64(len(batch))
-	return n, w.commit(ctx)
+	return n, nil
+}
+
+// markResync records, in the batch's transaction, that tables are to be
+// copied again (until 0: not yet): a crash before the copy does it at
+// the next start.
+func markResync(ctx context.Context, w *writer, rels []*relation) error {
+	for _, r := range rels {
+		if _, err := w.c.ExecContext(ctx, `DELETE FROM `+stateSchema+`.resync WHERE tbl = ?`, r.quoted()); err != nil {
+			return err
+		}
+		if _, err := w.c.ExecContext(ctx, `INSERT INTO `+stateSchema+`.resync VALUES (?, ?, ?, 0)`, r.quoted(), r.pgSchema, r.name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resyncs reads the tables to skip changes of (until > 0) and those
+// waiting for their copy (until 0).
+func resyncs(ctx context.Context, w *writer) (skip map[string]pglogrepl.LSN, pending [][2]string, err error) {
+	rows, err := w.c.QueryContext(ctx, `SELECT tbl, pg_schema, pg_table, until FROM `+stateSchema+`.resync`)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	skip = map[string]pglogrepl.LSN{}
+	for rows.Next() {
+		var tbl, sch, name string
+		var until uint64
+		if err := rows.Scan(&tbl, &sch, &name, &until); err != nil {
+			return nil, nil, err
+		}
+		if until == 0 {
+			pending = append(pending, [2]string{sch, name})
+		} else {
+			skip[tbl] = pglogrepl.LSN(until)
+		}
+	}
+	return skip, pending, rows.Err()
+}
+
+// resync copies one table again, whole, at the snapshot of a temporary
+// slot made now, replacing the mirror's in one DuckDB transaction that
+// also records the slot's LSN: the stream then skips the table's changes
+// that committed before it (the copy has them) and applies the later
+// ones. A table gone from PostgreSQL is dropped from the mirror.
+func (m *mirror) resync(ctx context.Context, w *writer, cl *cluster.Cluster, t catalog.Tenant, pgSchema, table string) (pglogrepl.LSN, error) {
+	repl, err := cl.ConnectReplication(ctx, t.Database)
+	if err != nil {
+		return 0, err
+	}
+	defer repl.Close(context.WithoutCancel(ctx))
+	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, "pgt_resync_"+t.ID, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: true, SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
+	if err != nil {
+		return 0, fmt.Errorf("create a temporary slot: %w", cluster.Classify(err))
+	}
+	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
+	if err != nil {
+		return 0, err
+	}
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"); err != nil {
+		return 0, cluster.Classify(err)
+	}
+	if _, err := conn.Exec(ctx, "SET TRANSACTION SNAPSHOT "+cluster.Literal(res.SnapshotName)); err != nil {
+		return 0, fmt.Errorf("import the slot's snapshot: %w", cluster.Classify(err))
+	}
+	cols, err := tableColumns(ctx, conn, pgSchema, table)
+	if err != nil {
+		return 0, err
+	}
+	duckSch, _ := duckSchema(t, pgSchema)
+	qt := quoteDuck(duckSch) + "." + quoteDuck(table)
+	if err := w.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer w.rollback()
+	if _, err := w.c.ExecContext(ctx, "DROP TABLE IF EXISTS "+qt); err != nil {
+		return 0, err
+	}
+	w.forget(qt)
+	var n int64
+	if len(cols) > 0 {
+		if n, err = copyRows(ctx, w, conn, duckSch, pgSchema, table, cols); err != nil {
+			return 0, fmt.Errorf("copy %s.%s again: %w", pgSchema, table, err)
+		}
+	}
+	if _, err := w.c.ExecContext(ctx, `UPDATE `+stateSchema+`.resync SET until = ? WHERE tbl = ?`, uint64(lsn), qt); err != nil {
+		return 0, err
+	}
+	if err := w.commit(ctx); err != nil {
+		return 0, err
+	}
+	_, _ = conn.Exec(ctx, "COMMIT")
+	m.log.Info("analytics table copied again after a change of its definition", "table", qt, "rows", n, "lsn", lsn)
+	return lsn, nil
 }
 
 // keepalive is how often the stream reports its position to the primary.
@@ -607,15 +806,27 @@ const keepalive = 5 * time.Second
 // stream applies the slot's changes from lsn on, a batch of whole
 // transactions per DuckDB transaction (with the batch's end LSN), and
 // confirms to the primary only what is committed in the file.
-func (m *mirror) stream(ctx context.Context, w *writer, repl *pgconn.PgConn, t catalog.Tenant, lsn pglogrepl.LSN) error {
+func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, repl *pgconn.PgConn, t catalog.Tenant, lsn pglogrepl.LSN) error {
 	slot := SlotName(t.ID)
-	err := pglogrepl.StartReplication(ctx, repl, slot, lsn, pglogrepl.StartReplicationOptions{
+	skipUntil, pending, err := resyncs(ctx, w)
+	if err != nil {
+		return fmt.Errorf("read the tables copied again: %w", err)
+	}
+	for _, p := range pending { // marked by a batch, not copied before a crash
+		until, err := m.resync(ctx, w, cl, t, p[0], p[1])
+		if err != nil {
+			return err
+		}
+		duckSch, _ := duckSchema(t, p[0])
+		skipUntil[quoteDuck(duckSch)+"."+quoteDuck(p[1])] = until
+	}
+	err = pglogrepl.StartReplication(ctx, repl, slot, lsn, pglogrepl.StartReplicationOptions{
 		PluginArgs: []string{"proto_version '1'", "publication_names " + cluster.Literal(slot)}})
 	if err != nil {
 		return fmt.Errorf("start replication: %w", cluster.Classify(err))
 	}
 	rels := map[uint32]*relation{}
-	b := newBatch(t, rels)
+	b := newBatch(t, rels, skipUntil)
 	applied := lsn
 	// confirmed is what the primary may forget: applied, or, while
 	// nothing is pending, the position its keepalives say it has decoded
@@ -649,7 +860,20 @@ func (m *mirror) stream(ctx context.Context, w *writer, repl *pgconn.PgConn, t c
 		m.mu.Lock()
 		m.rows += n
 		m.mu.Unlock()
-		b = newBatch(t, rels)
+		if len(b.resync) > 0 {
+			// The walsender waits meanwhile: tell it we are alive.
+			stopAlive := keepAlive(ctx, repl, confirmed)
+			for _, r := range b.resync {
+				until, err := m.resync(ctx, w, cl, t, r.pgSchema, r.name)
+				if err != nil {
+					stopAlive()
+					return err
+				}
+				skipUntil[r.quoted()] = until
+			}
+			stopAlive()
+		}
+		b = newBatch(t, rels, skipUntil)
 		firstPending = time.Time{}
 		publish()
 		return nil
@@ -735,6 +959,27 @@ func (m *mirror) stream(ctx context.Context, w *writer, repl *pgconn.PgConn, t c
 			}
 		}
 	}
+}
+
+// keepAlive reports pos to the walsender every few seconds until the
+// returned function is called (while the stream is not read).
+func keepAlive(ctx context.Context, repl *pgconn.PgConn, pos pglogrepl.LSN) func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(keepalive):
+				_ = pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos})
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
 }
 
 func (m *mirror) rowsNow() int64 {
