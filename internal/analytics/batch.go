@@ -80,7 +80,7 @@ type batch struct {
 	rows   int
 	end    pglogrepl.LSN
 	inTxn  bool
-	skip   bool // a transaction the file holds already
+	skip   bool          // a transaction the file holds already
 	txnLSN pglogrepl.LSN // the commit LSN of the transaction being read
 	// skipUntil: per DuckDB table, changes of transactions that committed
 	// before this LSN are in the table already (it was copied again at a
