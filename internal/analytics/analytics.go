@@ -36,6 +36,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -66,6 +67,10 @@ type Service struct {
 	Logger   *slog.Logger
 	// Dir holds the DuckDB files (Config.Dir resolved).
 	Dir string
+	// Pacer, when set, paces the copies (the initial one, table by table,
+	// and a table's copy after a change of its definition) like the jobs'
+	// steps: each waits while its cluster is over budget.
+	Pacer Pacer
 
 	owner string       // this daemon, in leases
 	ln    net.Listener // the analytics port (Listen), nil without one
@@ -73,6 +78,20 @@ type Service struct {
 
 	mu      sync.Mutex
 	mirrors map[string]*mirror // the mirrors this daemon runs
+}
+
+// Pacer is the jobs' pacer as the mirrors use it.
+type Pacer interface {
+	Acquire(ctx context.Context, cluster string, kind jobs.Kind, report func(reason string)) (func(), error)
+}
+
+// pace waits for the cluster's budget before a copy (at once without a
+// pacer) and returns its release.
+func (s *Service) pace(ctx context.Context, clusterName string) (func(), error) {
+	if s.Pacer == nil {
+		return func() {}, nil
+	}
+	return s.Pacer.Acquire(ctx, clusterName, jobs.Light, nil)
 }
 
 // New returns the service; Run runs the mirrors this daemon owns.

@@ -589,7 +589,12 @@ func (m *mirror) copyAll(ctx context.Context, w *writer, cl *cluster.Cluster, t 
 		if err != nil {
 			return 0, err
 		}
+		release, err := m.s.pace(ctx, t.Cluster)
+		if err != nil {
+			return 0, err
+		}
 		n, err := copyTable(ctx, w, conn, schema, r.schema, r.name, cols)
+		release()
 		if err != nil {
 			return 0, fmt.Errorf("copy %s.%s: %w", r.schema, r.name, err)
 		}
@@ -785,6 +790,11 @@ func resyncs(ctx context.Context, w *writer) (skip map[string]pglogrepl.LSN, pen
 // that committed before it (the copy has them) and applies the later
 // ones. A table gone from PostgreSQL is dropped from the mirror.
 func (m *mirror) resync(ctx context.Context, w *writer, cl *cluster.Cluster, t catalog.Tenant, pgSchema, table string) (pglogrepl.LSN, error) {
+	release, err := m.s.pace(ctx, t.Cluster)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	repl, err := cl.ConnectReplication(ctx, t.Database)
 	if err != nil {
 		return 0, err
