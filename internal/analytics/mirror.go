@@ -682,52 +682,70 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 		copyErr <- err
 	}()
 	qt := quoteDuck(duckSch) + "." + quoteDuck(table)
-	// One goroutine reads and parses batches while this one inserts the
-	// previous: the two halves of the copy use both cores.
-	batches := make(chan [][]*string, 1)
+	// One goroutine reads and sorts the lines while this one inserts the
+	// previous batch: the two halves of the copy use both cores. A line
+	// without escapes (most) goes to DuckDB whole, split and cast there;
+	// one with escapes is parsed here.
+	type copyBatch struct {
+		lines [][]*string // one value each: the line
+		rows  [][]*string // parsed
+	}
+	batches := make(chan copyBatch, 1)
 	parseErr := make(chan error, 1)
 	go func() {
 		defer close(batches)
 		br := bufio.NewReaderSize(pr, 1<<20)
-		batch := make([][]*string, 0, copyBatch)
+		var b copyBatch
 		for {
-			row, err := readCopyRow(br)
-			if err == io.EOF {
+			line, err := br.ReadString('\n')
+			if err == io.EOF && line == "" {
 				break
 			}
 			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
 				pr.CloseWithError(err) // COPY stops writing
 				parseErr <- err
 				return
 			}
-			batch = append(batch, row)
-			if len(batch) == copyBatch {
+			line = line[:len(line)-1]
+			if plainLine(line) {
+				b.lines = append(b.lines, []*string{&line})
+			} else {
+				b.rows = append(b.rows, parseCopyLine(line))
+			}
+			if len(b.lines)+len(b.rows) == copyBatchRows {
 				select {
-				case batches <- batch:
+				case batches <- b:
 				case <-ctx.Done():
 					pr.CloseWithError(ctx.Err())
 					parseErr <- ctx.Err()
 					return
 				}
-				batch = make([][]*string, 0, copyBatch)
+				b = copyBatch{}
 			}
 		}
-		if len(batch) > 0 {
-			batches <- batch
+		if len(b.lines)+len(b.rows) > 0 {
+			batches <- b
 		}
 		parseErr <- nil
 	}()
 	var n int64
 	var insertErr error
-	for batch := range batches {
+	for b := range batches {
 		if insertErr != nil {
 			continue // drain: the reader ends with the pipe
 		}
-		if insertErr = insertRows(ctx, w, qt, cols, batch); insertErr != nil {
+		insertErr = insertLines(ctx, w, qt, cols, b.lines)
+		if insertErr == nil {
+			insertErr = insertRows(ctx, w, qt, cols, b.rows)
+		}
+		if insertErr != nil {
 			pr.CloseWithError(insertErr)
 			continue
 		}
-		n += int64(len(batch))
+		n += int64(len(b.lines) + len(b.rows))
 	}
 	err := <-parseErr
 	cErr := <-copyErr
@@ -742,8 +760,30 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 	return n, nil
 }
 
-// copyBatch is how many rows the copy appends per INSERT.
-const copyBatch = 50000
+// insertLines inserts lines of COPY's text format that have no escapes
+// (plainLine): appended whole to a staging table, then split on tabs and
+// each field cast to its column's type in one INSERT … SELECT.
+func insertLines(ctx context.Context, w *writer, qt string, cols []column, lines [][]*string) error {
+	if len(lines) == 0 {
+		return nil
+	}
+	stage, err := w.stage(ctx, 1, lines)
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(cols))
+	casts := make([]string, len(cols))
+	for i, c := range cols {
+		names[i] = quoteDuck(c.name)
+		casts[i] = fmt.Sprintf(`CAST(nullif(l[%d], '\N') AS %s)`, i+1, c.typ)
+	}
+	_, err = w.c.ExecContext(ctx, "INSERT INTO "+qt+" ("+strings.Join(names, ", ")+") SELECT "+strings.Join(casts, ", ")+
+		" FROM (SELECT string_split(c0, chr(9)) AS l FROM "+stage+")")
+	return err
+}
+
+// copyBatchRows is how many rows the copy inserts at a time.
+const copyBatchRows = 50000
 
 // markResync records, in the batch's transaction, that tables are to be
 // copied again (until 0: not yet): a crash before the copy does it at
