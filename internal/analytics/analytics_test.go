@@ -78,7 +78,7 @@ func exec(t *testing.T, dsn string, sqls ...string) {
 }
 
 // digest is every row of a table, every column as text (NULL apart from
-// ''), in key order (rows of equal keys by their text): the same
+// ”), in key order (rows of equal keys by their text): the same
 // expression on the heap and on the mirror. The first column is the key.
 func digest(cols string) string {
 	key, _, _ := strings.Cut(cols, ",")
