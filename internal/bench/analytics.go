@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -51,6 +52,12 @@ type AnalyticsUpsert struct {
 	LagP99      time.Duration `json:"lag_p99,omitempty"`
 	LagMax      time.Duration `json:"lag_max,omitempty"`
 	CatchUp     time.Duration `json:"catch_up,omitempty"` // after pgbench ended, until the mirror held the primary's LSN
+	// Changes applied to the mirror from pgbench's start until caught up,
+	// and the CPU spent meanwhile by the daemon (its apply, in this
+	// process) and by the walsender that decodes the slot.
+	Changes      int64         `json:"changes,omitempty"`
+	DaemonCPU    time.Duration `json:"daemon_cpu,omitempty"`
+	WalsenderCPU time.Duration `json:"walsender_cpu,omitempty"`
 }
 
 // AnalyticsResult is what bench analytics measured.
@@ -242,6 +249,12 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 				}
 			}
 		}()
+		var walPID int
+		if err := heap.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, analytics.SlotName(id)).Scan(&walPID); err != nil {
+			return res, Table{}, err
+		}
+		p0, _ := d.d.Analytics().Progress(id)
+		selfCPU0, walCPU0 := processCPU(0), processCPU(walPID)
 		run, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
 		close(done)
 		wg.Wait()
@@ -265,6 +278,8 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 			time.Sleep(20 * time.Millisecond)
 		}
 		row.CatchUp = time.Since(ended)
+		p1, _ := d.d.Analytics().Progress(id)
+		row.Changes, row.DaemonCPU, row.WalsenderCPU = p1.Rows-p0.Rows, processCPU(0)-selfCPU0, processCPU(walPID)-walCPU0
 		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
 		row.LagP50, row.LagP99 = percentile(lags, 50), percentile(lags, 99)
 		if len(lags) > 0 {
@@ -360,6 +375,9 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		row := []string{fmt.Sprintf("upserts, %d clients, mirror %s", u.Clients, on), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
 		if u.Mirror {
 			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp))
+			if u.Changes > 0 {
+				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs, walsender %.0f µs", float64(u.DaemonCPU.Microseconds())/float64(u.Changes), float64(u.WalsenderCPU.Microseconds())/float64(u.Changes))
+			}
 		}
 		t.Rows = append(t.Rows, row)
 	}
@@ -384,6 +402,32 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		"lag: age of the oldest commit not yet in the mirror, sampled every 100 ms; caught up: from the end of pgbench until the mirror holds the primary's LSN.",
 		"PostgreSQL, pgbench, the daemon and DuckDB share the machine's cores.")
 	return t
+}
+
+// processCPU is the user and system CPU a process has used: this one
+// (pid 0) from getrusage, another from /proc (0 when unreadable).
+func processCPU(pid int) time.Duration {
+	if pid == 0 {
+		var ru syscall.Rusage
+		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+			return 0
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (in parentheses): utime and stime are the
+	// 12th and 13th, in clock ticks (100 a second on Linux).
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 func mb(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/(1<<20)) }
