@@ -378,7 +378,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			}
 		}
 		for _, shape := range shapes {
-			if err := insertRows(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
+			if err := insertValues(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
 				return 0, fmt.Errorf("insert into %s: %w", qt, err)
 			}
 		}
@@ -445,7 +445,7 @@ func applyOps(ctx context.Context, w *writer, qt string, ops []op) (int64, error
 	var run [][]*string
 	var runCols []column
 	flush := func() error {
-		err := insertRows(ctx, w, qt, runCols, run)
+		err := insertValues(ctx, w, qt, runCols, run)
 		run, runCols = nil, nil
 		return err
 	}

@@ -449,6 +449,42 @@ func schemaChanged(ctx context.Context, w *writer, rel *relation, earlier []colu
 	return false, nil
 }
 
+// insertValues inserts rows of text values (nil = NULL): those whose
+// values hold no tab, newline or backslash as one line each (insertLines:
+// one value appended per row instead of one per column), the others with
+// insertRows.
+func insertValues(ctx context.Context, w *writer, qt string, cols []column, rows [][]*string) error {
+	var lines, others [][]*string
+	var b strings.Builder
+	for _, r := range rows {
+		b.Reset()
+		plain := len(r) == len(cols)
+		for i := 0; plain && i < len(r); i++ {
+			if i > 0 {
+				b.WriteByte('\t')
+			}
+			switch {
+			case r[i] == nil:
+				b.WriteString(`\N`)
+			case strings.ContainsAny(*r[i], "\t\n\\"):
+				plain = false
+			default:
+				b.WriteString(*r[i])
+			}
+		}
+		if plain {
+			line := b.String()
+			lines = append(lines, []*string{&line})
+		} else {
+			others = append(others, r)
+		}
+	}
+	if err := insertLines(ctx, w, qt, cols, lines); err != nil {
+		return err
+	}
+	return insertRows(ctx, w, qt, cols, others)
+}
+
 // insertRows inserts rows (text values, nil = NULL) into a DuckDB table:
 // appended to a staging table of text columns, then one INSERT … SELECT
 // that CASTs each to its column's type.
@@ -938,11 +974,19 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 			m.pending = b.firstCommit
 		}
 	}
+	// window is how long a batch gathers transactions: the flush interval,
+	// or, while applying takes longer than that (the mirror is behind or
+	// short of CPU), as long as the last batch took, up to five intervals:
+	// larger batches share each batch's fixed cost (a scan of the table's
+	// keys per DELETE … USING, a commit) among more changes.
+	window := m.s.Config.FlushInterval.D()
 	flush := func() error {
 		if b.txns == 0 {
 			return nil
 		}
+		started := time.Now()
 		n, err := b.apply(ctx, w)
+		window = min(max(time.Since(started), m.s.Config.FlushInterval.D()), 5*m.s.Config.FlushInterval.D())
 		if err != nil {
 			return fmt.Errorf("apply changes up to %s: %w", b.end, err)
 		}
@@ -981,7 +1025,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	for {
 		// A batch ends only between transactions: the file never holds
 		// part of one.
-		if b.txns > 0 && !b.inTxn && (b.rows >= m.s.Config.BatchRows || time.Since(firstPending) >= m.s.Config.FlushInterval.D()) {
+		if b.txns > 0 && !b.inTxn && (b.rows >= m.s.Config.BatchRows || time.Since(firstPending) >= window) {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -996,7 +1040,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		}
 		wait := time.Until(nextStatus)
 		if b.txns > 0 && !b.inTxn {
-			wait = min(wait, time.Until(firstPending.Add(m.s.Config.FlushInterval.D())))
+			wait = min(wait, time.Until(firstPending.Add(window)))
 		}
 		rctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
 		msg, err := repl.ReceiveMessage(rctx)
