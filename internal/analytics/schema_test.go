@@ -34,6 +34,9 @@ func testSchemaChanges(t *testing.T, mode string) {
 	id, dsn := r.Tenant.ID, r.DSN
 	exec(t, dsn, `INSERT INTO items SELECT i, i % 7, 'n' || i, timestamp '2024-01-01' + i * interval '1 minute', i / 3.0, NULL FROM generate_series(1, 500) i`,
 		`CREATE TABLE nokey (a int, b text)`,
+		// Names a tenant chooses reach SQL on both sides quoted.
+		`CREATE TABLE "odd ""name; --" (k int PRIMARY KEY, "co;l" text)`,
+		`INSERT INTO "odd ""name; --" VALUES (1, 'a'), (2, NULL)`,
 		`INSERT INTO nokey VALUES (1, 'x'), (1, 'x'), (2, 'y'), (3, 'z')`)
 
 	_, err = c.EnableAnalytics(ctx, id, nil)
@@ -62,6 +65,9 @@ func testSchemaChanges(t *testing.T, mode string) {
 		`UPDATE items SET title = title || '*' WHERE id % 10 = 0`)
 	cols := `id, qty, title, "at", price, big`
 	waitSame(t, d, dsn, id, "items", cols)
+
+	exec(t, dsn, `ALTER TABLE "odd ""name; --" RENAME COLUMN "co;l" TO "x""y"`, `INSERT INTO "odd ""name; --" VALUES (3, 'c')`)
+	waitSame(t, d, dsn, id, `"odd ""name; --"`, `k, "x""y"`)
 
 	// Drop.
 	exec(t, dsn, `ALTER TABLE items DROP COLUMN big`,
