@@ -56,7 +56,11 @@ type AnalyticsUpsert struct {
 	LagP50      time.Duration `json:"lag_p50,omitempty"`
 	LagP99      time.Duration `json:"lag_p99,omitempty"`
 	LagMax      time.Duration `json:"lag_max,omitempty"`
-	CatchUp     time.Duration `json:"catch_up,omitempty"` // after pgbench ended, until the mirror held the primary's LSN
+	// PendingP99 is the WAL the daemon had received and not yet applied
+	// (p99 of the same samples): small while the lag is large, the delay
+	// is in the walsender's decoding, not in the apply.
+	PendingP99 int64         `json:"pending_bytes_p99,omitempty"`
+	CatchUp    time.Duration `json:"catch_up,omitempty"` // after pgbench ended, until the mirror held the primary's LSN
 	// Changes applied to the mirror from pgbench's start until caught up,
 	// and the CPU spent meanwhile by the daemon (its apply, in this
 	// process) and by the walsender that decodes the slot.
@@ -263,6 +267,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 	for _, c := range o.Clients {
 		e.logf("analytics: upserts, %d clients, mirror on", c)
 		var lags []time.Duration
+		var pending []time.Duration // bytes, in a Duration for percentile
 		done := make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -276,6 +281,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 				}
 				if p, ok := d.d.Analytics().Progress(id); ok {
 					lags = append(lags, time.Duration(p.LagSeconds*float64(time.Second)))
+					pending = append(pending, time.Duration(p.LagBytes))
 				}
 			}
 		}()
@@ -314,6 +320,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		row.LagP50, row.LagP99 = percentile(lags, 50), percentile(lags, 99)
 		if len(lags) > 0 {
 			row.LagMax = lags[len(lags)-1]
+			row.PendingP99 = int64(percentile(pending, 99))
 		}
 		res.Upserts = append(res.Upserts, row)
 	}
@@ -405,7 +412,7 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		byKey[fmt.Sprintf("%d %v", u.Clients, u.Mirror)] = u
 		row := []string{fmt.Sprintf("upserts, %d clients, mirror %s", u.Clients, on), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
 		if u.Mirror {
-			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp))
+			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after; received, not applied: p99 %s", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp), mb(u.PendingP99))
 			if u.Changes > 0 {
 				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs, walsender %.0f µs", float64(u.DaemonCPU.Microseconds())/float64(u.Changes), float64(u.WalsenderCPU.Microseconds())/float64(u.Changes))
 			}
