@@ -27,7 +27,14 @@ func testSchemaChanges(t *testing.T, mode string) {
 	cfg := testConfig(t)
 	d, c := daemontest.Start(t, pg, cfg)
 	template(t, c)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: mode})
+	req := provision.Request{Template: "an"}
+	switch mode { // constants: Request.Mode becomes a type of its own
+	case "database":
+		req.Mode = "database"
+	case "schema":
+		req.Mode = "schema"
+	}
+	r, err := c.CreateTenant(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
