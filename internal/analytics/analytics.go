@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,6 +36,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -65,6 +67,10 @@ type Service struct {
 	Logger   *slog.Logger
 	// Dir holds the DuckDB files (Config.Dir resolved).
 	Dir string
+	// Pacer, when set, paces the copies (the initial one, table by table,
+	// and a table's copy after a change of its definition) like the jobs'
+	// steps: each waits while its cluster is over budget.
+	Pacer Pacer
 
 	owner string       // this daemon, in leases
 	ln    net.Listener // the analytics port (Listen), nil without one
@@ -72,6 +78,20 @@ type Service struct {
 
 	mu      sync.Mutex
 	mirrors map[string]*mirror // the mirrors this daemon runs
+}
+
+// Pacer is the jobs' pacer as the mirrors use it.
+type Pacer interface {
+	Acquire(ctx context.Context, cluster string, kind jobs.Kind, report func(reason string)) (func(), error)
+}
+
+// pace waits for the cluster's budget before a copy (at once without a
+// pacer) and returns its release.
+func (s *Service) pace(ctx context.Context, clusterName string) (func(), error) {
+	if s.Pacer == nil {
+		return func() {}, nil
+	}
+	return s.Pacer.Acquire(ctx, clusterName, jobs.Light, nil)
 }
 
 // New returns the service; Run runs the mirrors this daemon owns.
@@ -123,11 +143,69 @@ func (s *Service) Enable(ctx context.Context, t catalog.Tenant, tables []string)
 	if tables == nil {
 		tables = []string{}
 	}
+	if st, err := s.Status(ctx, t); err != nil || st.Enabled {
+		return st, err
+	}
+	if err := s.checkIdentity(ctx, t, tables); err != nil {
+		return Status{}, err
+	}
 	_, err := s.Store.Pool().Exec(ctx, `INSERT INTO analytics (tenant, tables) VALUES ($1, $2) ON CONFLICT (tenant) DO NOTHING`, t.ID, tables)
 	if err != nil {
 		return Status{}, fmt.Errorf("enable analytics of %s: %w", t.ID, err)
 	}
 	return s.Status(ctx, t)
+}
+
+// checkIdentity refuses a mirror of tables without a replica identity (no
+// primary key, no REPLICA IDENTITY USING INDEX or FULL): once published,
+// PostgreSQL would refuse their UPDATEs and DELETEs to the tenant.
+func (s *Service) checkIdentity(ctx context.Context, t catalog.Tenant, tables []string) error {
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return err
+	}
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	scope := `n.nspname NOT IN ('pg_catalog', 'information_schema', '` + stateSchema + `') AND n.nspname NOT LIKE 'pg\_%'`
+	args := []any{}
+	if t.Mode == "schema" {
+		scope = `n.nspname = $1`
+		args = append(args, tenant.PhysicalName(t.ID))
+	}
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND `+scope+`
+		AND (c.relreplident = 'n' OR c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+			OR c.relreplident = 'i' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisreplident))
+		ORDER BY 1, 2`, args...)
+	if err != nil {
+		return fmt.Errorf("tables of %s: %w", t.ID, cluster.Classify(err))
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var x [2]string
+		return x, r.Scan(&x[0], &x[1])
+	})
+	if err != nil {
+		return fmt.Errorf("tables of %s: %w", t.ID, cluster.Classify(err))
+	}
+	var bad []string
+	for _, x := range found {
+		name := x[0] + "." + x[1]
+		if t.Mode == "schema" {
+			name = x[1]
+		}
+		if len(tables) > 0 && !slices.Contains(tables, name) && !(x[0] == "public" && slices.Contains(tables, x[1])) {
+			continue
+		}
+		bad = append(bad, name)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: tables without a primary key: %s (once mirrored, PostgreSQL would refuse their updates and deletes): add a primary key, or ALTER TABLE … REPLICA IDENTITY FULL, or leave them out with --tables",
+			ErrInvalid, strings.Join(bad, ", "))
+	}
+	return nil
 }
 
 // Disable asks for the mirror to go: its owner stops it and drops its

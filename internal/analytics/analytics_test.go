@@ -29,7 +29,12 @@ import (
 
 var pg *pgtest.Cluster
 
-func TestMain(m *testing.M) { pgtest.Main(m, pgtest.Options{}, &pg) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(childEnv); spec != "" {
+		os.Exit(runChild(spec))
+	}
+	pgtest.Main(m, pgtest.Options{}, &pg)
+}
 
 // config is a daemon's configuration with quick analytics timings and
 // its files in dir.
@@ -73,12 +78,17 @@ func exec(t *testing.T, dsn string, sqls ...string) {
 	}
 }
 
-// digest is every row of a table, every column as text, in key order:
-// the same expression on the heap and on the mirror.
-// The first column is the key.
+// digest is every row of a table, every column as text (NULL apart from
+// ”), in key order (rows of equal keys by their text): the same
+// expression on the heap and on the mirror. The first column is the key.
 func digest(cols string) string {
 	key, _, _ := strings.Cut(cols, ",")
-	return `SELECT count(*)::text || ':' || coalesce(string_agg(concat_ws('|', ` + cols + `), chr(10) ORDER BY ` + key + `), '') FROM `
+	var vals []string
+	for _, c := range strings.Split(cols, ",") {
+		vals = append(vals, "coalesce(("+strings.TrimSpace(c)+")::text, '<NULL>')")
+	}
+	row := "concat_ws('|', " + strings.Join(vals, ", ") + ")"
+	return `SELECT count(*)::text || ':' || coalesce(string_agg(` + row + `, chr(10) ORDER BY ` + key + `, ` + row + `), '') FROM `
 }
 
 // waitSame waits until the mirror's table holds what the heap's does.
@@ -126,7 +136,9 @@ func testChanges(t *testing.T, mode string) {
 		t.Fatal(err)
 	}
 	id, dsn := r.Tenant.ID, r.DSN
-	exec(t, dsn, `INSERT INTO items SELECT i, i % 7, 'n' || i, timestamp '2024-01-01' + i * interval '1 minute', i / 3.0, NULL FROM generate_series(1, 500) i`)
+	exec(t, dsn, `INSERT INTO items SELECT i, i % 7, 'n' || i, timestamp '2024-01-01' + i * interval '1 minute', i / 3.0, NULL FROM generate_series(1, 500) i`,
+		// Values COPY escapes (tab, newline, backslash, a text that reads \N).
+		`INSERT INTO items VALUES (501, NULL, E'tab\there\nnew line', NULL, NULL, E'back\\slash'), (502, 1, E'\\N', NULL, NULL, '')`)
 
 	st, err := c.EnableAnalytics(ctx, id, nil)
 	if err != nil || !st.Enabled {
@@ -137,7 +149,7 @@ func testChanges(t *testing.T, mode string) {
 	// Insert, update (a key too, and a large TOASTed value left unchanged
 	// by a later update), delete, a new column, a new table, truncate.
 	exec(t, dsn,
-		`INSERT INTO items SELECT i, i % 5, 'late' || i, NULL, NULL, NULL FROM generate_series(501, 700) i`,
+		`INSERT INTO items SELECT i, i % 5, 'late' || i, NULL, NULL, NULL FROM generate_series(503, 700) i`,
 		`UPDATE items SET qty = qty + 100, name = name || '!' WHERE id % 3 = 0`,
 		`UPDATE items SET id = id + 10000 WHERE id BETWEEN 10 AND 20`,
 		`UPDATE items SET big = repeat(md5(id::text), 200) WHERE id = 42`,

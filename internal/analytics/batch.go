@@ -14,8 +14,23 @@ import (
 // relation is a table as the latest Relation message describes it.
 type relation struct {
 	schema, name string // DuckDB's
+	pgSchema     string // PostgreSQL's
 	skip         bool   // not mirrored (the state schema)
 	cols         []column
+}
+
+// keyless: the table has no key narrower than the whole row (REPLICA
+// IDENTITY FULL, where every column is flagged, or no identity at all,
+// where none is and only inserts can come). Its changes are applied in
+// order, one row at a time for deletes: two equal rows stay two rows.
+func (r *relation) keyless() bool {
+	keys := 0
+	for _, c := range r.cols {
+		if c.key {
+			keys++
+		}
+	}
+	return keys == 0 || keys == len(r.cols)
 }
 
 func (r *relation) quoted() string { return quoteDuck(r.schema) + "." + quoteDuck(r.name) }
@@ -43,6 +58,15 @@ type tableBatch struct {
 	truncated bool              // a TRUNCATE came: all rows before it go
 	entries   map[string]*entry
 	order     []string
+	ops       []op // keyless tables: the changes in stream order
+}
+
+// op is one change to a keyless table: a row inserted or deleted (an
+// update is both).
+type op struct {
+	del  bool
+	cols []column
+	vals []*string
 }
 
 // batch gathers whole transactions; apply writes them in one DuckDB
@@ -56,7 +80,16 @@ type batch struct {
 	rows   int
 	end    pglogrepl.LSN
 	inTxn  bool
-	skip   bool // a transaction the file holds already
+	skip   bool          // a transaction the file holds already
+	txnLSN pglogrepl.LSN // the commit LSN of the transaction being read
+	// skipUntil: per DuckDB table, changes of transactions that committed
+	// before this LSN are in the table already (it was copied again at a
+	// snapshot of that LSN). It outlives batches.
+	skipUntil map[string]pglogrepl.LSN
+	// resync: tables whose PostgreSQL definition changed in a way the
+	// mirror cannot follow change by change; apply leaves them out and
+	// the stream copies them again.
+	resync []*relation
 	// firstCommit is the commit time of the batch's first transaction.
 	firstCommit time.Time
 }
@@ -64,8 +97,15 @@ type batch struct {
 // newBatch starts a batch; rels are the stream's relations (they outlive
 // batches: a Relation message comes once per relation per stream, and
 // again only when it changes).
-func newBatch(t catalog.Tenant, rels map[uint32]*relation) *batch {
-	return &batch{t: t, rels: rels, tables: map[uint32]*tableBatch{}}
+func newBatch(t catalog.Tenant, rels map[uint32]*relation, skipUntil map[string]pglogrepl.LSN) *batch {
+	return &batch{t: t, rels: rels, tables: map[uint32]*tableBatch{}, skipUntil: skipUntil}
+}
+
+// skipped: the change belongs to a transaction that a later copy of the
+// table holds already.
+func (b *batch) skipped(rel *relation) bool {
+	until, ok := b.skipUntil[rel.quoted()]
+	return ok && b.txnLSN < until
 }
 
 func (b *batch) table(id uint32) (*tableBatch, error) {
@@ -91,6 +131,7 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 	switch msg := msg.(type) {
 	case *pglogrepl.BeginMessage:
 		b.inTxn = true
+		b.txnLSN = msg.FinalLSN
 		b.skip = msg.FinalLSN < applied // committed before the file's LSN: applied already
 		if !b.skip && b.txns == 0 {
 			b.firstCommit = msg.CommitTime
@@ -104,7 +145,7 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 		return !b.skip, nil
 	case *pglogrepl.RelationMessage:
 		schema, ok := duckSchema(b.t, msg.Namespace)
-		r := &relation{schema: schema, name: msg.RelationName, skip: !ok}
+		r := &relation{schema: schema, name: msg.RelationName, pgSchema: msg.Namespace, skip: !ok}
 		for _, c := range msg.Columns {
 			r.cols = append(r.cols, column{name: c.Name, typ: duckType(c.DataType, c.TypeModifier), key: c.Flags&1 == 1})
 		}
@@ -112,7 +153,11 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 	case *pglogrepl.InsertMessage:
 		return false, b.change(msg.RelationID, nil, msg.Tuple)
 	case *pglogrepl.UpdateMessage:
-		return false, b.change(msg.RelationID, msg.OldTuple, msg.NewTuple)
+		old := msg.OldTuple
+		if rel, ok := b.rels[msg.RelationID]; ok && old == nil && rel.keyless() {
+			old = msg.NewTuple // every column is the key, and none changed
+		}
+		return false, b.change(msg.RelationID, old, msg.NewTuple)
 	case *pglogrepl.DeleteMessage:
 		return false, b.change(msg.RelationID, msg.OldTuple, nil)
 	case *pglogrepl.TruncateMessage:
@@ -120,11 +165,14 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 			return false, nil
 		}
 		for _, id := range msg.RelationIDs {
+			if rel, ok := b.rels[id]; ok && b.skipped(rel) {
+				continue
+			}
 			tb, err := b.table(id)
 			if err != nil {
 				return false, err
 			}
-			tb.truncated, tb.entries, tb.order = true, map[string]*entry{}, nil
+			tb.truncated, tb.entries, tb.order, tb.ops = true, map[string]*entry{}, nil, nil
 		}
 	}
 	return false, nil
@@ -175,11 +223,27 @@ func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
 	if err != nil {
 		return err
 	}
-	if tb.rel.skip {
+	if tb.rel.skip || b.skipped(tb.rel) {
 		return nil
 	}
 	b.rows++
 	cols := tb.rel.cols
+	if tb.rel.keyless() {
+		oldV, _ := values(old)
+		newV, known := values(new)
+		if old != nil {
+			tb.ops = append(tb.ops, op{del: true, cols: cols, vals: oldV})
+		}
+		if new != nil {
+			for i := range newV { // unchanged TOAST: the old image has it (FULL logs it whole)
+				if !known[i] && i < len(oldV) {
+					newV[i] = oldV[i]
+				}
+			}
+			tb.ops = append(tb.ops, op{cols: cols, vals: newV})
+		}
+		return nil
+	}
 	set := func(k string, e *entry) {
 		if _, ok := tb.entries[k]; !ok {
 			tb.order = append(tb.order, k)
@@ -240,13 +304,21 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 		if tb.rel.skip {
 			continue
 		}
-		var cols []column
+		var cols, earlier []column
 		for _, c := range tb.rel.cols {
 			cols = append(cols, c)
 			delete(tb.allCols, c.name)
 		}
 		for _, c := range tb.allCols { // columns of earlier images in the batch
-			cols = append(cols, c)
+			earlier = append(earlier, c)
+		}
+		changed, err := schemaChanged(ctx, w, tb.rel, earlier)
+		if err != nil {
+			return 0, fmt.Errorf("table %s: %w", tb.rel.quoted(), err)
+		}
+		if changed {
+			b.resync = append(b.resync, tb.rel)
+			continue
 		}
 		if err := ensureTable(ctx, w, tb.rel.schema, tb.rel.name, cols); err != nil {
 			return 0, fmt.Errorf("table %s: %w", tb.rel.quoted(), err)
@@ -256,6 +328,14 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qt); err != nil {
 				return 0, fmt.Errorf("truncate %s: %w", qt, err)
 			}
+		}
+		if len(tb.ops) > 0 {
+			k, err := applyOps(ctx, w, qt, tb.ops)
+			if err != nil {
+				return 0, fmt.Errorf("table %s: %w", qt, err)
+			}
+			n += k
+			continue
 		}
 		// Every key the batch touched goes first (by its key columns),
 		// then the new images are inserted, then patches update in place.
@@ -298,10 +378,13 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			}
 		}
 		for _, shape := range shapes {
-			if err := insertRows(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
+			if err := insertValues(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
 				return 0, fmt.Errorf("insert into %s: %w", qt, err)
 			}
 		}
+	}
+	if err := markResync(ctx, w, b.resync); err != nil {
+		return 0, fmt.Errorf("record the tables to copy again: %w", err)
 	}
 	if _, err := w.c.ExecContext(ctx, `UPDATE `+stateSchema+`.state SET lsn = ?, applied_rows = applied_rows + ?, applied_at = now()`, uint64(b.end), n); err != nil {
 		return 0, fmt.Errorf("record the applied LSN: %w", err)
@@ -353,6 +436,45 @@ func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
 	}
 	_, err = w.c.ExecContext(ctx, "DELETE FROM "+qt+" AS t USING (SELECT "+strings.Join(casts, ", ")+" FROM "+stage+") AS v WHERE "+strings.Join(conds, " AND "))
 	return err
+}
+
+// applyOps applies a keyless table's changes in order: runs of inserts
+// appended together, each delete removing one row equal to the old image
+// (of two equal rows, one goes).
+func applyOps(ctx context.Context, w *writer, qt string, ops []op) (int64, error) {
+	var run [][]*string
+	var runCols []column
+	flush := func() error {
+		err := insertValues(ctx, w, qt, runCols, run)
+		run, runCols = nil, nil
+		return err
+	}
+	for _, o := range ops {
+		if !o.del {
+			if runCols != nil && colShape(runCols) != colShape(o.cols) {
+				if err := flush(); err != nil {
+					return 0, err
+				}
+			}
+			runCols, run = o.cols, append(run, o.vals)
+			continue
+		}
+		if err := flush(); err != nil {
+			return 0, err
+		}
+		var conds []string
+		var args []any
+		for i, c := range o.cols {
+			if i < len(o.vals) {
+				conds = append(conds, quoteDuck(c.name)+" IS NOT DISTINCT FROM CAST(? AS "+c.typ+")")
+				args = append(args, strOrNil(o.vals[i]))
+			}
+		}
+		if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qt+" WHERE rowid = (SELECT min(rowid) FROM "+qt+" WHERE "+strings.Join(conds, " AND ")+")", args...); err != nil {
+			return 0, err
+		}
+	}
+	return int64(len(ops)), flush()
 }
 
 // patchRow updates the known columns of one row in place.

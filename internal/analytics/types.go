@@ -1,9 +1,7 @@
 package analytics
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 )
@@ -49,17 +47,24 @@ func duckType(oid uint32, typmod int32) string {
 	return "VARCHAR" // text, varchar, bpchar, name, json, jsonb, bytea (hex), arrays, intervals, enums …
 }
 
-// readCopyRow reads one row of COPY's text format: tab-separated fields,
-// \N for NULL, backslash escapes. io.EOF at the end.
-func readCopyRow(r *bufio.Reader) ([]*string, error) {
-	line, err := r.ReadString('\n')
-	if err != nil {
-		if err == io.EOF && line != "" {
-			return nil, io.ErrUnexpectedEOF
+// plainLine: a line of COPY's text format whose only backslashes are NULL
+// fields (\N alone between tabs): its fields are its text split on tabs.
+func plainLine(line string) bool {
+	for i := strings.IndexByte(line, '\\'); i >= 0; {
+		if (i > 0 && line[i-1] != '\t') || i+1 >= len(line) || line[i+1] != 'N' || (i+2 < len(line) && line[i+2] != '\t') {
+			return false
 		}
-		return nil, err
+		j := strings.IndexByte(line[i+2:], '\\')
+		if j < 0 {
+			return true
+		}
+		i += 2 + j
 	}
-	line = strings.TrimSuffix(line, "\n")
+	return true
+}
+
+// parseCopyLine splits a line of COPY's text format into its fields.
+func parseCopyLine(line string) []*string {
 	fields := strings.Split(line, "\t")
 	out := make([]*string, len(fields))
 	for i, f := range fields {
@@ -69,7 +74,7 @@ func readCopyRow(r *bufio.Reader) ([]*string, error) {
 		v := unescapeCopy(f)
 		out[i] = &v
 	}
-	return out, nil
+	return out
 }
 
 func unescapeCopy(f string) string {

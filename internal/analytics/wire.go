@@ -664,6 +664,20 @@ func encode(m *pgtype.Map, oid uint32, fmtCode int16, v driver.Value) ([]byte, e
 			v = fmt.Sprint(v)
 		}
 	}
+	// The commonest values in text format without the type map's plans
+	// (a group-by's rows are mostly these).
+	if fmtCode == pgtype.TextFormatCode {
+		switch x := v.(type) {
+		case string:
+			if oid == pgtype.TextOID {
+				return []byte(x), nil
+			}
+		case int64:
+			if oid == pgtype.Int2OID || oid == pgtype.Int4OID || oid == pgtype.Int8OID {
+				return strconv.AppendInt(nil, x, 10), nil
+			}
+		}
+	}
 	buf, err := m.Encode(oid, fmtCode, v, nil)
 	if err != nil {
 		return nil, err

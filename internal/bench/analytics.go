@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -39,6 +40,11 @@ type AnalyticsQuery struct {
 	SQL    string        `json:"sql"`
 	Heap   time.Duration `json:"heap"`
 	Mirror time.Duration `json:"mirror"`
+	// MirrorDirect is the query on the mirror's DuckDB in the daemon,
+	// without the analytics port (what the wire protocol adds is the
+	// difference); Rows is what it returns.
+	MirrorDirect time.Duration `json:"mirror_direct"`
+	Rows         int           `json:"rows"`
 }
 
 // AnalyticsUpsert is one upsert run.
@@ -51,7 +57,17 @@ type AnalyticsUpsert struct {
 	LagP50      time.Duration `json:"lag_p50,omitempty"`
 	LagP99      time.Duration `json:"lag_p99,omitempty"`
 	LagMax      time.Duration `json:"lag_max,omitempty"`
-	CatchUp     time.Duration `json:"catch_up,omitempty"` // after pgbench ended, until the mirror held the primary's LSN
+	// PendingP99 is the WAL the daemon had received and not yet applied
+	// (p99 of the same samples): small while the lag is large, the delay
+	// is in the walsender's decoding, not in the apply.
+	PendingP99 int64         `json:"pending_bytes_p99,omitempty"`
+	CatchUp    time.Duration `json:"catch_up,omitempty"` // after pgbench ended, until the mirror held the primary's LSN
+	// Changes applied to the mirror from pgbench's start until caught up,
+	// and the CPU spent meanwhile by the daemon (its apply, in this
+	// process) and by the walsender that decodes the slot.
+	Changes      int64         `json:"changes,omitempty"`
+	DaemonCPU    time.Duration `json:"daemon_cpu,omitempty"`
+	WalsenderCPU time.Duration `json:"walsender_cpu,omitempty"`
 }
 
 // AnalyticsResult is what bench analytics measured.
@@ -220,13 +236,39 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		if queries[i].Mirror, err = fastest(ctx, o.Repeat, mirror, q.SQL); err != nil {
 			return res, Table{}, fmt.Errorf("mirror %s: %w", q.Name, err)
 		}
-		e.logf("analytics: mirror %s: %s", q.Name, queries[i].Mirror.Round(time.Millisecond))
+		err := d.d.Analytics().WithMirror(id, func(db *sql.DB) error {
+			for range max(1, o.Repeat) {
+				start := time.Now()
+				rows, err := db.QueryContext(ctx, q.SQL)
+				if err != nil {
+					return err
+				}
+				n := 0
+				for rows.Next() {
+					n++
+				}
+				rows.Close()
+				if err := rows.Err(); err != nil {
+					return err
+				}
+				if el := time.Since(start); queries[i].MirrorDirect == 0 || el < queries[i].MirrorDirect {
+					queries[i].MirrorDirect = el
+				}
+				queries[i].Rows = n
+			}
+			return nil
+		})
+		if err != nil {
+			return res, Table{}, fmt.Errorf("mirror %s in the daemon: %w", q.Name, err)
+		}
+		e.logf("analytics: mirror %s: %s (%s in the daemon, %d rows)", q.Name, queries[i].Mirror.Round(time.Millisecond), queries[i].MirrorDirect.Round(time.Millisecond), queries[i].Rows)
 	}
 	res.Queries = queries
 
 	for _, c := range o.Clients {
 		e.logf("analytics: upserts, %d clients, mirror on", c)
 		var lags []time.Duration
+		var pending []time.Duration // bytes, in a Duration for percentile
 		done := make(chan struct{})
 		var wg sync.WaitGroup
 		wg.Add(1)
@@ -240,9 +282,16 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 				}
 				if p, ok := d.d.Analytics().Progress(id); ok {
 					lags = append(lags, time.Duration(p.LagSeconds*float64(time.Second)))
+					pending = append(pending, time.Duration(p.LagBytes))
 				}
 			}
 		}()
+		var walPID int
+		if err := heap.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, analytics.SlotName(id)).Scan(&walPID); err != nil {
+			return res, Table{}, err
+		}
+		p0, _ := d.d.Analytics().Progress(id)
+		selfCPU0, walCPU0 := processCPU(0), processCPU(walPID)
 		run, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
 		close(done)
 		wg.Wait()
@@ -266,10 +315,13 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 			time.Sleep(20 * time.Millisecond)
 		}
 		row.CatchUp = time.Since(ended)
+		p1, _ := d.d.Analytics().Progress(id)
+		row.Changes, row.DaemonCPU, row.WalsenderCPU = p1.Rows-p0.Rows, processCPU(0)-selfCPU0, processCPU(walPID)-walCPU0
 		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
 		row.LagP50, row.LagP99 = percentile(lags, 50), percentile(lags, 99)
 		if len(lags) > 0 {
 			row.LagMax = lags[len(lags)-1]
+			row.PendingP99 = int64(percentile(pending, 99))
 		}
 		res.Upserts = append(res.Upserts, row)
 	}
@@ -348,7 +400,8 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 	t.Rows = append(t.Rows, []string{"size (heap: table + TOAST + primary key)", mb(r.HeapBytes), mb(r.MirrorBytes), pct(float64(r.MirrorBytes) / float64(r.HeapBytes))})
 	t.Rows = append(t.Rows, []string{"initial copy", "", r.CopyTime.Round(time.Millisecond).String(), ""})
 	for _, q := range r.Queries {
-		t.Rows = append(t.Rows, []string{q.Name, ms(q.Heap), ms(q.Mirror), fmt.Sprintf("%.1f× faster", float64(q.Heap)/float64(max(q.Mirror, 1)))})
+		t.Rows = append(t.Rows, []string{fmt.Sprintf("%s (%d rows)", q.Name, q.Rows), ms(q.Heap), fmt.Sprintf("%s (in the daemon, no wire: %s)", ms(q.Mirror), ms(q.MirrorDirect)),
+			fmt.Sprintf("%.1f× faster", float64(q.Heap)/float64(max(q.Mirror, 1)))})
 	}
 	t.Rows = append(t.Rows, []string{"PK lookup p50 (pgbench -M prepared, 4 clients)", fmt.Sprintf("%s (%.0f tps)", ms(r.LookupP50), r.LookupTPS), "(served by the heap)", ""})
 	byKey := map[string]AnalyticsUpsert{}
@@ -360,7 +413,10 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		byKey[fmt.Sprintf("%d %v", u.Clients, u.Mirror)] = u
 		row := []string{fmt.Sprintf("upserts, %d clients, mirror %s", u.Clients, on), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
 		if u.Mirror {
-			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp))
+			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after; received, not applied: p99 %s", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp), mb(u.PendingP99))
+			if u.Changes > 0 {
+				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs, walsender %.0f µs", float64(u.DaemonCPU.Microseconds())/float64(u.Changes), float64(u.WalsenderCPU.Microseconds())/float64(u.Changes))
+			}
 		}
 		t.Rows = append(t.Rows, row)
 	}
@@ -385,6 +441,32 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		"lag: age of the oldest commit not yet in the mirror, sampled every 100 ms; caught up: from the end of pgbench until the mirror holds the primary's LSN.",
 		"PostgreSQL, pgbench, the daemon and DuckDB share the machine's cores.")
 	return t
+}
+
+// processCPU is the user and system CPU a process has used: this one
+// (pid 0) from getrusage, another from /proc (0 when unreadable).
+func processCPU(pid int) time.Duration {
+	if pid == 0 {
+		var ru syscall.Rusage
+		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+			return 0
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (in parentheses): utime and stime are the
+	// 12th and 13th, in clock ticks (100 a second on Linux).
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
 
 func mb(b int64) string { return fmt.Sprintf("%.1f MB", float64(b)/(1<<20)) }

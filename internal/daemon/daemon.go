@@ -188,6 +188,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 	d.analytics = analytics.New(store, d.clusters, cfg.Analytics, analyticsDir(cfg), log)
+	d.analytics.Pacer = pacer
 	if cfg.Analytics.Listen != "" {
 		if _, err := d.analytics.Listen(cfg.Analytics.Listen); err != nil {
 			d.Close()
