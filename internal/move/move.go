@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -157,12 +158,12 @@ func (s *Service) Handler() jobs.Handler {
 			m := &mover{s: s, a: a}
 			return []jobs.Step{
 				{Name: "check", Run: m.check},
-				{Name: "roles", Run: m.step(m.roles)},
-				{Name: "schema", Run: m.step(m.schema)},
-				{Name: "subscribe", Run: m.step(m.subscribe)},
-				{Name: "copy", Run: m.step(m.copy)},
-				{Name: "cutover", Run: m.step(m.cutover)},
-				{Name: "finish", Run: m.step(m.finish)},
+				{Name: "roles", Run: m.step("roles", m.roles)},
+				{Name: "schema", Run: m.step("schema", m.schema)},
+				{Name: "subscribe", Run: m.step("subscribe", m.subscribe)},
+				{Name: "copy", Run: m.step("copy", m.copy)},
+				{Name: "cutover", Run: m.step("cutover", m.cutover)},
+				{Name: "finish", Run: m.step("finish", m.finish)},
 			}, nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {
@@ -174,6 +175,19 @@ func (s *Service) Handler() jobs.Handler {
 			return m.cleanup(ctx, r)
 		},
 	}
+}
+
+// crashHook is set by the tests only (export_test.go): called at the
+// points a daemon is killed at in them, it returns once the daemon is
+// stopping, and the step returns then, cleaning up nothing.
+var crashHook atomic.Pointer[func(ctx context.Context, point string) error]
+
+// crashPoint is a point where the tests kill the daemon.
+func crashPoint(ctx context.Context, point string) error {
+	if f := crashHook.Load(); f != nil {
+		return (*f)(ctx, point)
+	}
+	return nil
 }
 
 type mover struct {
@@ -212,8 +226,11 @@ func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
 	return e, nil
 }
 
-func (m *mover) step(f func(context.Context, *jobs.Run, *env) error) func(context.Context, *jobs.Run) error {
+func (m *mover) step(name string, f func(context.Context, *jobs.Run, *env) error) func(context.Context, *jobs.Run) error {
 	return func(ctx context.Context, r *jobs.Run) error {
+		if err := crashPoint(ctx, name); err != nil {
+			return err
+		}
 		e, err := m.load(ctx, r)
 		if err != nil {
 			return err
@@ -674,13 +691,10 @@ func (m *mover) adminConnString(ctx context.Context, clusterName, database strin
 		q(pc.Host), pc.Port, q(pc.User), q(pc.Password), q(database), ssl), nil
 }
 
-// subscribe publishes the tenant's tables on the source and subscribes the
-// target, with the initial copy. The subscription is made by a role of its
-// own that is a superuser only while it creates it (PostgreSQL 15 wants a
-// superuser owner), then NOSUPERUSER and a member of the tenant's role:
-// the apply worker runs as its owner, so whatever tenant code replication
-// sets off (triggers, defaults, generated columns, index expressions,
-// constraints) has the tenant's rights and no more.
+// subscribe publishes the tenant's tables on the source and makes, on the
+// target, the sentinel table and the role that will own the subscription.
+// The subscription itself is made by copy, once the rows it starts from are
+// there.
 func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 	if e.switched {
 		return nil
@@ -731,36 +745,50 @@ func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 		cluster.Ident(SentinelSchema), owner, sentinel, owner)); err != nil {
 		return cluster.Classify(err)
 	}
-	var subscribed bool
-	if err := dconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription WHERE subname = $1)`, name).Scan(&subscribed); err != nil {
+	return nil
+}
+
+// createSubscription subscribes the target to the slot copy made, without
+// a copy of its own (copy_data = false) and without a slot of its own
+// (create_slot = false): the apply worker starts at the slot's
+// confirmed_flush_lsn, the point of the snapshot the rows were copied in
+// (START_REPLICATION starts at the requested LSN, 0/0 for a new
+// subscription, or the slot's confirmed_flush_lsn, whichever is greater),
+// so no change is missed or applied twice. The subscription is made by a
+// role of its own that is a superuser only while it creates it
+// (PostgreSQL 15 wants a superuser owner), then NOSUPERUSER and a member
+// of the tenant's role: the apply worker runs as its owner, so whatever
+// tenant code replication sets off (triggers, defaults, generated columns,
+// index expressions, constraints) has the tenant's rights and no more.
+func (m *mover) createSubscription(ctx context.Context, e *env, dconn *pgx.Conn) error {
+	name := Name(e.t.ID)
+	owner := cluster.Ident(name)
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	conninfo, err := m.adminConnString(ctx, e.st.From, e.t.Database)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range []string{
+		"ALTER ROLE " + owner + " SUPERUSER",
+		"SET ROLE " + owner,
+		"SET statement_timeout = '60s'",
+		fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s WITH (enabled = false, create_slot = false, slot_name = %s, copy_data = false)",
+			owner, cluster.Literal(conninfo), owner, cluster.Literal(name)),
+	} {
+		if _, err := dconn.Exec(ctx, stmt); err != nil {
+			_, _ = dconn.Exec(context.WithoutCancel(ctx), "RESET ROLE; RESET statement_timeout")
+			_, _ = dadmin.Exec(context.WithoutCancel(ctx), "ALTER ROLE "+owner+" NOSUPERUSER")
+			return fmt.Errorf("subscribe %s to %s: %w", e.dst.Name(), e.src.Name(), cluster.Classify(err))
+		}
+	}
+	if _, err := dconn.Exec(ctx, "RESET ROLE; RESET statement_timeout"); err != nil {
 		return cluster.Classify(err)
 	}
-	if !subscribed {
-		conninfo, err := m.adminConnString(ctx, e.st.From, e.t.Database)
-		if err != nil {
-			return err
-		}
-		// Making the slot waits for the source's running transactions
-		// (anyone's): bounded, then retried by the job.
-		for _, stmt := range []string{
-			"ALTER ROLE " + owner + " SUPERUSER",
-			"SET ROLE " + owner,
-			"SET statement_timeout = '60s'",
-			fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s WITH (enabled = false, slot_name = %s, copy_data = true)",
-				owner, cluster.Literal(conninfo), owner, cluster.Literal(name)),
-		} {
-			if _, err := dconn.Exec(ctx, stmt); err != nil {
-				_, _ = dconn.Exec(context.WithoutCancel(ctx), "RESET ROLE; RESET statement_timeout")
-				_, _ = dadmin.Exec(context.WithoutCancel(ctx), "ALTER ROLE "+owner+" NOSUPERUSER")
-				return fmt.Errorf("subscribe %s to %s: %w", e.dst.Name(), e.src.Name(), cluster.Classify(err))
-			}
-		}
-		if _, err := dconn.Exec(ctx, "RESET ROLE; RESET statement_timeout"); err != nil {
-			return cluster.Classify(err)
-		}
-	}
-	// Before it is enabled, and on every pass: the owner has no privilege
-	// beyond the tenant's, whatever an interrupted attempt left.
+	// Before it is enabled: the owner has no privilege beyond the
+	// tenant's.
 	if _, err := dadmin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS; GRANT %s TO %s",
 		owner, cluster.Ident(e.role), owner)); err != nil {
 		return cluster.Classify(err)
@@ -771,45 +799,6 @@ func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	_, err = dconn.Exec(ctx, "ALTER SUBSCRIPTION "+owner+" ENABLE")
 	return cluster.Classify(err)
-}
-
-// copy waits for the initial copy of every table, paced on both clusters.
-func (m *mover) copy(ctx context.Context, r *jobs.Run, e *env) error {
-	if e.switched {
-		return nil
-	}
-	dconn, err := e.dst.Connect(ctx, e.t.Database)
-	if err != nil {
-		return err
-	}
-	defer dconn.Close(context.WithoutCancel(ctx))
-	deadline := time.Now().Add(cmp.Or(m.s.CopyTimeout, 6*time.Hour))
-	for {
-		var pending, total int64
-		if err := dconn.QueryRow(ctx, `SELECT pg_catalog.count(*) FILTER (WHERE r.srsubstate <> 'r'), pg_catalog.count(*)
-			FROM pg_catalog.pg_subscription_rel r JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`, Name(e.t.ID)).Scan(&pending, &total); err != nil {
-			return cluster.Classify(err)
-		}
-		r.Progress(ctx, total-pending, total, fmt.Sprintf("copying tenant %s from %s to %s: %d of %d tables", e.t.ID, e.src.Name(), e.dst.Name(), total-pending, total))
-		if total > 0 && pending == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return jobs.Permanent(fmt.Errorf("the initial copy of tenant %s did not end in time (%d tables left); see the target's log", e.t.ID, pending))
-		}
-		for _, c := range []string{e.src.Name(), e.dst.Name()} {
-			release, err := r.Pace(ctx, c, jobs.Light)
-			if err != nil {
-				return err
-			}
-			release()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // cutover switches the tenant to the target with its pool paused.
@@ -910,6 +899,9 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return undo(err)
 	}
 	phase("target")
+	if err := crashPoint(ctx, "cutover:paused"); err != nil {
+		return err
+	}
 	// 5. The switch: the catalog, then the pooler's entry, then resume.
 	err = pgx.BeginFunc(ctx, m.s.Store.Pool(), func(tx pgx.Tx) error {
 		t, err := m.s.Store.LockTenant(ctx, tx, e.t.ID)
@@ -932,6 +924,9 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	e.switched = true
 	phase("switch")
+	if err := crashPoint(ctx, "cutover:switched"); err != nil {
+		return err
+	}
 	if err := m.resume(ctx, front, e); err != nil {
 		return err
 	}
@@ -1103,6 +1098,9 @@ func (m *mover) finish(ctx context.Context, r *jobs.Run, e *env) error {
 	if err := m.dropReplication(ctx, e); err != nil {
 		return err
 	}
+	if err := crashPoint(ctx, "finish:dropped"); err != nil {
+		return err
+	}
 	if !e.switched {
 		return nil
 	}
@@ -1130,18 +1128,8 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	}
 	if err == nil {
 		defer dconn.Close(context.WithoutCancel(ctx))
-		var exists bool
-		if err := dconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription WHERE subname = $1)`, name).Scan(&exists); err != nil {
-			return cluster.Classify(err)
-		}
-		if exists {
-			// DROP SUBSCRIPTION drops the slot on the source too.
-			if _, err := dconn.Exec(ctx, "ALTER SUBSCRIPTION "+cluster.Ident(name)+" DISABLE"); err != nil {
-				return cluster.Classify(err)
-			}
-			if _, err := dconn.Exec(ctx, "DROP SUBSCRIPTION "+cluster.Ident(name)); err != nil {
-				return cluster.Classify(err)
-			}
+		if err := dropSubscription(ctx, dconn, name); err != nil {
+			return err
 		}
 		if _, err := dconn.Exec(ctx, sentinel); err != nil {
 			return cluster.Classify(err)
@@ -1157,6 +1145,9 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	if err := cluster.DropRoles(ctx, dadmin, name); err != nil {
 		return err
 	}
+	if err := revokeCopyParameter(ctx, dadmin, e.t.ID); err != nil {
+		return err
+	}
 	sconn, err := e.src.Connect(ctx, e.t.Database)
 	if err != nil {
 		return err
@@ -1165,12 +1156,7 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	if _, err := sconn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+cluster.Ident(name)+"; "+sentinel); err != nil {
 		return cluster.Classify(err)
 	}
-	sadmin, err := e.src.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = sadmin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND NOT active`, name)
-	return cluster.Classify(err)
+	return dropSlot(ctx, e.src, name)
 }
 
 // cleanup runs when the job fails or is cancelled. Switched, the tenant is
