@@ -59,6 +59,13 @@ func Name(id string) string { return "pgt_move_" + id }
 // ErrRefused is a move that cannot be done, said before anything is copied.
 var ErrRefused = errors.New("move refused")
 
+// catchUpTimeout is CatchUpTimeout's default (tests shorten it).
+var catchUpTimeout = 10 * time.Minute
+
+// ErrBehind is a move that gave up before its cut-over: the target applies
+// the tenant's writes more slowly than the tenant writes them.
+var ErrBehind = errors.New("move cannot catch up")
+
 type args struct {
 	Tenant string `json:"tenant"`
 	To     string `json:"to"`
@@ -94,8 +101,10 @@ type Service struct {
 	// PauseTimeout bounds the wait for the tenant's pool to pause (in
 	// session mode, its clients must disconnect); SwitchTimeout the wait
 	// for the target to apply the source's last write while paused;
-	// CopyTimeout the initial copy. Defaults: 10 s, 30 s, 6 h.
-	PauseTimeout, SwitchTimeout, CopyTimeout time.Duration
+	// CopyTimeout the initial copy; CatchUpTimeout the unpaused catch-up
+	// before the pause (then the move pauses, or fails if the target is
+	// too far behind: see cutover). Defaults: 10 s, 30 s, 6 h, 1 min.
+	PauseTimeout, SwitchTimeout, CopyTimeout, CatchUpTimeout time.Duration
 }
 
 // Spec is the job that moves tenant id to cluster to.
@@ -837,23 +846,43 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return err
 	}
 	// The target catches up first, unpaused: a sentinel's round trip is
-	// the apply backlog; the pause starts once it is short, or after a
-	// minute of tries (a tenant that writes faster than the apply worker
-	// applies: then the paused catch-up, bounded by SwitchTimeout, is
-	// what lets the move end).
-	for until := time.Now().Add(time.Minute); time.Now().Before(until); {
+	// the apply backlog (after a long copy, minutes of the tenant's
+	// writes); the pause starts once it is short. A tenant that writes
+	// about as fast as the apply worker applies never gets there: after
+	// CatchUpTimeout of tries, the move pauses if the last round trip was
+	// within half of SwitchTimeout (the paused catch-up, with the writes
+	// stopped, takes at most about as long), and fails otherwise, before
+	// anyone is paused: the apply worker cannot keep up, and the clients
+	// would wait longer than the pause may last. Bound: CatchUpTimeout
+	// plus half of SwitchTimeout.
+	switchTimeout := cmp.Or(m.s.SwitchTimeout, 30*time.Second)
+	window := cmp.Or(m.s.CatchUpTimeout, catchUpTimeout)
+	for until := time.Now().Add(window); ; {
 		began := time.Now()
 		token, err := sentinel(ctx, sconn, e.t)
 		if err != nil {
 			return err
 		}
-		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, time.Until(until))
+		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, max(time.Until(until), switchTimeout/2))
 		if err != nil && ctx.Err() != nil {
 			return err
 		}
-		if err == nil && time.Since(began) < 100*time.Millisecond {
+		if err != nil {
+			return jobs.Permanent(fmt.Errorf("%w: after %s of catching up, cluster %s still has not applied tenant %s's writes: its apply worker does not keep up with them; move it when it writes less",
+				ErrBehind, window, e.dst.Name(), e.t.ID))
+		}
+		trip := time.Since(began)
+		if trip < 100*time.Millisecond {
 			break
 		}
+		if time.Now().After(until) {
+			if trip > switchTimeout/2 {
+				return jobs.Permanent(fmt.Errorf("%w: after %s of catching up, tenant %s's writes still take %s to be applied on %s, more than half of the switch timeout (%s): its apply worker does not keep up with them; move it when it writes less",
+					ErrBehind, window, e.t.ID, trip.Round(time.Millisecond), e.dst.Name(), switchTimeout))
+			}
+			break
+		}
+		m.s.Logger.Info("target catching up before the pause", "component", "move", "tenant", e.t.ID, "round_trip", trip)
 	}
 	phases := map[string]int64{}
 	mark := time.Now()
