@@ -192,7 +192,9 @@ func (m *mover) copyRows(ctx context.Context, r *jobs.Run, e *env, sconn *pgx.Co
 	// The setting before the role: the agent holds the grant, not the tenant.
 	setup := "SET LOCAL " + copyParameter + " = replica; SET LOCAL ROLE " + cluster.Ident(e.role)
 	if len(tables) > 0 {
-		// What an earlier attempt's subscription may have applied.
+		// What an earlier attempt's subscription may have applied goes,
+		// and the COPYs below may FREEZE (a table truncated in their
+		// transaction).
 		idents := make([]string, len(tables))
 		for i, t := range tables {
 			idents[i] = t.ident()
@@ -238,7 +240,12 @@ func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int6
 		pw.CloseWithError(err) // nil: the reader sees EOF
 		done <- result{err}
 	}()
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s) FROM STDIN", t.ident(), cols))
+	// FREEZE (the table was truncated in this transaction): the rows go in
+	// frozen and the pages all-visible. Without it, the first reads after
+	// the commit (the apply worker's, the tenant's, autovacuum's) set hint
+	// bits on every page, and with data checksums each of those writes a
+	// full page to the WAL: the whole copy again, unpaced.
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s) FROM STDIN WITH (FREEZE)", t.ident(), cols))
 	pr.CloseWithError(errors.New("the target's COPY ended")) // a writer still blocked gives up
 	out := <-done
 	if out.err != nil {
