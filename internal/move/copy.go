@@ -178,7 +178,7 @@ func (m *mover) copyRows(ctx context.Context, r *jobs.Run, e *env, sconn *pgx.Co
 	if _, err := dadmin.Exec(ctx, "GRANT SET ON PARAMETER "+copyParameter+" TO "+agent); err != nil {
 		return 0, 0, cluster.Classify(err)
 	}
-	defer revokeCopyParameter(context.WithoutCancel(ctx), dadmin, e.t.ID)
+	defer revokeCopyParameter(context.WithoutCancel(ctx), dadmin, e.t.ID, e.t.Database)
 	sess, err := m.s.Agents.Open(ctx, e.dst, sandbox.TargetOf(e.t), "pgtenant move copy")
 	if err != nil {
 		return 0, 0, err
@@ -291,14 +291,20 @@ func (p *pacer) Write(b []byte) (int, error) {
 func mbs(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/(1<<20)) }
 
 // revokeCopyParameter takes back from the tenant's agent the setting the
-// copy needed (idempotent; nothing to do without the agent).
-func revokeCopyParameter(ctx context.Context, admin cluster.Execer, id string) error {
+// copy needed, and the role settings tenant code in the copy's session
+// could have made of it while it held it (idempotent; nothing to do
+// without the agent).
+func revokeCopyParameter(ctx context.Context, admin cluster.Execer, id, database string) error {
 	agent := tenant.AgentRole(id)
 	_, err := admin.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
-			IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s) THEN
-				REVOKE SET ON PARAMETER %s FROM %s;
+			IF EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %[1]s) THEN
+				REVOKE SET ON PARAMETER %[2]s FROM %[3]s;
+				ALTER ROLE %[3]s RESET %[2]s;
+				IF EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = %[4]s) THEN
+					ALTER ROLE %[3]s IN DATABASE %[5]s RESET %[2]s;
+				END IF;
 			END IF;
-		END $$`, cluster.Literal(agent), copyParameter, cluster.Ident(agent)))
+		END $$`, cluster.Literal(agent), copyParameter, cluster.Ident(agent), cluster.Literal(database), cluster.Ident(database)))
 	return cluster.Classify(err)
 }
 

@@ -332,10 +332,11 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 			CASE WHEN c.relkind = 'f' THEN 'a foreign table (not replicated)'
 			     WHEN c.relkind = 'm' THEN 'a materialized view (not replicated)'
 			     WHEN c.relpersistence = 'u' THEN 'unlogged (not replicated)'
+			     WHEN c.relforcerowsecurity THEN 'under FORCE ROW LEVEL SECURITY, which neither the copy nor the apply worker may write through (PostgreSQL refuses it): NO FORCE it for the move'
 			     ELSE 'no primary key or replica identity: its updates and deletes could not be replicated (and would fail on the source during the move); add a primary key or set REPLICA IDENTITY FULL'
 			END
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = ANY($1) AND (c.relkind IN ('f', 'm') OR (c.relkind = 'r' AND (c.relpersistence = 'u'
+		WHERE n.nspname = ANY($1) AND (c.relkind IN ('f', 'm') OR (c.relkind = 'r' AND (c.relpersistence = 'u' OR c.relforcerowsecurity
 		   OR c.relreplident = 'n'
 		   OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)))))
 		ORDER BY 1 LIMIT 20`, schemas)
@@ -845,44 +846,63 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	if err := m.resetTarget(ctx, e, dconn); err != nil {
 		return err
 	}
-	// The target catches up first, unpaused: a sentinel's round trip is
-	// the apply backlog (after a long copy, minutes of the tenant's
-	// writes); the pause starts once it is short. A tenant that writes
-	// about as fast as the apply worker applies never gets there: after
-	// CatchUpTimeout of tries, the move pauses if the last round trip was
-	// within half of SwitchTimeout (the paused catch-up, with the writes
-	// stopped, takes at most about as long), and fails otherwise, before
-	// anyone is paused: the apply worker cannot keep up, and the clients
-	// would wait longer than the pause may last. Bound: CatchUpTimeout
-	// plus half of SwitchTimeout.
+	// The target catches up first, unpaused, on what the tenant wrote
+	// during the copy: the pause starts once a sentinel's round trip takes
+	// under 100 ms. While the slot's backlog on the source shrinks, that
+	// goes on, for at most CatchUpTimeout. A tenant that writes about as
+	// fast as the apply worker applies stops the backlog from shrinking:
+	// after a minute without progress (or at the end of CatchUpTimeout)
+	// the move pauses if a sentinel still arrives within half of
+	// SwitchTimeout (the paused catch-up, with the writes stopped, takes at
+	// most about as long), and fails otherwise, before anyone is paused:
+	// the apply worker cannot keep up, and the clients would wait longer
+	// than the pause may last. Bound: CatchUpTimeout plus half of
+	// SwitchTimeout.
 	switchTimeout := cmp.Or(m.s.SwitchTimeout, 30*time.Second)
 	window := cmp.Or(m.s.CatchUpTimeout, catchUpTimeout)
+	stall := min(window, time.Minute)
+	best, bestAt, logged := int64(-1), time.Now(), time.Time{}
 	for until := time.Now().Add(window); ; {
 		began := time.Now()
 		token, err := sentinel(ctx, sconn, e.t)
 		if err != nil {
 			return err
 		}
-		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, max(time.Until(until), switchTimeout/2))
+		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, time.Second)
+		if err != nil && ctx.Err() != nil {
+			return err
+		}
+		if err == nil && time.Since(began) < 100*time.Millisecond {
+			break
+		}
+		backlog, err := slotBacklog(ctx, sconn, Name(e.t.ID))
+		if err != nil {
+			return err
+		}
+		if best < 0 || backlog < best-best/10 {
+			best, bestAt = backlog, time.Now()
+		}
+		if time.Since(bestAt) < stall && time.Now().Before(until) {
+			if time.Since(logged) > 10*time.Second {
+				m.s.Logger.Info("target catching up before the pause", "component", "move", "tenant", e.t.ID, "backlog_bytes", backlog)
+				logged = time.Now()
+			}
+			continue
+		}
+		began = time.Now()
+		if token, err = sentinel(ctx, sconn, e.t); err != nil {
+			return err
+		}
+		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, switchTimeout/2)
 		if err != nil && ctx.Err() != nil {
 			return err
 		}
 		if err != nil {
-			return jobs.Permanent(fmt.Errorf("%w: after %s of catching up, cluster %s still has not applied tenant %s's writes: its apply worker does not keep up with them; move it when it writes less",
-				ErrBehind, window, e.dst.Name(), e.t.ID))
+			return jobs.Permanent(fmt.Errorf("%w: after %s of catching up (%s of WAL still to apply), tenant %s's writes take more than %s to be applied on %s, half of the switch timeout: its apply worker does not keep up with them; move it when it writes less",
+				ErrBehind, time.Since(until.Add(-window)).Round(time.Second), mbs(backlog), e.t.ID, switchTimeout/2, e.dst.Name()))
 		}
-		trip := time.Since(began)
-		if trip < 100*time.Millisecond {
-			break
-		}
-		if time.Now().After(until) {
-			if trip > switchTimeout/2 {
-				return jobs.Permanent(fmt.Errorf("%w: after %s of catching up, tenant %s's writes still take %s to be applied on %s, more than half of the switch timeout (%s): its apply worker does not keep up with them; move it when it writes less",
-					ErrBehind, window, e.t.ID, trip.Round(time.Millisecond), e.dst.Name(), switchTimeout))
-			}
-			break
-		}
-		m.s.Logger.Info("target catching up before the pause", "component", "move", "tenant", e.t.ID, "round_trip", trip)
+		m.s.Logger.Info("target not catching up further; pausing", "component", "move", "tenant", e.t.ID, "round_trip", time.Since(began))
+		break
 	}
 	phases := map[string]int64{}
 	mark := time.Now()
@@ -1004,6 +1024,18 @@ func lockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	}
 	_, err = purge.EndSessions(ctx, cl, roles...)
 	return err
+}
+
+// slotBacklog is the WAL of the source the move's subscription has not
+// confirmed yet.
+func slotBacklog(ctx context.Context, sconn *pgx.Conn, slot string) (int64, error) {
+	var n int64
+	err := sconn.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8
+		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, slot).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("slot %s is gone from the source", slot)
+	}
+	return n, cluster.Classify(err)
 }
 
 // sentinel writes a fresh token into the source's sentinel table.
@@ -1174,7 +1206,7 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	if err := cluster.DropRoles(ctx, dadmin, name); err != nil {
 		return err
 	}
-	if err := revokeCopyParameter(ctx, dadmin, e.t.ID); err != nil {
+	if err := revokeCopyParameter(ctx, dadmin, e.t.ID, e.t.Database); err != nil {
 		return err
 	}
 	sconn, err := e.src.Connect(ctx, e.t.Database)
