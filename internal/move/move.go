@@ -852,28 +852,34 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	// goes on, for at most CatchUpTimeout. A tenant that writes about as
 	// fast as the apply worker applies stops the backlog from shrinking:
 	// after a minute without progress (or at the end of CatchUpTimeout)
-	// the move pauses if a sentinel still arrives within half of
-	// SwitchTimeout (the paused catch-up, with the writes stopped, takes at
-	// most about as long), and fails otherwise, before anyone is paused:
-	// the apply worker cannot keep up, and the clients would wait longer
-	// than the pause may last. Bound: CatchUpTimeout plus half of
-	// SwitchTimeout.
-	switchTimeout := cmp.Or(m.s.SwitchTimeout, 30*time.Second)
+	// the move pauses anyway, and the paused catch-up, with the writes
+	// stopped, gets SwitchTimeout; past it the move fails (ErrBehind) and
+	// the tenant resumes where it was. Bound: CatchUpTimeout, then a pause
+	// of at most SwitchTimeout.
+	// One sentinel in flight at a time: each is a transaction the apply
+	// worker must get through (a tenant's code that leaves the apply
+	// worker's session as the tenant's role costs it a restart at each).
 	window := cmp.Or(m.s.CatchUpTimeout, catchUpTimeout)
 	stall := min(window, time.Minute)
 	best, bestAt, logged := int64(-1), time.Now(), time.Time{}
+	var token string
+	var sent time.Time
 	for until := time.Now().Add(window); ; {
-		began := time.Now()
-		token, err := sentinel(ctx, sconn, e.t)
-		if err != nil {
-			return err
+		if token == "" {
+			if token, err = sentinel(ctx, sconn, e.t); err != nil {
+				return err
+			}
+			sent = time.Now()
 		}
 		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, time.Second)
 		if err != nil && ctx.Err() != nil {
 			return err
 		}
-		if err == nil && time.Since(began) < 100*time.Millisecond {
-			break
+		if err == nil {
+			if time.Since(sent) < 100*time.Millisecond {
+				break
+			}
+			token = "" // arrived, slowly: another
 		}
 		backlog, err := slotBacklog(ctx, sconn, Name(e.t.ID))
 		if err != nil {
@@ -882,27 +888,14 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		if best < 0 || backlog < best-best/10 {
 			best, bestAt = backlog, time.Now()
 		}
-		if time.Since(bestAt) < stall && time.Now().Before(until) {
-			if time.Since(logged) > 10*time.Second {
-				m.s.Logger.Info("target catching up before the pause", "component", "move", "tenant", e.t.ID, "backlog_bytes", backlog)
-				logged = time.Now()
-			}
-			continue
+		if time.Since(bestAt) >= stall || time.Now().After(until) {
+			m.s.Logger.Info("target not catching up further; pausing", "component", "move", "tenant", e.t.ID, "backlog_bytes", backlog)
+			break
 		}
-		began = time.Now()
-		if token, err = sentinel(ctx, sconn, e.t); err != nil {
-			return err
+		if time.Since(logged) > 10*time.Second {
+			m.s.Logger.Info("target catching up before the pause", "component", "move", "tenant", e.t.ID, "backlog_bytes", backlog)
+			logged = time.Now()
 		}
-		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, switchTimeout/2)
-		if err != nil && ctx.Err() != nil {
-			return err
-		}
-		if err != nil {
-			return jobs.Permanent(fmt.Errorf("%w: after %s of catching up (%s of WAL still to apply), tenant %s's writes take more than %s to be applied on %s, half of the switch timeout: its apply worker does not keep up with them; move it when it writes less",
-				ErrBehind, time.Since(until.Add(-window)).Round(time.Second), mbs(backlog), e.t.ID, switchTimeout/2, e.dst.Name()))
-		}
-		m.s.Logger.Info("target not catching up further; pausing", "component", "move", "tenant", e.t.ID, "round_trip", time.Since(began))
-		break
 	}
 	phases := map[string]int64{}
 	mark := time.Now()
@@ -934,11 +927,14 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	phase("lock_out")
 	// 3. The sentinel, written last on the source, reached the target:
 	//    everything committed before it has been applied.
-	token, err := sentinel(ctx, sconn, e.t)
+	token, err = sentinel(ctx, sconn, e.t)
 	if err != nil {
 		return undo(err)
 	}
 	if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, cmp.Or(m.s.SwitchTimeout, 30*time.Second)); err != nil {
+		if ctx.Err() == nil {
+			err = jobs.Permanent(fmt.Errorf("%w: %v: its apply worker does not keep up with its writes; move it when it writes less", ErrBehind, err))
+		}
 		return undo(err)
 	}
 	phase("catch_up")

@@ -711,9 +711,11 @@ func TestMove_KilledAtEachPoint(t *testing.T) {
 // TestMove_FailsWhenTheTargetCannotKeepUp: a tenant whose rows take the
 // target's apply worker far longer to apply than the tenant takes to write
 // them (a CHECK that sleeps in the apply worker's session only) cannot be
-// cut over: after the catch-up time (shortened here) the move fails, saying why, before
-// it pauses anyone; the tenant stays on its cluster and its client saw no
-// error; nothing of it is left on the target.
+// cut over: after the catch-up time (shortened here) the move pauses, the
+// paused catch-up does not end within the switch timeout, and the move
+// fails, saying why, without switching: the tenant stays on its cluster
+// (no pause is recorded as a move's), its client waited but saw no error,
+// and nothing of it is left on the target.
 func TestMove_FailsWhenTheTargetCannotKeepUp(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for the switch timeout")
