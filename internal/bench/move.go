@@ -293,8 +293,12 @@ func standbyLag(ctx context.Context, fc *fleet.Cluster) (int64, error) {
 		return 0, err
 	}
 	defer conn.Close(ctx)
+	// Standbys only: a move's subscription (and an analytics mirror) has a
+	// walsender of its own in pg_stat_replication, whose replay_lsn is what
+	// the subscriber confirmed, not a standby's replay.
 	var lag int64
-	err = conn.QueryRow(ctx, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)), 0)::bigint FROM pg_stat_replication`).Scan(&lag)
+	err = conn.QueryRow(ctx, `SELECT coalesce(max(pg_wal_lsn_diff(pg_current_wal_lsn(), r.replay_lsn)), 0)::bigint FROM pg_stat_replication r
+		WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')`).Scan(&lag)
 	return lag, err
 }
 

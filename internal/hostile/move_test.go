@@ -17,15 +17,21 @@ import (
 )
 
 // TestFinding12_MoveRunsNoTenantCodeWithPrivilege: a tenant moved to
-// another cluster while it writes plants what logical replication sets off
-// on the target — an ENABLE ALWAYS and an ENABLE REPLICA trigger, a CHECK
-// constraint calling its function — each trying to escalate. In
-// PostgreSQL 15 the apply worker runs as its subscription's owner, which
-// must have been a superuser to create it: the move's owner is not one
-// any more when it applies, the triggers are disabled until the cut-over,
-// and nothing gains privilege on either cluster. The planted CHECK ran in
-// the apply worker (the fixture bites) as the move's unprivileged role;
-// the triggers are ALWAYS and REPLICA again on the target afterwards.
+// another cluster while it writes plants what the move's copy and logical
+// replication set off on the target — an ENABLE ALWAYS, an ENABLE REPLICA
+// and an ordinary trigger, a CHECK constraint calling its function — each
+// trying to escalate. The rows there before the move are copied by
+// pgtenant's COPY, in the tenant's agent session with
+// session_replication_role = replica; the rows written during the move
+// are applied by the apply worker, which in PostgreSQL 15 runs as its
+// subscription's owner, which must have been a superuser to create it:
+// the move's owner is not one any more when it applies. The ALWAYS and
+// REPLICA triggers are disabled until the cut-over, the ordinary one never
+// fires on the target, and nothing gains privilege on either cluster. The
+// planted CHECK ran in both (the fixture bites): in the copy as the agent,
+// in the apply worker as the move's unprivileged role; the triggers are
+// ALWAYS and REPLICA again on the target afterwards, and the agent no
+// longer holds the copy's setting.
 func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 	ctx := pgtest.Context(t)
 	pg2, err := pgtest.Start(ctx, pgtest.Options{Name: "local2"})
@@ -53,10 +59,15 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 				CREATE FUNCTION %[1]s.on_row() RETURNS trigger LANGUAGE plpgsql AS $f$
 				BEGIN PERFORM %[1]s.pwn(TG_ARGV[0]); RETURN NEW; END $f$;
 				CREATE FUNCTION %[1]s.check_row(v text) RETURNS boolean LANGUAGE plpgsql AS $f$
-				BEGIN PERFORM %[1]s.pwn('check'); RETURN true; END $f$;
+				BEGIN PERFORM %[1]s.pwn('check');
+					-- Keep what the copy's session may set for later sessions.
+					BEGIN EXECUTE 'RESET ROLE'; EXECUTE 'ALTER ROLE ' || session_user || ' SET session_replication_role = replica';
+					EXCEPTION WHEN OTHERS THEN NULL; END;
+					RETURN true; END $f$;
 				CREATE TABLE %[1]s.victim (id bigserial PRIMARY KEY, v text CHECK (%[1]s.check_row(v)));
 				CREATE TRIGGER always_trg BEFORE INSERT ON %[1]s.victim FOR EACH ROW EXECUTE FUNCTION %[1]s.on_row('always');
 				CREATE TRIGGER replica_trg BEFORE INSERT ON %[1]s.victim FOR EACH ROW EXECUTE FUNCTION %[1]s.on_row('replica');
+				CREATE TRIGGER origin_trg BEFORE INSERT ON %[1]s.victim FOR EACH ROW EXECUTE FUNCTION %[1]s.on_row('origin');
 				ALTER TABLE %[1]s.victim ENABLE ALWAYS TRIGGER always_trg;
 				ALTER TABLE %[1]s.victim ENABLE REPLICA TRIGGER replica_trg;
 				INSERT INTO %[1]s.victim (v) SELECT 'before' FROM generate_series(1, 20)`, s))
@@ -109,15 +120,18 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			applied := 0
+			applied, copied := 0, 0
+			agent := "pgt_agent_" + l.ID
 			for _, r := range got {
 				switch {
 				case r.privileged:
 					t.Errorf("tenant code ran with privilege on the target: %+v", r)
-				case r.session == move.Name(l.ID) && r.what != "check":
-					t.Errorf("the tenant's %s trigger fired in the apply worker: %+v", r.what, r)
+				case (r.session == move.Name(l.ID) || r.session == agent) && r.what != "check":
+					t.Errorf("the tenant's %s trigger fired in the move's session of %s: %+v", r.what, r.session, r)
 				case r.session == move.Name(l.ID):
 					applied++
+				case r.session == agent:
+					copied++
 				case r.session != l.Role:
 					t.Errorf("tenant code ran in a session of %s: %+v", r.session, r)
 				}
@@ -125,13 +139,28 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 			if applied == 0 {
 				t.Errorf("the planted CHECK never ran in the apply worker (tripwire %+v): the fixture does not bite", got)
 			}
+			if copied == 0 {
+				t.Errorf("the planted CHECK never ran in the copy (tripwire %+v): the fixture does not bite", got)
+			}
+			var granted bool
+			if err := dst.QueryRow(ctx, `SELECT has_parameter_privilege($1, 'session_replication_role', 'SET')`, agent).Scan(&granted); err != nil {
+				t.Fatal(err)
+			}
+			var kept int
+			if err := dst.QueryRow(ctx, `SELECT count(*) FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+				WHERE r.rolname = $1 AND array_to_string(s.setconfig, ',') LIKE '%session_replication_role%'`, agent).Scan(&kept); err != nil {
+				t.Fatal(err)
+			}
+			if granted || kept != 0 {
+				t.Errorf("the agent %s may still set session_replication_role after the move (%v), or has it in %d role settings", agent, granted, kept)
+			}
 			var enabled string
 			if err := dst.QueryRow(ctx, `SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgname) FROM pg_trigger
 				WHERE tgrelid = $1::regclass`, l.Schema+".victim").Scan(&enabled); err != nil {
 				t.Fatal(err)
 			}
-			if enabled != "always_trg=A,replica_trg=R" {
-				t.Errorf("triggers on the target: %s, want always_trg=A,replica_trg=R", enabled)
+			if enabled != "always_trg=A,origin_trg=O,replica_trg=R" {
+				t.Errorf("triggers on the target: %s, want always_trg=A,origin_trg=O,replica_trg=R", enabled)
 			}
 		})
 	}

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,6 +55,13 @@ func Name(id string) string { return "pgt_move_" + id }
 
 // ErrRefused is a move that cannot be done, said before anything is copied.
 var ErrRefused = errors.New("move refused")
+
+// catchUpTimeout is CatchUpTimeout's default (tests shorten it).
+var catchUpTimeout = 10 * time.Minute
+
+// ErrBehind is a move that gave up before its cut-over: the target applies
+// the tenant's writes more slowly than the tenant writes them.
+var ErrBehind = errors.New("move cannot catch up")
 
 type args struct {
 	Tenant string `json:"tenant"`
@@ -90,8 +98,10 @@ type Service struct {
 	// PauseTimeout bounds the wait for the tenant's pool to pause (in
 	// session mode, its clients must disconnect); SwitchTimeout the wait
 	// for the target to apply the source's last write while paused;
-	// CopyTimeout the initial copy. Defaults: 10 s, 30 s, 6 h.
-	PauseTimeout, SwitchTimeout, CopyTimeout time.Duration
+	// CopyTimeout the initial copy; CatchUpTimeout the unpaused catch-up
+	// before the pause (then the move pauses, or fails if the target is
+	// too far behind: see cutover). Defaults: 10 s, 30 s, 6 h, 1 min.
+	PauseTimeout, SwitchTimeout, CopyTimeout, CatchUpTimeout time.Duration
 }
 
 // Spec is the job that moves tenant id to cluster to.
@@ -154,12 +164,12 @@ func (s *Service) Handler() jobs.Handler {
 			m := &mover{s: s, a: a}
 			return []jobs.Step{
 				{Name: "check", Run: m.check},
-				{Name: "roles", Run: m.step(m.roles)},
-				{Name: "schema", Run: m.step(m.schema)},
-				{Name: "subscribe", Run: m.step(m.subscribe)},
-				{Name: "copy", Run: m.step(m.copy)},
-				{Name: "cutover", Run: m.step(m.cutover)},
-				{Name: "finish", Run: m.step(m.finish)},
+				{Name: "roles", Run: m.step("roles", m.roles)},
+				{Name: "schema", Run: m.step("schema", m.schema)},
+				{Name: "subscribe", Run: m.step("subscribe", m.subscribe)},
+				{Name: "copy", Run: m.step("copy", m.copy)},
+				{Name: "cutover", Run: m.step("cutover", m.cutover)},
+				{Name: "finish", Run: m.step("finish", m.finish)},
 			}, nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {
@@ -171,6 +181,19 @@ func (s *Service) Handler() jobs.Handler {
 			return m.cleanup(ctx, r)
 		},
 	}
+}
+
+// crashHook is set by the tests only (export_test.go): called at the
+// points a daemon is killed at in them, it returns once the daemon is
+// stopping, and the step returns then, cleaning up nothing.
+var crashHook atomic.Pointer[func(ctx context.Context, point string) error]
+
+// crashPoint is a point where the tests kill the daemon.
+func crashPoint(ctx context.Context, point string) error {
+	if f := crashHook.Load(); f != nil {
+		return (*f)(ctx, point)
+	}
+	return nil
 }
 
 type mover struct {
@@ -209,8 +232,11 @@ func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
 	return e, nil
 }
 
-func (m *mover) step(f func(context.Context, *jobs.Run, *env) error) func(context.Context, *jobs.Run) error {
+func (m *mover) step(name string, f func(context.Context, *jobs.Run, *env) error) func(context.Context, *jobs.Run) error {
 	return func(ctx context.Context, r *jobs.Run) error {
+		if err := crashPoint(ctx, name); err != nil {
+			return err
+		}
 		e, err := m.load(ctx, r)
 		if err != nil {
 			return err
@@ -303,10 +329,11 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 			CASE WHEN c.relkind = 'f' THEN 'a foreign table (not replicated)'
 			     WHEN c.relkind = 'm' THEN 'a materialized view (not replicated)'
 			     WHEN c.relpersistence = 'u' THEN 'unlogged (not replicated)'
+			     WHEN c.relforcerowsecurity THEN 'under FORCE ROW LEVEL SECURITY, which neither the copy nor the apply worker may write through (PostgreSQL refuses it): NO FORCE it for the move'
 			     ELSE 'no primary key or replica identity: its updates and deletes could not be replicated (and would fail on the source during the move); add a primary key or set REPLICA IDENTITY FULL'
 			END
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE n.nspname = ANY($1) AND (c.relkind IN ('f', 'm') OR (c.relkind = 'r' AND (c.relpersistence = 'u'
+		WHERE n.nspname = ANY($1) AND (c.relkind IN ('f', 'm') OR (c.relkind = 'r' AND (c.relpersistence = 'u' OR c.relforcerowsecurity
 		   OR c.relreplident = 'n'
 		   OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)))))
 		ORDER BY 1 LIMIT 20`, schemas)
@@ -671,13 +698,10 @@ func (m *mover) adminConnString(ctx context.Context, clusterName, database strin
 		q(pc.Host), pc.Port, q(pc.User), q(pc.Password), q(database), ssl), nil
 }
 
-// subscribe publishes the tenant's tables on the source and subscribes the
-// target, with the initial copy. The subscription is made by a role of its
-// own that is a superuser only while it creates it (PostgreSQL 15 wants a
-// superuser owner), then NOSUPERUSER and a member of the tenant's role:
-// the apply worker runs as its owner, so whatever tenant code replication
-// sets off (triggers, defaults, generated columns, index expressions,
-// constraints) has the tenant's rights and no more.
+// subscribe publishes the tenant's tables on the source and makes, on the
+// target, the sentinel table and the role that will own the subscription.
+// The subscription itself is made by copy, once the rows it starts from are
+// there.
 func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 	if e.switched {
 		return nil
@@ -728,36 +752,50 @@ func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 		cluster.Ident(SentinelSchema), owner, sentinel, owner)); err != nil {
 		return cluster.Classify(err)
 	}
-	var subscribed bool
-	if err := dconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription WHERE subname = $1)`, name).Scan(&subscribed); err != nil {
+	return nil
+}
+
+// createSubscription subscribes the target to the slot copy made, without
+// a copy of its own (copy_data = false) and without a slot of its own
+// (create_slot = false): the apply worker starts at the slot's
+// confirmed_flush_lsn, the point of the snapshot the rows were copied in
+// (START_REPLICATION starts at the requested LSN, 0/0 for a new
+// subscription, or the slot's confirmed_flush_lsn, whichever is greater),
+// so no change is missed or applied twice. The subscription is made by a
+// role of its own that is a superuser only while it creates it
+// (PostgreSQL 15 wants a superuser owner), then NOSUPERUSER and a member
+// of the tenant's role: the apply worker runs as its owner, so whatever
+// tenant code replication sets off (triggers, defaults, generated columns,
+// index expressions, constraints) has the tenant's rights and no more.
+func (m *mover) createSubscription(ctx context.Context, e *env, dconn *pgx.Conn) error {
+	name := Name(e.t.ID)
+	owner := cluster.Ident(name)
+	dadmin, err := e.dst.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	conninfo, err := m.adminConnString(ctx, e.st.From, e.t.Database)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range []string{
+		"ALTER ROLE " + owner + " SUPERUSER",
+		"SET ROLE " + owner,
+		"SET statement_timeout = '60s'",
+		fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s WITH (enabled = false, create_slot = false, slot_name = %s, copy_data = false)",
+			owner, cluster.Literal(conninfo), owner, cluster.Literal(name)),
+	} {
+		if _, err := dconn.Exec(ctx, stmt); err != nil {
+			_, _ = dconn.Exec(context.WithoutCancel(ctx), "RESET ROLE; RESET statement_timeout")
+			_, _ = dadmin.Exec(context.WithoutCancel(ctx), "ALTER ROLE "+owner+" NOSUPERUSER")
+			return fmt.Errorf("subscribe %s to %s: %w", e.dst.Name(), e.src.Name(), cluster.Classify(err))
+		}
+	}
+	if _, err := dconn.Exec(ctx, "RESET ROLE; RESET statement_timeout"); err != nil {
 		return cluster.Classify(err)
 	}
-	if !subscribed {
-		conninfo, err := m.adminConnString(ctx, e.st.From, e.t.Database)
-		if err != nil {
-			return err
-		}
-		// Making the slot waits for the source's running transactions
-		// (anyone's): bounded, then retried by the job.
-		for _, stmt := range []string{
-			"ALTER ROLE " + owner + " SUPERUSER",
-			"SET ROLE " + owner,
-			"SET statement_timeout = '60s'",
-			fmt.Sprintf("CREATE SUBSCRIPTION %s CONNECTION %s PUBLICATION %s WITH (enabled = false, slot_name = %s, copy_data = true)",
-				owner, cluster.Literal(conninfo), owner, cluster.Literal(name)),
-		} {
-			if _, err := dconn.Exec(ctx, stmt); err != nil {
-				_, _ = dconn.Exec(context.WithoutCancel(ctx), "RESET ROLE; RESET statement_timeout")
-				_, _ = dadmin.Exec(context.WithoutCancel(ctx), "ALTER ROLE "+owner+" NOSUPERUSER")
-				return fmt.Errorf("subscribe %s to %s: %w", e.dst.Name(), e.src.Name(), cluster.Classify(err))
-			}
-		}
-		if _, err := dconn.Exec(ctx, "RESET ROLE; RESET statement_timeout"); err != nil {
-			return cluster.Classify(err)
-		}
-	}
-	// Before it is enabled, and on every pass: the owner has no privilege
-	// beyond the tenant's, whatever an interrupted attempt left.
+	// Before it is enabled: the owner has no privilege beyond the
+	// tenant's.
 	if _, err := dadmin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS; GRANT %s TO %s",
 		owner, cluster.Ident(e.role), owner)); err != nil {
 		return cluster.Classify(err)
@@ -768,45 +806,6 @@ func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	_, err = dconn.Exec(ctx, "ALTER SUBSCRIPTION "+owner+" ENABLE")
 	return cluster.Classify(err)
-}
-
-// copy waits for the initial copy of every table, paced on both clusters.
-func (m *mover) copy(ctx context.Context, r *jobs.Run, e *env) error {
-	if e.switched {
-		return nil
-	}
-	dconn, err := e.dst.Connect(ctx, e.t.Database)
-	if err != nil {
-		return err
-	}
-	defer dconn.Close(context.WithoutCancel(ctx))
-	deadline := time.Now().Add(cmp.Or(m.s.CopyTimeout, 6*time.Hour))
-	for {
-		var pending, total int64
-		if err := dconn.QueryRow(ctx, `SELECT pg_catalog.count(*) FILTER (WHERE r.srsubstate <> 'r'), pg_catalog.count(*)
-			FROM pg_catalog.pg_subscription_rel r JOIN pg_catalog.pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`, Name(e.t.ID)).Scan(&pending, &total); err != nil {
-			return cluster.Classify(err)
-		}
-		r.Progress(ctx, total-pending, total, fmt.Sprintf("copying tenant %s from %s to %s: %d of %d tables", e.t.ID, e.src.Name(), e.dst.Name(), total-pending, total))
-		if total > 0 && pending == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return jobs.Permanent(fmt.Errorf("the initial copy of tenant %s did not end in time (%d tables left); see the target's log", e.t.ID, pending))
-		}
-		for _, c := range []string{e.src.Name(), e.dst.Name()} {
-			release, err := r.Pace(ctx, c, jobs.Light)
-			if err != nil {
-				return err
-			}
-			release()
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
 }
 
 // cutover switches the tenant to the target with its pool paused.
@@ -844,23 +843,55 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	if err := m.resetTarget(ctx, e, dconn); err != nil {
 		return err
 	}
-	// The target catches up first, unpaused: a sentinel's round trip is
-	// the apply backlog; the pause starts once it is short, or after a
-	// minute of tries (a tenant that writes faster than the apply worker
-	// applies: then the paused catch-up, bounded by SwitchTimeout, is
-	// what lets the move end).
-	for until := time.Now().Add(time.Minute); time.Now().Before(until); {
-		began := time.Now()
-		token, err := sentinel(ctx, sconn, e.t)
-		if err != nil {
-			return err
+	// The target catches up first, unpaused, on what the tenant wrote
+	// during the copy: the pause starts once a sentinel's round trip takes
+	// under 100 ms. While the slot's backlog on the source shrinks, that
+	// goes on, for at most CatchUpTimeout. A tenant that writes about as
+	// fast as the apply worker applies stops the backlog from shrinking:
+	// after a minute without progress (or at the end of CatchUpTimeout)
+	// the move pauses anyway, and the paused catch-up, with the writes
+	// stopped, gets SwitchTimeout; past it the move fails (ErrBehind) and
+	// the tenant resumes where it was. Bound: CatchUpTimeout, then a pause
+	// of at most SwitchTimeout.
+	// One sentinel in flight at a time: each is a transaction the apply
+	// worker must get through (a tenant's code that leaves the apply
+	// worker's session as the tenant's role costs it a restart at each).
+	window := cmp.Or(m.s.CatchUpTimeout, catchUpTimeout)
+	stall := min(window, time.Minute)
+	best, bestAt, logged := int64(-1), time.Now(), time.Time{}
+	var token string
+	var sent time.Time
+	for until := time.Now().Add(window); ; {
+		if token == "" {
+			if token, err = sentinel(ctx, sconn, e.t); err != nil {
+				return err
+			}
+			sent = time.Now()
 		}
-		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, time.Until(until))
+		err = waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, time.Second)
 		if err != nil && ctx.Err() != nil {
 			return err
 		}
-		if err == nil && time.Since(began) < 100*time.Millisecond {
+		if err == nil {
+			if time.Since(sent) < 100*time.Millisecond {
+				break
+			}
+			token = "" // arrived, slowly: another
+		}
+		backlog, err := slotBacklog(ctx, sconn, Name(e.t.ID))
+		if err != nil {
+			return err
+		}
+		if best < 0 || backlog < best-best/10 {
+			best, bestAt = backlog, time.Now()
+		}
+		if time.Since(bestAt) >= stall || time.Now().After(until) {
+			m.s.Logger.Info("target not catching up further; pausing", "component", "move", "tenant", e.t.ID, "backlog_bytes", backlog)
 			break
+		}
+		if time.Since(logged) > 10*time.Second {
+			m.s.Logger.Info("target catching up before the pause", "component", "move", "tenant", e.t.ID, "backlog_bytes", backlog)
+			logged = time.Now()
 		}
 	}
 	phases := map[string]int64{}
@@ -893,11 +924,14 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	phase("lock_out")
 	// 3. The sentinel, written last on the source, reached the target:
 	//    everything committed before it has been applied.
-	token, err := sentinel(ctx, sconn, e.t)
+	token, err = sentinel(ctx, sconn, e.t)
 	if err != nil {
 		return undo(err)
 	}
 	if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, cmp.Or(m.s.SwitchTimeout, 30*time.Second)); err != nil {
+		if ctx.Err() == nil {
+			err = jobs.Permanent(fmt.Errorf("%w: %v: its apply worker does not keep up with its writes; move it when it writes less", ErrBehind, err))
+		}
 		return undo(err)
 	}
 	phase("catch_up")
@@ -907,6 +941,9 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return undo(err)
 	}
 	phase("target")
+	if err := crashPoint(ctx, "cutover:paused"); err != nil {
+		return err
+	}
 	// 5. The switch: the catalog, then the pooler's entry, then resume.
 	err = pgx.BeginFunc(ctx, m.s.Store.Pool(), func(tx pgx.Tx) error {
 		t, err := m.s.Store.LockTenant(ctx, tx, e.t.ID)
@@ -929,6 +966,9 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	e.switched = true
 	phase("switch")
+	if err := crashPoint(ctx, "cutover:switched"); err != nil {
+		return err
+	}
 	if err := m.resume(ctx, front, e); err != nil {
 		return err
 	}
@@ -977,6 +1017,18 @@ func lockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	}
 	_, err = purge.EndSessions(ctx, cl, roles...)
 	return err
+}
+
+// slotBacklog is the WAL of the source the move's subscription has not
+// confirmed yet.
+func slotBacklog(ctx context.Context, sconn *pgx.Conn, slot string) (int64, error) {
+	var n int64
+	err := sconn.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8
+		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, slot).Scan(&n)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("slot %s is gone from the source", slot)
+	}
+	return n, cluster.Classify(err)
 }
 
 // sentinel writes a fresh token into the source's sentinel table.
@@ -1100,6 +1152,9 @@ func (m *mover) finish(ctx context.Context, r *jobs.Run, e *env) error {
 	if err := m.dropReplication(ctx, e); err != nil {
 		return err
 	}
+	if err := crashPoint(ctx, "finish:dropped"); err != nil {
+		return err
+	}
 	if !e.switched {
 		return nil
 	}
@@ -1127,18 +1182,8 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	}
 	if err == nil {
 		defer dconn.Close(context.WithoutCancel(ctx))
-		var exists bool
-		if err := dconn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_subscription WHERE subname = $1)`, name).Scan(&exists); err != nil {
-			return cluster.Classify(err)
-		}
-		if exists {
-			// DROP SUBSCRIPTION drops the slot on the source too.
-			if _, err := dconn.Exec(ctx, "ALTER SUBSCRIPTION "+cluster.Ident(name)+" DISABLE"); err != nil {
-				return cluster.Classify(err)
-			}
-			if _, err := dconn.Exec(ctx, "DROP SUBSCRIPTION "+cluster.Ident(name)); err != nil {
-				return cluster.Classify(err)
-			}
+		if err := dropSubscription(ctx, dconn, name); err != nil {
+			return err
 		}
 		if _, err := dconn.Exec(ctx, sentinel); err != nil {
 			return cluster.Classify(err)
@@ -1154,6 +1199,9 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	if err := cluster.DropRoles(ctx, dadmin, name); err != nil {
 		return err
 	}
+	if err := revokeCopyParameter(ctx, dadmin, e.t.ID, e.t.Database); err != nil {
+		return err
+	}
 	sconn, err := e.src.Connect(ctx, e.t.Database)
 	if err != nil {
 		return err
@@ -1162,12 +1210,7 @@ func (m *mover) dropReplication(ctx context.Context, e *env) error {
 	if _, err := sconn.Exec(ctx, "DROP PUBLICATION IF EXISTS "+cluster.Ident(name)+"; "+sentinel); err != nil {
 		return cluster.Classify(err)
 	}
-	sadmin, err := e.src.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = sadmin.Exec(ctx, `SELECT pg_catalog.pg_drop_replication_slot(slot_name) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1 AND NOT active`, name)
-	return cluster.Classify(err)
+	return dropSlot(ctx, e.src, name)
 }
 
 // cleanup runs when the job fails or is cancelled. Switched, the tenant is

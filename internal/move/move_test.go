@@ -14,6 +14,8 @@ import (
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
@@ -166,7 +168,10 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := setup.Exec(ctx, `CREATE TABLE w (id bigserial PRIMARY KEY, n int NOT NULL UNIQUE, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			// Row-level security (not forced): its owner, and the move's
+			// roles that are members of it, are not subject to it.
+			if _, err := setup.Exec(ctx, `CREATE TABLE w (id bigserial PRIMARY KEY, n int NOT NULL UNIQUE, at timestamptz NOT NULL DEFAULT now());
+				ALTER TABLE w ENABLE ROW LEVEL SECURITY`); err != nil {
 				t.Fatal(err)
 			}
 			setup.Close(ctx)
@@ -295,7 +300,7 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 }
 
 // TestMove_RefusedBeforeAnythingIsCopied: a tenant with a table without a
-// primary key and a large object is refused, with the reasons, before the
+// primary key, a table under FORCE ROW LEVEL SECURITY and a large object is refused, with the reasons, before the
 // target gets anything; it stays on its cluster and serves.
 func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	ctx := pgtest.Context(t)
@@ -309,7 +314,8 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, `CREATE TABLE nokey (v text); INSERT INTO nokey VALUES ('x'); SELECT lo_from_bytea(0, 'blob')`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE TABLE nokey (v text); INSERT INTO nokey VALUES ('x'); SELECT lo_from_bytea(0, 'blob');
+		CREATE TABLE forced (id int PRIMARY KEY); ALTER TABLE forced ENABLE ROW LEVEL SECURITY; ALTER TABLE forced FORCE ROW LEVEL SECURITY`); err != nil {
 		t.Fatal(err)
 	}
 	j, err := c.MoveTenant(ctx, r.Tenant.ID, "local2")
@@ -321,8 +327,8 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 		t.Fatal(err)
 	}
 	if j.State != jobs.Failed || !strings.Contains(j.LastError, "move refused") || !strings.Contains(j.LastError, "nokey") ||
-		!strings.Contains(j.LastError, "large objects") {
-		t.Errorf("move: %s %q; want failed, refused naming the table and the large objects", j.State, j.LastError)
+		!strings.Contains(j.LastError, "large objects") || !strings.Contains(j.LastError, "forced is under FORCE ROW LEVEL SECURITY") {
+		t.Errorf("move: %s %q; want failed, refused naming the tables and the large objects", j.State, j.LastError)
 	}
 	if len(j.Steps) != 0 {
 		t.Errorf("steps done: %+v; want none (refused at check)", j.Steps)
@@ -460,5 +466,321 @@ func TestMove_ResumesAfterTheDaemonStops(t *testing.T) {
 	}
 	if left+slots != 0 {
 		t.Errorf("after the cancel: %d of the tenant's roles, schema or subscription on local2 and %d slots on local, want none", left, slots)
+	}
+}
+
+// startKeeping runs a daemon over both clusters whose PgBouncers (given,
+// keep_running) outlive it, as a daemon killed with kill -9 leaves them:
+// the tenants' clients stay connected across its restart. stop stops the
+// daemon (a job in progress goes back to the queue).
+func startKeeping(t *testing.T, cfg config.Config, poolers map[string]config.PoolerConfig) (*api.Client, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	opts := daemon.Options{Config: cfg, Logger: pgtest.Logger(t), Poolers: poolers}
+	for _, pg := range pgs {
+		m := catalog.Cluster{Name: pg.Name(), DSN: pg.PrimaryDSN("postgres")}
+		for _, s := range pg.Standbys() {
+			m.StandbyDSNs = append(m.StandbyDSNs, pg.DSN(s, "postgres"))
+		}
+		opts.Managed = append(opts.Managed, m)
+	}
+	d, err := daemon.New(ctx, opts)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return api.NewClient(d.URL(), d.Token()), stop
+}
+
+// TestMove_KilledAtEachPoint kills the daemon at each point of a move —
+// before each step, with the rows copied but not committed, paused at the
+// pooler with the source locked out before the switch, switched but not
+// resumed, with the replication objects dropped but the source's purge not
+// queued — while a client writes through the tenant's pooler DSN, and
+// starts another daemon on the same catalog (the PgBouncers keep running,
+// as they do when a daemon is killed): the move resumes and ends with the
+// tenant on the target, every acknowledged row there exactly once, the
+// client without an error, no subscription, slot or publication left, and
+// reconcile clean (the pooler's entry is where the catalog says). A move
+// cancelled at the copy or while paused leaves the tenant on its cluster,
+// serving, and nothing of it on the target.
+func TestMove_KilledAtEachPoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a move per point")
+	}
+	ctx := pgtest.Context(t)
+	cfg := testConfig(t)
+	poolers := map[string]config.PoolerConfig{}
+	keep := true
+	for _, pg := range pgs {
+		pc := daemontest.Pooler(t)
+		pc.KeepRunning = &keep
+		poolers[pg.Name()] = pc
+	}
+	c, stop := startKeeping(t, cfg, poolers)
+	t.Cleanup(func() {
+		// The last daemon stops the PgBouncers.
+		for name, pc := range poolers {
+			no := false
+			pc.KeepRunning = &no
+			poolers[name] = pc
+		}
+		_, stop := startKeeping(t, cfg, poolers)
+		stop()
+	})
+	buildSaas(t, c)
+	defer move.SetCrashHook(nil)
+	parent := t
+
+	cases := []struct {
+		point  string
+		cancel bool // cancel the job there instead of killing the daemon
+	}{
+		{point: "schema"}, {point: "subscribe"}, {point: "copy"}, {point: "copy:rows"}, {point: "cutover"},
+		{point: "cutover:paused"}, {point: "cutover:switched"}, {point: "finish"}, {point: "finish:dropped"},
+		{point: "copy:rows", cancel: true}, {point: "cutover:paused", cancel: true},
+	}
+	for i, tc := range cases {
+		mode := tenant.Modes[i%2]
+		name := tc.point + "/" + string(mode)
+		if tc.cancel {
+			name = "cancel at " + name
+		}
+		t.Run(name, func(t *testing.T) {
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode, Tier: pooledTier, Cluster: "local"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := r.Tenant.ID
+			setup, err := connectDSN(ctx, r.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := setup.Exec(ctx, `CREATE TABLE w (id bigserial PRIMARY KEY, n int NOT NULL UNIQUE, at timestamptz NOT NULL DEFAULT now())`); err != nil {
+				t.Fatal(err)
+			}
+			setup.Close(ctx)
+			wr := startWriter(t, ctx, r.DSN)
+			wr.waitFor(t, 30)
+
+			hit := make(chan struct{})
+			var once sync.Once
+			move.SetCrashHook(func(ctx context.Context, p string) error {
+				if p != tc.point {
+					return nil
+				}
+				once.Do(func() { close(hit) })
+				<-ctx.Done() // the daemon stops (or the job is cancelled) here
+				return ctx.Err()
+			})
+			j, err := c.MoveTenant(ctx, id, "local2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-hit:
+			case <-ctx.Done():
+				t.Fatalf("the move never reached %s", tc.point)
+			}
+			move.SetCrashHook(nil)
+			want, wantState := "local2", jobs.Succeeded
+			if tc.cancel {
+				if _, err := c.CancelJob(ctx, j.ID); err != nil {
+					t.Fatal(err)
+				}
+				want, wantState = "local", jobs.Cancelled
+			} else {
+				stop()
+				c, stop = startKeeping(parent, cfg, poolers) // lives past this subtest
+			}
+			if j, err = c.WaitJob(ctx, j.ID, nil); err != nil || j.State != wantState {
+				t.Fatalf("move: %v %s %s; want %s", err, j.State, j.LastError, wantState)
+			}
+			wr.waitFor(t, 30) // writes go on, where the tenant is
+			acked, errs := wr.finish()
+			if len(errs) > 0 {
+				t.Errorf("the client saw %d errors, want none: %v", len(errs), errs[0])
+			}
+			after, err := c.Tenant(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Cluster != want || after.State != "active" {
+				t.Fatalf("after the move: %s on %s, want active on %s", after.State, after.Cluster, want)
+			}
+			on := pgs[0]
+			if want == "local2" {
+				on = pgs[1]
+			}
+			// Every acknowledged row exactly once where the tenant is.
+			schema := "public"
+			if mode == "schema" {
+				schema = "t_" + id
+			}
+			var rows, distinct, orgs int
+			var sum int64
+			if err := on.Conn(t, after.Database).QueryRow(ctx, fmt.Sprintf(`SELECT count(*), count(DISTINCT n), coalesce(sum(n), 0),
+				(SELECT count(*) FROM %[1]s.organizations) FROM %[1]s.w`, cluster.Ident(schema))).Scan(&rows, &distinct, &sum, &orgs); err != nil {
+				t.Fatal(err)
+			}
+			var wantSum int64
+			for _, n := range acked {
+				wantSum += int64(n)
+			}
+			if rows != len(acked) || distinct != len(acked) || sum != wantSum || orgs != len(acked) {
+				t.Errorf("on %s: %d rows, %d distinct, sum %d, %d organizations; want the %d acknowledged rows once each (sum %d)",
+					want, rows, distinct, sum, orgs, len(acked), wantSum)
+			}
+			// No replication object of the move left on either side.
+			var left int
+			for _, pg := range pgs {
+				var n int
+				if err := pg.Conn(t, "postgres").QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1)
+					+ (SELECT count(*) FROM pg_subscription WHERE subname = $1)`, move.Name(id)).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				left += n
+			}
+			if conn, err := pgx.Connect(ctx, pgs[0].PrimaryDSN(after.Database)); err == nil { // purged already, or not
+				var n int
+				if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_publication WHERE pubname = $1`, move.Name(id)).Scan(&n); err == nil {
+					left += n
+				}
+				conn.Close(ctx)
+			}
+			if left != 0 {
+				t.Errorf("%d slots, subscriptions or publications of the move left, want none", left)
+			}
+			if tc.cancel {
+				var n int
+				if err := pgs[1].Conn(t, "postgres").QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2, $3))
+					+ (SELECT count(*) FROM pg_database WHERE datname = $1)`, "t_"+id, "pgt_agent_"+id, move.Name(id)).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n != 0 {
+					t.Errorf("after the cancel: %d of the tenant's roles or database on local2, want none", n)
+				}
+			}
+			if !tc.cancel {
+				// The source copy is purged once the retention (1 s) ends.
+				src := pgs[0].Conn(t, "postgres")
+				for roles := 1; roles != 0 && ctx.Err() == nil; time.Sleep(50 * time.Millisecond) {
+					if err := src.QueryRow(ctx, `SELECT count(*) FROM pg_roles WHERE rolname = $1`, "t_"+id).Scan(&roles); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			// The pooler's entry is where the catalog says: reconcile finds
+			// nothing of the tenant.
+			rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range rep.Findings {
+				if f.Tenant == id || strings.Contains(f.Object, id) {
+					t.Errorf("reconcile: %+v", f)
+				}
+			}
+			conn, err := connectDSN(ctx, r.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var port string
+			if err := conn.QueryRow(ctx, `SHOW port`).Scan(&port); err != nil {
+				t.Fatal(err)
+			}
+			conn.Close(ctx)
+			if !strings.Contains(on.PrimaryDSN("postgres"), port) {
+				t.Errorf("the DSN reaches the server on port %s, want %s's (%s)", port, want, on.PrimaryDSN("postgres"))
+			}
+		})
+	}
+}
+
+// TestMove_FailsWhenTheTargetCannotKeepUp: a tenant whose rows take the
+// target's apply worker far longer to apply than the tenant takes to write
+// them (a CHECK that sleeps in the apply worker's session only) cannot be
+// cut over: after the catch-up time (shortened here) the move pauses, the
+// paused catch-up does not end within the switch timeout, and the move
+// fails, saying why, without switching: the tenant stays on its cluster
+// (no pause is recorded as a move's), its client waited but saw no error,
+// and nothing of it is left on the target.
+func TestMove_FailsWhenTheTargetCannotKeepUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for the switch timeout")
+	}
+	ctx := pgtest.Context(t)
+	move.SetCatchUpTimeout(5 * time.Second)
+	defer move.SetCatchUpTimeout(10 * time.Minute)
+	_, c := fleet(t)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Tier: pooledTier, Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := r.Tenant.ID
+	setup, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := setup.Exec(ctx, `CREATE FUNCTION slow(v int) RETURNS boolean LANGUAGE plpgsql AS $$
+		BEGIN IF session_user::text LIKE 'pgt\_move\_%' THEN PERFORM pg_sleep(1); END IF; RETURN true; END $$;
+		CREATE TABLE w (id bigserial PRIMARY KEY, n int NOT NULL UNIQUE CHECK (slow(n)), at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+	setup.Close(ctx)
+	wr := startWriter(t, ctx, r.DSN)
+	wr.waitFor(t, 20)
+	j, err := c.MoveTenant(ctx, id, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	j, err = c.WaitJob(ctx, j.ID, nil)
+	if err != nil || j.State != jobs.Failed || !strings.Contains(j.LastError, move.ErrBehind.Error()) || !strings.Contains(j.LastError, "does not keep up") {
+		t.Fatalf("move: %v %s %q; want failed, saying the target cannot keep up", err, j.State, j.LastError)
+	}
+	wr.waitFor(t, 20)
+	acked, errs := wr.finish()
+	if len(errs) > 0 {
+		t.Errorf("the client saw %d errors, want none: %v", len(errs), errs[0])
+	}
+	after, err := c.Tenant(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Cluster != "local" || after.State != "active" {
+		t.Errorf("after the failed move: %s on %s, want active on local", after.State, after.Cluster)
+	}
+	for _, e := range after.Events {
+		if e.Kind == "move_pause" {
+			t.Errorf("the failed move paused the tenant: %+v", e)
+		}
+	}
+	var rows int
+	if err := pgs[0].Conn(t, after.Database).QueryRow(ctx, `SELECT count(DISTINCT n) FROM public.w`).Scan(&rows); err != nil || rows != len(acked) {
+		t.Errorf("on local: %d rows (%v), want the %d acknowledged", rows, err, len(acked))
+	}
+	var left int
+	if err := pgs[1].Conn(t, "postgres").QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_roles WHERE rolname IN ($1, $2, $3))
+		+ (SELECT count(*) FROM pg_database WHERE datname = $1)`, "t_"+id, "pgt_agent_"+id, move.Name(id)).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	var slots int
+	if err := pgs[0].Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, move.Name(id)).Scan(&slots); err != nil {
+		t.Fatal(err)
+	}
+	if left+slots != 0 {
+		t.Errorf("after the failed move: %d of the tenant's roles or database on local2, %d slots on local; want none", left, slots)
 	}
 }
