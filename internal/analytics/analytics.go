@@ -171,7 +171,7 @@ func (s *Service) checkIdentity(ctx context.Context, t catalog.Tenant, tables []
 	defer conn.Close(context.WithoutCancel(ctx))
 	scope := `n.nspname NOT IN ('pg_catalog', 'information_schema', '` + stateSchema + `') AND n.nspname NOT LIKE 'pg\_%'`
 	args := []any{}
-	if t.Mode == "schema" {
+	if t.Mode == tenant.ModeSchema {
 		scope = `n.nspname = $1`
 		args = append(args, tenant.PhysicalName(t.ID))
 	}
@@ -193,7 +193,7 @@ func (s *Service) checkIdentity(ctx context.Context, t catalog.Tenant, tables []
 	var bad []string
 	for _, x := range found {
 		name := x[0] + "." + x[1]
-		if t.Mode == "schema" {
+		if t.Mode == tenant.ModeSchema {
 			name = x[1]
 		}
 		if len(tables) > 0 && !slices.Contains(tables, name) && !(x[0] == "public" && slices.Contains(tables, x[1])) {

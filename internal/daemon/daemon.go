@@ -198,7 +198,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	pur.Analytics = d.analytics
 	reg.MustRegister(analytics.NewCollector(d.analytics))
 
-	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Config: cfg, Logger: log, Poolers: d.poolers}
+	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Drop: cfg.Drop, Logger: log, Poolers: d.poolers}
 	d.runner.Register(jobs.TenantMove, mov.Handler())
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())

@@ -63,6 +63,10 @@ var catchUpTimeout = 10 * time.Minute
 // the tenant's writes more slowly than the tenant writes them.
 var ErrBehind = errors.New("move cannot catch up")
 
+// ErrRolloutBusy says a rollout is migrating the tenant now: a move may
+// be started again once it is done (a conflict, not a refusal).
+var ErrRolloutBusy = errors.New("a rollout is migrating the tenant")
+
 type args struct {
 	Tenant string `json:"tenant"`
 	To     string `json:"to"`
@@ -92,7 +96,7 @@ type Service struct {
 	Clusters *cluster.Registry
 	Runner   *jobs.Runner
 	Agents   *sandbox.Agents
-	Config   config.Config
+	Drop     config.DropConfig // the source copy is kept for its retention, then dropped in batches
 	Logger   *slog.Logger
 	Poolers  *pooler.Set
 	// PauseTimeout bounds the wait for the tenant's pool to pause (in
@@ -140,7 +144,7 @@ func (s *Service) Start(ctx context.Context, id, to string) (jobs.Job, error) {
 		return jobs.Job{}, err
 	}
 	if !ok {
-		return jobs.Job{}, fmt.Errorf("%w: a rollout is migrating tenant %s; move it once that is done", catalog.ErrConflict, id)
+		return jobs.Job{}, fmt.Errorf("%w: %w: a rollout is migrating tenant %s; move it once that is done", catalog.ErrConflict, ErrRolloutBusy, id)
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, migrate.TenantLockSpace, id)
 	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), Spec(t, to))
@@ -1165,7 +1169,7 @@ func (m *mover) finish(ctx context.Context, r *jobs.Run, e *env) error {
 	left := e.t
 	left.Cluster = e.st.From
 	spec := purge.LeftoverSpec(left, "moved to "+m.a.To)
-	spec.RunAfter = time.Now().Add(m.s.Config.Drop.Retention.D())
+	spec.RunAfter = time.Now().Add(m.s.Drop.Retention.D())
 	_, err := r.Enqueue(ctx, spec)
 	return err
 }
@@ -1259,7 +1263,7 @@ func (m *mover) cleanup(ctx context.Context, r *jobs.Run) error {
 		if err != nil {
 			return err
 		}
-		err = cluster.DropSchemaBatched(ctx, conn, e.role, m.s.Config.Drop.BatchRelations, func(context.Context, int, int) error { return nil })
+		err = cluster.DropSchemaBatched(ctx, conn, e.role, m.s.Drop.BatchRelations, func(context.Context, int, int) error { return nil })
 		if err == nil {
 			err = cluster.DropOwned(ctx, conn, roles...)
 		}

@@ -384,7 +384,7 @@ func (s *Service) startMoves(ctx context.Context, pr *progress) (waiting int, er
 				fl.clusters[m.To]++
 			}
 			pr.Jobs[m.Tenant] = j.ID
-		case errors.Is(err, catalog.ErrConflict) && strings.Contains(err.Error(), "rollout"):
+		case errors.Is(err, move.ErrRolloutBusy):
 			// move.Start's conflict with a rollout migrating the tenant
 			// now: try again at the next poll.
 			waiting++
