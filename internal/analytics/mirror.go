@@ -144,12 +144,12 @@ func readState(ctx context.Context, db *sql.DB) (lsn pglogrepl.LSN, copied bool,
 func (m *mirror) openState(ctx context.Context) (*sql.DB, pglogrepl.LSN, bool, int64, error) {
 	db, err := m.open()
 	if err == nil {
-		lsn, copied, rows, err := readState(ctx, db)
-		if err == nil {
+		lsn, copied, rows, rerr := readState(ctx, db)
+		if rerr == nil {
 			return db, lsn, copied, rows, nil
 		}
 		db.Close()
-		err = fmt.Errorf("read mirror state: %w", err)
+		err = fmt.Errorf("read mirror state: %w", rerr)
 	}
 	if ctx.Err() != nil || strings.Contains(err.Error(), "Could not set lock") {
 		return nil, 0, false, 0, err
