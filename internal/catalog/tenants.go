@@ -403,16 +403,13 @@ func (s *Store) NewestSpare(ctx context.Context, cluster, template string, versi
 // StaleSpares lists ready spares of versions older than the template's
 // current one.
 func (s *Store) StaleSpares(ctx context.Context) ([]Tenant, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumnsQualified+` FROM tenants t JOIN templates tp ON tp.name = t.template
-		WHERE t.state = 'spare' AND t.version < tp.current_version ORDER BY t.id`)
+	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
+		WHERE state = 'spare' AND version < (SELECT current_version FROM templates WHERE name = tenants.template) ORDER BY id`)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
 }
-
-const tenantColumnsQualified = `t.id, t.name, coalesce(t.external_id, ''), t.mode, t.cluster, t.template, t.version, t.tier,
-	t.state, t.database, t.created_at, t.updated_at, t.claimed_at, t.dropped_at, t.purge_after, coalesce(t.dropped_from, '')`
 
 // Event is one entry of a tenant's history.
 type Event struct {

@@ -29,6 +29,10 @@ var funcs = template.FuncMap{
 	"bytes": humanBytes,
 	"rate":  func(f float64) string { return humanBytes(int64(f)) + "/s" },
 	"ago":   func(t time.Time) string { return time.Since(t).Round(time.Second).String() + " ago" },
+	// count is a rollout's tenants in one state: {{count .Counts "done"}}.
+	"count": func(m map[catalog.RolloutTenantState]int, state string) int {
+		return m[catalog.RolloutTenantState(state)]
+	},
 	"when": func(t *time.Time) string {
 		if t == nil {
 			return ""

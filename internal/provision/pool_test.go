@@ -9,8 +9,10 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
 // poolState is a pool's spares by state (every version).
@@ -149,5 +151,47 @@ func TestPool_TargetFollowsDemand(t *testing.T) {
 		if got := provision.Target(pc, tc.size, tc.recent); got != tc.want {
 			t.Errorf("Target(size %d, %d creates, factor %g) = %d, want %d", tc.size, tc.recent, tc.factor, got, tc.want)
 		}
+	}
+}
+
+// TestPool_RetiresStaleSpares: once a template's newer version is built,
+// the pool retires the spares of the older one (purge jobs) and refills
+// with the new version.
+func TestPool_RetiresStaleSpares(t *testing.T) {
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Pools = []config.PoolConfig{{Template: "stale", Mode: "database", Size: 2}}
+	cfg.Provision.PoolInterval = config.Duration(200 * time.Millisecond)
+	catDB := daemontest.CatalogDB(t, cfg)
+	_, c := daemontest.Start(t, pg, cfg)
+	ctx := pgtest.Context(t)
+	daemontest.CreateTemplate(t, c, "stale", tiny())
+	waitSpares(t, catDB, "stale", "database", 2)
+	added, err := c.PushTemplate(ctx, "stale", append(tiny(), templates.Upload{Name: "0002.sql", Body: "CREATE TABLE u (y int);"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("build job %d of version 2: %s %v: %s", j.ID, j.State, err, j.LastError)
+		}
+	}
+	cat := pg.Conn(t, catDB)
+	for {
+		var old, fresh, retired int
+		if err := cat.QueryRow(ctx, `SELECT
+			(SELECT count(*) FROM tenants WHERE template = 'stale' AND state = 'spare' AND version = 1),
+			(SELECT count(*) FROM tenants WHERE template = 'stale' AND state = 'spare' AND version = 2),
+			(SELECT count(*) FROM jobs WHERE type = $1 AND state = 'succeeded' AND args->>'reason' = 'spare of an old template version')`,
+			jobs.TenantPurge).Scan(&old, &fresh, &retired); err != nil {
+			t.Fatal(err)
+		}
+		if old == 0 && fresh == 2 && retired == 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d spares of version 1 left (%d retired by purges), %d of version 2: want 0 (2), 2", old, retired, fresh)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
