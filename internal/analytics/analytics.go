@@ -78,6 +78,10 @@ type Service struct {
 
 	mu      sync.Mutex
 	mirrors map[string]*mirror // the mirrors this daemon runs
+
+	fwdMu  sync.Mutex
+	fwdKey []byte               // the fleet's forwarding key, once read
+	nonces map[string]time.Time // forwarding proofs used here, until they expire
 }
 
 // Pacer is the jobs' pacer as the mirrors use it.
