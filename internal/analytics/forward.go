@@ -138,7 +138,7 @@ func (s *Service) checkForward(ctx context.Context, id, token string) error {
 // ownerOf is where tenant id's sessions go: "" to serve them here (this
 // daemon owns or runs the mirror, or there is none: queries then say why),
 // else the owner's analytics address; errMoving when the mirror has no
-// live owner with a port.
+// live owner.
 func (s *Service) ownerOf(ctx context.Context, id string) (string, error) {
 	if s.running(id) {
 		return "", nil
@@ -153,8 +153,10 @@ func (s *Service) ownerOf(ctx context.Context, id string) (string, error) {
 		return "", fmt.Errorf("read the mirror's owner: %w", err)
 	case owner != nil && *owner == s.owner:
 		return "", nil
-	case owner == nil || !live || addr == nil || *addr == "":
+	case owner == nil || !live:
 		return "", errMoving
+	case addr == nil || *addr == "":
+		return "", &pgError{"57P03", "the daemon running this tenant's analytics mirror has no analytics port (analytics.listen)"}
 	case *addr == s.addr:
 		return "", nil
 	}
