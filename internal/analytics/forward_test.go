@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -214,8 +215,8 @@ func TestHostile_ForwardProof(t *testing.T) {
 		{"expired", user, analytics.ForwardToken(key, id, addr, time.Now().Add(-time.Second))},
 		{"far future", user, analytics.ForwardToken(key, id, addr, time.Now().Add(time.Hour))},
 		{"another daemon's", user, analytics.ForwardToken(key, id, "127.0.0.1:1", soon)},
-		{"another tenant's proof", tenant.Prefix + other.Tenant.ID, analytics.ForwardToken(key, id, addr, soon)},
-		{"its proof on another tenant", user, analytics.ForwardToken(key, other.Tenant.ID, addr, soon)},
+		{"its own, on another tenant's login,", tenant.Prefix + other.Tenant.ID, analytics.ForwardToken(key, id, addr, soon)},
+		{"another tenant's, on its login,", user, analytics.ForwardToken(key, other.Tenant.ID, addr, soon)},
 	} {
 		conn, err := forwarded(t, m.dsn, c.user, c.token)
 		if err == nil {
@@ -257,6 +258,45 @@ func TestHostile_ForwardProof(t *testing.T) {
 			t.Fatalf("login with an unreachable owner: %v", err)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+
+	// An "owner" that asks for a password, or says nothing: the forwarder
+	// gives up (within its handshake bound) and the client is told to retry,
+	// without having been let in.
+	for name, answer := range map[string][]byte{"asks for a password": {'R', 0, 0, 0, 8, 0, 0, 0, 3}, "silent": nil} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan string, 1)
+		go func() {
+			fc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer fc.Close()
+			buf := make([]byte, 4096)
+			n, _ := fc.Read(buf)
+			got <- string(buf[:n])
+			if answer != nil {
+				_, _ = fc.Write(answer)
+			}
+			_, _ = fc.Read(buf) // until the forwarder hangs up
+		}()
+		if _, err := cat.Exec(ctx, `UPDATE analytics SET owner_addr = $2 WHERE tenant = $1`, id, ln.Addr().String()); err != nil {
+			t.Fatal(err)
+		}
+		conn, err := analyticsConn(t, m.dsn, m.r.Password, pgx.QueryExecModeSimpleProtocol)
+		if err == nil {
+			conn.Close(ctx)
+		}
+		if !isCode(err, "57P03") {
+			t.Errorf("%s owner: got %v, want 57P03", name, err)
+		}
+		if startup := <-got; !strings.Contains(startup, analytics.ForwardParam) || strings.Contains(startup, m.r.Password) {
+			t.Errorf("%s owner got %q: want a proof, never the password", name, startup)
+		}
+		ln.Close()
 	}
 }
 
