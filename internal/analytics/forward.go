@@ -32,6 +32,10 @@ import (
 // mac matches (constant-time), the expiry is near (forwardTTL) and not
 // past, and the nonce has not been used: a tenant cannot forge one, nor use
 // one made for another tenant or another daemon, nor replay one.
+//
+// The client's bytes after its last login message go through the pipe; a
+// client that sent more before ReadyForQuery (no driver we know of does)
+// would have them held in the login's reader and lost.
 
 const (
 	// forwardParam is the startup parameter carrying a daemon's proof.
