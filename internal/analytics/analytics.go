@@ -6,7 +6,8 @@
 // to one DuckDB file per tenant, with the applied LSN committed in the same
 // DuckDB transaction as the data (a crash resumes without gaps or
 // duplicates). One daemon owns a mirror at a time through a lease in the
-// catalog (table analytics).
+// catalog (table analytics); any daemon's analytics port answers for any
+// tenant, forwarding the session to the owner (forward.go).
 //
 // It owns the publication pgt_analytics_<id>, the slot of the same name and
 // the file <dir>/<id>.duckdb; it never writes to the tenant's tables and
@@ -78,6 +79,10 @@ type Service struct {
 
 	mu      sync.Mutex
 	mirrors map[string]*mirror // the mirrors this daemon runs
+
+	fwdMu  sync.Mutex
+	fwdKey []byte               // the fleet's forwarding key, once read
+	nonces map[string]time.Time // forwarding proofs used here, until they expire
 }
 
 // Pacer is the jobs' pacer as the mirrors use it.

@@ -88,40 +88,56 @@ func (s *Service) session(ctx context.Context, c net.Conn) {
 	be := pgproto3.NewBackend(c, c)
 	be.SetMaxBodyLen(1 << 20)
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // the login
-	id, err := s.login(ctx, be, c)
+	id, oc, err := s.login(ctx, be, c)
 	if err != nil {
 		sendError(be, "FATAL", err)
 		_ = be.Flush()
 		return
 	}
 	_ = c.SetDeadline(time.Time{})
+	if oc != nil { // another daemon serves the mirror: pipe to it
+		go func() {
+			<-ctx.Done()
+			oc.Close()
+		}()
+		pipe(c, oc)
+		return
+	}
 	ss := &sqlSession{s: s, id: id, be: be, stmts: map[string]string{}, oids: map[string][]uint32{}, portals: map[string]portal{}}
 	ss.run(ctx)
 }
 
 var errLogin = &pgError{"28P01", "password authentication failed"}
 
-// login reads the startup message and authenticates the tenant.
-func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (string, error) {
+// login reads the startup message and authenticates the tenant: its
+// password, or another daemon's forwarding proof (forward.go). When
+// another daemon owns the mirror, it returns the session opened there
+// (greeted: the client has had AuthenticationOk … ReadyForQuery from the
+// owner).
+func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (string, net.Conn, error) {
 	var startup *pgproto3.StartupMessage
 	for startup == nil {
 		msg, err := be.ReceiveStartupMessage()
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
 			if _, err := c.Write([]byte("N")); err != nil { // no TLS on the analytics port
-				return "", err
+				return "", nil, err
 			}
 		case *pgproto3.StartupMessage:
 			startup = msg
 		default:
-			return "", &pgError{"08P01", "unsupported startup message"}
+			return "", nil, &pgError{"08P01", "unsupported startup message"}
 		}
 	}
 	user, database := startup.Parameters["user"], startup.Parameters["database"]
 	id, ok := strings.CutPrefix(user, tenant.Prefix)
+	if token, forwarded := startup.Parameters[forwardParam]; forwarded {
+		// Another daemon's proof in place of the password, never with it.
+		return id, nil, s.acceptForward(ctx, be, id, ok && (database == "" || database == user), token)
+	}
 	v := decoyVerifier()
 	known := ok && tenant.ValidID(id) && (database == "" || database == user)
 	var t catalog.Tenant
@@ -142,43 +158,92 @@ func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (
 	}
 	be.Send(&pgproto3.AuthenticationSASL{AuthMechanisms: []string{"SCRAM-SHA-256"}})
 	if err := be.Flush(); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := be.SetAuthType(pgproto3.AuthTypeSASL); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	msg, err := be.Receive()
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
 	initial, ok := msg.(*pgproto3.SASLInitialResponse)
 	if !ok || initial.AuthMechanism != "SCRAM-SHA-256" {
-		return "", &pgError{"28000", "SCRAM-SHA-256 authentication is required"}
+		return "", nil, &pgError{"28000", "SCRAM-SHA-256 authentication is required"}
 	}
 	sc := &scramServer{v: v}
 	first, err := sc.first(string(initial.Data))
 	if err != nil {
-		return "", &pgError{"08P01", err.Error()}
+		return "", nil, &pgError{"08P01", err.Error()}
 	}
 	be.Send(&pgproto3.AuthenticationSASLContinue{Data: []byte(first)})
 	if err := be.Flush(); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if err := be.SetAuthType(pgproto3.AuthTypeSASLContinue); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	if msg, err = be.Receive(); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	resp, ok := msg.(*pgproto3.SASLResponse)
 	if !ok {
-		return "", &pgError{"08P01", "expected a SASL response"}
+		return "", nil, &pgError{"08P01", "expected a SASL response"}
 	}
 	final, err := sc.final(string(resp.Data))
 	if err != nil || !known {
-		return "", errLogin
+		return "", nil, errLogin
+	}
+	addr, err := s.ownerOf(ctx, id)
+	if err != nil {
+		return "", nil, err
+	}
+	if addr == "" {
+		be.Send(&pgproto3.AuthenticationSASLFinal{Data: []byte(final)})
+		return id, nil, s.welcome(be)
+	}
+	// The owner accepts first: the client gets AuthenticationOk from it,
+	// never from here before.
+	oc, greeting, err := s.dialOwner(ctx, id, addr, startup)
+	if err != nil {
+		s.Logger.Warn("analytics login: forward to the mirror's owner", "tenant", id, "owner", addr, "err", err)
+		var pe *pgError
+		if errors.As(err, &pe) {
+			return "", nil, err
+		}
+		return "", nil, errMoving
 	}
 	be.Send(&pgproto3.AuthenticationSASLFinal{Data: []byte(final)})
+	if err := be.Flush(); err != nil {
+		oc.Close()
+		return "", nil, err
+	}
+	if _, err := c.Write(greeting); err != nil {
+		oc.Close()
+		return "", nil, err
+	}
+	return id, oc, nil
+}
+
+// acceptForward opens a session another daemon forwards: its proof (not
+// the tenant's password) is checked, then the session is greeted as after
+// a login.
+func (s *Service) acceptForward(ctx context.Context, be *pgproto3.Backend, id string, wellFormed bool, token string) error {
+	if !wellFormed || !tenant.ValidID(id) {
+		return errBadProof
+	}
+	if err := s.checkForward(ctx, id, token); err != nil {
+		return err
+	}
+	if t, err := s.Store.GetTenant(ctx, nil, id); err != nil || t.State != catalog.StateActive {
+		return errBadProof
+	}
+	return s.welcome(be)
+}
+
+// welcome ends a login: AuthenticationOk, the session's parameters,
+// ReadyForQuery.
+func (s *Service) welcome(be *pgproto3.Backend) error {
 	be.Send(&pgproto3.AuthenticationOk{})
 	for k, v := range map[string]string{"server_version": "15.0 (pgtenant analytics, DuckDB)", "client_encoding": "UTF8", "server_encoding": "UTF8",
 		"DateStyle": "ISO, MDY", "TimeZone": "UTC", "integer_datetimes": "on", "standard_conforming_strings": "on", "default_transaction_read_only": "on"} {
@@ -186,7 +251,7 @@ func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (
 	}
 	be.Send(&pgproto3.BackendKeyData{ProcessID: 0, SecretKey: []byte{0, 0, 0, 0}})
 	be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
-	return id, be.Flush()
+	return be.Flush()
 }
 
 // verifier reads the tenant role's SCRAM verifier from pg_authid on its
