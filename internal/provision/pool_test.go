@@ -87,6 +87,16 @@ func TestPool_FollowsDemand(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// Sampling may miss builds that overlap briefly: the jobs table keeps
+	// when each spare build (priority 0; a cold create's is higher) was
+	// enqueued and when it ended.
+	var overlapped int
+	if err := cat.QueryRow(ctx, `SELECT coalesce(max((SELECT count(*) FROM jobs k WHERE k.type = $1 AND k.priority = 0
+		AND k.created_at <= j.created_at AND coalesce(k.finished_at, 'infinity') > j.created_at)), 0)
+		FROM jobs j WHERE j.type = $1 AND j.priority = 0`, jobs.TenantBuild).Scan(&overlapped); err != nil {
+		t.Fatal(err)
+	}
+	mostBuilding = max(mostBuilding, overlapped)
 	if mostBuilding < 2 {
 		t.Errorf("at most %d spare builds in flight while the pool grew, want several (refill_parallel 3)", mostBuilding)
 	}
