@@ -366,15 +366,21 @@ func TestMirror_InvalidatedSlotIsRecovered(t *testing.T) {
 	}
 	d, c := daemontest.Start(t, pg, cfg)
 	waitSame(t, d, dsn, id, "items", itemCols)
-	tv, err := c.Tenant(ctx, id)
+	wantEvent(t, c, id, "copying again")
+}
+
+// wantEvent checks that a tenant's history has an analytics event whose
+// detail says what.
+func wantEvent(t *testing.T, c *api.Client, id, what string) {
+	t.Helper()
+	tv, err := c.Tenant(pgtest.Context(t), id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var recopied bool
 	for _, e := range tv.Events {
-		recopied = recopied || (e.Kind == "analytics" && strings.Contains(string(e.Detail), "copying again"))
+		if e.Kind == "analytics" && strings.Contains(string(e.Detail), what) {
+			return
+		}
 	}
-	if !recopied {
-		t.Errorf("no event of the recopy in %+v", tv.Events)
-	}
+	t.Errorf("no analytics event saying %q in %+v", what, tv.Events)
 }

@@ -323,15 +323,5 @@ func TestMirror_LostOrCorruptFileIsRebuilt(t *testing.T) {
 	exec(t, dsn, `DELETE FROM items WHERE id % 3 = 0`)
 	d, c = daemontest.Start(t, pg, cfg)
 	waitSame(t, d, dsn, id, "items", itemCols)
-	tv, err := c.Tenant(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rebuilt bool
-	for _, e := range tv.Events {
-		rebuilt = rebuilt || (e.Kind == "analytics" && strings.Contains(string(e.Detail), "unreadable"))
-	}
-	if !rebuilt {
-		t.Errorf("no event of the rebuild in %+v", tv.Events)
-	}
+	wantEvent(t, c, id, "unreadable")
 }

@@ -66,13 +66,21 @@ func answers(t *testing.T, dsn, password string) (string, error) {
 func TestForward_AnyDaemonAnswers(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
-	ca, stopA := daemontest.StartCancellable(t, pg, cfg)
+	// A listens on every interface and advertises a name: the DSNs and
+	// the forwarding use the name.
+	cfgA := cfg
+	port := freePort(t)
+	cfgA.Analytics.Listen, cfgA.Analytics.Advertise = "0.0.0.0:"+port, "localhost:"+port
+	ca, stopA := daemontest.StartCancellable(t, pg, cfgA)
 	template(t, ca)
 	m := mirroredTenant(t, ca, "database")
 	id, pw := m.r.Tenant.ID, m.r.Password
 	stA, err := ca.AnalyticsStatus(ctx, id)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !strings.Contains(stA.DSN, "@localhost:"+port+"/") {
+		t.Errorf("analytics DSN %s does not name analytics.advertise localhost:%s", stA.DSN, port)
 	}
 	b, cb := daemontest.Start(t, pg, cfg)
 	onB := onPort(t, m.dsn, b.Analytics().Addr())
@@ -315,4 +323,16 @@ func TestForward_SharedKeyRace(t *testing.T) {
 			t.Fatalf("key %d: %x %v (first %x)", i, keys[i], errs[i], keys[0])
 		}
 	}
+}
+
+// freePort is a TCP port free a moment ago.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
 }

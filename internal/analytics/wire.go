@@ -1,6 +1,7 @@
 package analytics
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -25,13 +26,14 @@ import (
 )
 
 // Listen binds the analytics port (Config.Listen); Run serves it. The
-// tenants' analytics DSNs name this address.
+// tenants' analytics DSNs name Config.Advertise, or else the address bound,
+// and other daemons forward sessions there.
 func (s *Service) Listen(addr string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("analytics.listen: listen on %s: %w", addr, err)
 	}
-	s.ln, s.addr = ln, ln.Addr().String()
+	s.ln, s.addr = ln, cmp.Or(s.Config.Advertise, ln.Addr().String())
 	return ln, nil
 }
 

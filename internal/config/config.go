@@ -91,6 +91,10 @@ type AnalyticsConfig struct {
 	// Listen is the PostgreSQL-protocol address tenants query their
 	// mirror on ("" = off; `up` picks a port and keeps it).
 	Listen string `yaml:"listen"`
+	// Advertise is the host:port tenants' analytics DSNs name and other
+	// daemons forward sessions to ("" = the address Listen bound): set it
+	// when the daemon listens on a wildcard or behind NAT.
+	Advertise string `yaml:"advertise"`
 	// MemoryLimit and Threads bound each tenant's DuckDB (its apply and
 	// its queries together).
 	MemoryLimit ByteSize `yaml:"memory_limit"`
@@ -778,6 +782,11 @@ func (c Config) Validate() error {
 	}
 	if c.Analytics.Lease < 3*c.Analytics.PollInterval {
 		bad("analytics.lease", "at least 3 × analytics.poll_interval")
+	}
+	if a := c.Analytics.Advertise; a != "" {
+		if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" || port == "0" {
+			bad("analytics.advertise", "a host:port the tenants and the other daemons reach, e.g. analytics1.internal:6543")
+		}
 	}
 	if c.Prewarm.RateLimit <= 0 {
 		bad("prewarm.rate_limit", "must be positive, e.g. 256MB")

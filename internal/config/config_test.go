@@ -104,6 +104,7 @@ func TestParse_Errors(t *testing.T) {
 		{"metrics_listen not host:port", "metrics_listen: 9187\n", "metrics_listen"},
 		{"metrics_listen is listen", "listen: 127.0.0.1:8080\nmetrics_listen: 127.0.0.1:8080\n", "metrics_listen: must differ from listen"},
 		{"short session", "console_session_ttl: 10s\n", "console_session_ttl"},
+		{"analytics advertise without a port", "analytics:\n  advertise: analytics1.internal\n", "analytics.advertise"},
 		{"negative retry window", "credentials:\n  retry_window: -1h\n", "credentials.retry_window"},
 		{"tiny retry window", "credentials:\n  retry_window: 10ms\n", "credentials.retry_window"},
 		{"unknown credentials field", "credentials:\n  key: abc\n", "field key not found"},
