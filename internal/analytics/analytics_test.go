@@ -218,13 +218,7 @@ func assertGone(t *testing.T, cfg config.Config, database, id string) {
 func TestMirror_RestartResumes(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
-	c, stop := daemontest.StartCancellable(t, pg, cfg)
-	template(t, c)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: "database"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, dsn := r.Tenant.ID, r.DSN
+	c, stop, id, dsn := stoppableWithTenant(t, cfg)
 	if _, err := c.EnableAnalytics(ctx, id, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -333,13 +327,7 @@ func TestReconcile_OrphanSlot(t *testing.T) {
 func TestMirror_InvalidatedSlotIsRecovered(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
-	c, stop := daemontest.StartCancellable(t, pg, cfg)
-	template(t, c)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: "database"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, dsn := r.Tenant.ID, r.DSN
+	c, stop, id, dsn := stoppableWithTenant(t, cfg)
 	exec(t, dsn, `INSERT INTO items SELECT i, 1, 'a', NULL, NULL, NULL FROM generate_series(1, 100) i`)
 	if _, err := c.EnableAnalytics(ctx, id, nil); err != nil {
 		t.Fatal(err)
@@ -383,4 +371,18 @@ func wantEvent(t *testing.T, c *api.Client, id, what string) {
 		}
 	}
 	t.Errorf("no analytics event saying %q in %+v", what, tv.Events)
+}
+
+// stoppableWithTenant starts a daemon the test may stop, with the "an"
+// template and a database tenant of it: the daemon's client, its stop, the
+// tenant's id and DSN.
+func stoppableWithTenant(t *testing.T, cfg config.Config) (*api.Client, func(), string, string) {
+	t.Helper()
+	c, stop := daemontest.StartCancellable(t, pg, cfg)
+	template(t, c)
+	r, err := c.CreateTenant(pgtest.Context(t), provision.Request{Template: "an", Mode: "database"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, stop, r.Tenant.ID, r.DSN
 }

@@ -284,13 +284,7 @@ func TestMirror_KillDuringCopyAndApply(t *testing.T) {
 func TestMirror_LostOrCorruptFileIsRebuilt(t *testing.T) {
 	ctx := context.Background()
 	cfg := testConfig(t)
-	c, stop := daemontest.StartCancellable(t, pg, cfg)
-	template(t, c)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "an", Mode: "database"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, dsn := r.Tenant.ID, r.DSN
+	c, stop, id, dsn := stoppableWithTenant(t, cfg)
 	exec(t, dsn, `INSERT INTO items SELECT i, i, 'a' || i, NULL, NULL, NULL FROM generate_series(1, 1000) i`)
 	if _, err := c.EnableAnalytics(ctx, id, nil); err != nil {
 		t.Fatal(err)

@@ -276,15 +276,7 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 			}
 			// reconcile finds nothing of the tenant on either cluster
 			// (its pooler entry included).
-			rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range rep.Findings {
-				if f.Tenant == id || strings.Contains(f.Object, id) {
-					t.Errorf("reconcile after the move: %+v", f)
-				}
-			}
+			reconcileClean(t, c, id)
 			// And the tenant is still served on local2.
 			conn, err := connectDSN(ctx, r.DSN)
 			if err != nil {
@@ -684,15 +676,7 @@ func TestMove_KilledAtEachPoint(t *testing.T) {
 			}
 			// The pooler's entry is where the catalog says: reconcile finds
 			// nothing of the tenant.
-			rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range rep.Findings {
-				if f.Tenant == id || strings.Contains(f.Object, id) {
-					t.Errorf("reconcile: %+v", f)
-				}
-			}
+			reconcileClean(t, c, id)
 			conn, err := connectDSN(ctx, r.DSN)
 			if err != nil {
 				t.Fatal(err)
@@ -782,5 +766,20 @@ func TestMove_FailsWhenTheTargetCannotKeepUp(t *testing.T) {
 	}
 	if left+slots != 0 {
 		t.Errorf("after the failed move: %d of the tenant's roles or database on local2, %d slots on local; want none", left, slots)
+	}
+}
+
+// reconcileClean checks that reconcile finds nothing of tenant id on any
+// cluster (its pooler entry included).
+func reconcileClean(t *testing.T, c *api.Client, id string) {
+	t.Helper()
+	rep, err := c.Reconcile(pgtest.Context(t), api.ReconcileRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range rep.Findings {
+		if f.Tenant == id || strings.Contains(f.Object, id) {
+			t.Errorf("reconcile: %+v", f)
+		}
 	}
 }
