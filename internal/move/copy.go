@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -169,6 +170,9 @@ func (m *mover) copyRows(ctx context.Context, r *jobs.Run, e *env, sconn *pgx.Co
 	for _, t := range tables {
 		total += t.size
 	}
+	if err := missingOnTarget(ctx, e, tables); err != nil {
+		return 0, 0, err
+	}
 
 	dadmin, err := e.dst.Admin(ctx)
 	if err != nil {
@@ -225,6 +229,42 @@ func (m *mover) copyRows(ctx context.Context, r *jobs.Run, e *env, sconn *pgx.Co
 		return 0, 0, cluster.Classify(err)
 	}
 	return copied, p.n, nil
+}
+
+// missingOnTarget refuses the move, for good, when a table or a column the
+// copy would carry is not on the target: the tenant changed its tables
+// after the schema step (a retry would fail the same way). Moving it again
+// dumps the schema again.
+func missingOnTarget(ctx context.Context, e *env, tables []table) error {
+	dconn, err := e.dst.Connect(ctx, e.t.Database)
+	if err != nil {
+		return err
+	}
+	defer dconn.Close(context.WithoutCancel(ctx))
+	var missing []string
+	for _, t := range tables {
+		var have []string
+		if err := dconn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(a.attname::text), '{}')
+			FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid
+			JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+			WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped`, t.schema, t.name).Scan(&have); err != nil {
+			return cluster.Classify(err)
+		}
+		if len(have) == 0 {
+			missing = append(missing, t.ident())
+			continue
+		}
+		for _, col := range t.columns {
+			if !slices.Contains(have, col) {
+				missing = append(missing, t.ident()+"."+cluster.Ident(col))
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return jobs.Permanent(fmt.Errorf("%w: tenant %s changed its tables during the move (%s not on %s); move it again once its schema holds still",
+		ErrRefused, e.t.ID, strings.Join(missing, ", "), e.dst.Name()))
 }
 
 // copyTable pipes one table's COPY out of the source into the target's COPY.

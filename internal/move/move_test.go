@@ -348,6 +348,56 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	}
 }
 
+// TestMove_RefusedWhenTablesChangeMidMove: a table the tenant creates after
+// the schema step is not on the target; the copy refuses the move for good
+// (no retries), naming it, and the tenant stays where it was, serving,
+// with nothing of it left on the target.
+func TestMove_RefusedWhenTablesChangeMidMove(t *testing.T) {
+	ctx := pgtest.Context(t)
+	_, c := fleet(t)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	defer move.SetCrashHook(nil)
+	var once sync.Once
+	move.SetCrashHook(func(ctx context.Context, p string) error {
+		if p != "copy" {
+			return nil
+		}
+		var err error
+		once.Do(func() { _, err = conn.Exec(ctx, `CREATE TABLE late (id int PRIMARY KEY); INSERT INTO late VALUES (1)`) })
+		return err
+	})
+	j, err := c.MoveTenant(ctx, r.Tenant.ID, "local2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err = c.WaitJob(ctx, j.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if j.State != jobs.Failed || !strings.Contains(j.LastError, "move refused") || !strings.Contains(j.LastError, "late") || j.Attempts != 1 {
+		t.Errorf("move: %s after %d attempts: %q; want failed at once, refused naming the new table", j.State, j.Attempts, j.LastError)
+	}
+	after, err := c.Tenant(ctx, r.Tenant.ID)
+	if err != nil || after.Cluster != "local" || after.State != "active" {
+		t.Errorf("after the refusal: %+v %v; want active on local", after.Tenant, err)
+	}
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM late`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the tenant no longer serves: %d %v", n, err)
+	}
+	var dbs int
+	if err := pgs[1].Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, "t_"+r.Tenant.ID).Scan(&dbs); err != nil || dbs != 0 {
+		t.Errorf("local2 keeps %d databases of the tenant (%v), want none", dbs, err)
+	}
+}
+
 // waitStep waits until a job has recorded step (or ended).
 func waitStep(t *testing.T, c *api.Client, id int64, step string) jobs.Job {
 	t.Helper()
