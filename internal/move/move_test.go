@@ -296,16 +296,7 @@ func TestMove_OnlineWhileWriting(t *testing.T) {
 // target gets anything; it stays on its cluster and serves.
 func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	ctx := pgtest.Context(t)
-	_, c := fleet(t)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := connectDSN(ctx, r.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	c, r, conn := tenantOnLocal(t)
 	if _, err := conn.Exec(ctx, `CREATE TABLE nokey (v text); INSERT INTO nokey VALUES ('x'); SELECT lo_from_bytea(0, 'blob');
 		CREATE TABLE forced (id int PRIMARY KEY); ALTER TABLE forced ENABLE ROW LEVEL SECURITY; ALTER TABLE forced FORCE ROW LEVEL SECURITY`); err != nil {
 		t.Fatal(err)
@@ -334,14 +325,7 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	if roles+dbs != 0 {
 		t.Errorf("local2 has %d roles and %d databases of the refused tenant, want none", roles, dbs)
 	}
-	after, err := c.Tenant(ctx, r.Tenant.ID)
-	if err != nil || after.Cluster != "local" || after.State != "active" {
-		t.Errorf("after the refusal: %+v %v; want active on local", after.Tenant, err)
-	}
-	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM nokey`).Scan(&n); err != nil || n != 1 {
-		t.Errorf("the tenant no longer serves: %d %v", n, err)
-	}
+	stillServedOnLocal(t, c, conn, r.Tenant.ID, "nokey")
 	js, err := c.Jobs(ctx, url.Values{"type": {string(jobs.TenantMove)}, "target": {r.Tenant.ID}})
 	if err != nil || len(js) != 1 {
 		t.Errorf("move jobs of the tenant: %d %v; want 1", len(js), err)
@@ -354,16 +338,7 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 // with nothing of it left on the target.
 func TestMove_RefusedWhenTablesChangeMidMove(t *testing.T) {
 	ctx := pgtest.Context(t)
-	_, c := fleet(t)
-	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := connectDSN(ctx, r.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	c, r, conn := tenantOnLocal(t)
 	defer move.SetCrashHook(nil)
 	var once sync.Once
 	move.SetCrashHook(func(ctx context.Context, p string) error {
@@ -384,17 +359,43 @@ func TestMove_RefusedWhenTablesChangeMidMove(t *testing.T) {
 	if j.State != jobs.Failed || !strings.Contains(j.LastError, "move refused") || !strings.Contains(j.LastError, "late") || j.Attempts != 1 {
 		t.Errorf("move: %s after %d attempts: %q; want failed at once, refused naming the new table", j.State, j.Attempts, j.LastError)
 	}
-	after, err := c.Tenant(ctx, r.Tenant.ID)
+	stillServedOnLocal(t, c, conn, r.Tenant.ID, "late")
+	var dbs int
+	if err := pgs[1].Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, "t_"+r.Tenant.ID).Scan(&dbs); err != nil || dbs != 0 {
+		t.Errorf("local2 keeps %d databases of the tenant (%v), want none", dbs, err)
+	}
+}
+
+// tenantOnLocal starts the two-cluster fleet and creates a database tenant
+// on local: the client, the tenant, and a connection as the tenant.
+func tenantOnLocal(t *testing.T) (*api.Client, api.CreateTenantResponse, *pgx.Conn) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	_, c := fleet(t)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return c, r, conn
+}
+
+// stillServedOnLocal checks that a tenant whose move was refused is active
+// on local and that its table (one row) still answers.
+func stillServedOnLocal(t *testing.T, c *api.Client, conn *pgx.Conn, id, table string) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	after, err := c.Tenant(ctx, id)
 	if err != nil || after.Cluster != "local" || after.State != "active" {
 		t.Errorf("after the refusal: %+v %v; want active on local", after.Tenant, err)
 	}
 	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM late`).Scan(&n); err != nil || n != 1 {
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+table).Scan(&n); err != nil || n != 1 {
 		t.Errorf("the tenant no longer serves: %d %v", n, err)
-	}
-	var dbs int
-	if err := pgs[1].Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, "t_"+r.Tenant.ID).Scan(&dbs); err != nil || dbs != 0 {
-		t.Errorf("local2 keeps %d databases of the tenant (%v), want none", dbs, err)
 	}
 }
 
