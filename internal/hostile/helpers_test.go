@@ -106,7 +106,14 @@ func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgt
 // waitJob waits for a job to end and wants it in state want.
 func waitJob(t *testing.T, c *api.Client, id int64, want jobs.State) jobs.Job {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(pgtest.Context(t), 2*time.Minute)
+	return waitJobFor(t, c, id, want, 2*time.Minute)
+}
+
+// waitJobFor is waitJob with its own limit (a move's catch-up may take
+// minutes while the tenant writes through it).
+func waitJobFor(t *testing.T, c *api.Client, id int64, want jobs.State, limit time.Duration) jobs.Job {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(pgtest.Context(t), limit)
 	defer cancel()
 	j, err := c.WaitJob(ctx, id, nil)
 	if err != nil {

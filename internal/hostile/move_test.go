@@ -93,7 +93,10 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			waitJob(t, e.c, j.ID, jobs.Succeeded)
+			// Its cut-over waits while the backlog shrinks and pauses after
+			// a minute without progress: more than waitJob's two minutes
+			// on a loaded machine.
+			waitJobFor(t, e.c, j.ID, jobs.Succeeded, 6*time.Minute)
 			close(stop)
 			<-done
 
