@@ -769,8 +769,11 @@ func TestMove_FailsWhenTheTargetCannotKeepUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each row costs the apply worker 10 s: even a loaded machine's writer
+	// leaves a backlog no sentinel gets through within half the switch
+	// timeout, so the move fails before it pauses anyone.
 	if _, err := setup.Exec(ctx, `CREATE FUNCTION slow(v int) RETURNS boolean LANGUAGE plpgsql AS $$
-		BEGIN IF session_user::text LIKE 'pgt\_move\_%' THEN PERFORM pg_sleep(1); END IF; RETURN true; END $$;
+		BEGIN IF session_user::text LIKE 'pgt\_move\_%' THEN PERFORM pg_sleep(10); END IF; RETURN true; END $$;
 		CREATE TABLE w (id bigserial PRIMARY KEY, n int NOT NULL UNIQUE CHECK (slow(n)), at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		t.Fatal(err)
 	}
