@@ -109,8 +109,8 @@ func waitJob(t *testing.T, c *api.Client, id int64, want jobs.State) jobs.Job {
 	return waitJobFor(t, c, id, want, 2*time.Minute)
 }
 
-// waitJobFor is waitJob with its own limit (a move's catch-up may take
-// minutes while the tenant writes through it).
+// waitJobFor is waitJob with its own limit (a move's copy and apply are
+// slow on a loaded machine).
 func waitJobFor(t *testing.T, c *api.Client, id int64, want jobs.State, limit time.Duration) jobs.Job {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(pgtest.Context(t), limit)
@@ -123,6 +123,32 @@ func waitJobFor(t *testing.T, c *api.Client, id int64, want jobs.State, limit ti
 		t.Fatalf("job %d (%s) ended %s, want %s: %s", id, j.Type, j.State, want, j.LastError)
 	}
 	return j
+}
+
+// waitStep waits until the job has finished step, and fails if the job
+// ends first.
+func waitStep(t *testing.T, c *api.Client, id int64, step string) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	for {
+		j, err := c.Job(ctx, id)
+		if err != nil {
+			t.Fatalf("job %d: %v", id, err)
+		}
+		for _, s := range j.Steps {
+			if s.Step == step && !s.FinishedAt.IsZero() {
+				return
+			}
+		}
+		if jobs.Finished(j.State) {
+			t.Fatalf("job %d (%s) ended %s before step %s: %s", id, j.Type, j.State, step, j.LastError)
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("job %d: step %s not done: %v", id, step, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // login is a tenant as its customer knows it.

@@ -42,6 +42,7 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 	e := startOn(t, nil, false, []*pgtest.Cluster{pg2})
 	for _, mode := range []string{"database", "schema"} {
 		t.Run(mode, func(t *testing.T) {
+			ctx := pgtest.Context(t)
 			// On local: placement would put the second on local2.
 			r, err := e.c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: hostileTier, Cluster: "local"})
 			if err != nil {
@@ -72,7 +73,10 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 				ALTER TABLE %[1]s.victim ENABLE REPLICA TRIGGER replica_trg;
 				INSERT INTO %[1]s.victim (v) SELECT 'before' FROM generate_series(1, 20)`, s))
 			// Writes during the move reach the target through the apply
-			// worker; the cut-over ends this direct session.
+			// worker: the writer goes on until a second after the copy's
+			// snapshot, then stops so that the cut-over finds no backlog
+			// (a writer to the end keeps it waiting for a minute without
+			// progress, longer than a loaded machine leaves this test).
 			stop := make(chan struct{})
 			done := make(chan struct{})
 			go func() {
@@ -86,19 +90,18 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 					if _, err := conn.Exec(ctx, fmt.Sprintf(`INSERT INTO %s.victim (v) VALUES ('during')`, s)); err != nil {
 						return
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond)
 				}
 			}()
 			j, err := e.c.MoveTenant(ctx, l.ID, "local2")
 			if err != nil {
 				t.Fatal(err)
 			}
-			// Its cut-over waits while the backlog shrinks and pauses after
-			// a minute without progress: more than waitJob's two minutes
-			// on a loaded machine.
-			waitJobFor(t, e.c, j.ID, jobs.Succeeded, 6*time.Minute)
+			waitStep(t, e.c, j.ID, "copy")
+			time.Sleep(time.Second)
 			close(stop)
 			<-done
+			waitJobFor(t, e.c, j.ID, jobs.Succeeded, 3*time.Minute)
 
 			if p := append(privileged(t), privilegedOn(t, pg2)...); len(p) > 0 {
 				t.Errorf("roles with privileges no tenant may have after the move: %v", p)
