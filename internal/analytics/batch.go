@@ -1,6 +1,7 @@
 package analytics
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -40,6 +41,7 @@ type entry struct {
 	kind  int // upsert, remove, patch
 	cols  []column
 	vals  []*string
+	line  string // an upsert whose values hold no tab, newline or backslash: them as one line of COPY's text format (vals nil)
 	key   []column  // the key columns and values the row had in the file
 	keyV  []*string //
 	known []bool    // patch: the columns whose values are known ('u' = unchanged TOAST is not)
@@ -196,23 +198,66 @@ func values(t *pglogrepl.TupleData) (vals []*string, known []bool) {
 }
 
 // keyOf is the key of a row: its key columns' values.
-func keyOf(cols []column, vals []*string) (string, []column, []*string) {
+func keyOf(cols []column, t *pglogrepl.TupleData) (string, []column, []*string) {
 	var b strings.Builder
 	var kc []column
 	var kv []*string
 	for i, c := range cols {
-		if !c.key || i >= len(vals) {
+		if !c.key || i >= len(t.Columns) {
 			continue
 		}
-		kc, kv = append(kc, c), append(kv, vals[i])
-		if vals[i] == nil {
+		var v *string
+		if tc := t.Columns[i]; tc.DataType == 't' {
+			s := string(tc.Data)
+			v = &s
+		}
+		kc, kv = append(kc, c), append(kv, v)
+		if v == nil {
 			b.WriteString("\x01")
 		} else {
-			b.WriteString(*vals[i])
+			b.WriteString(*v)
 		}
 		b.WriteString("\x00")
 	}
 	return b.String(), kc, kv
+}
+
+// tupleLine is a whole row as one line of COPY's text format, when none
+// of its values holds a tab, newline or backslash (insertLines); whole
+// reports that no value is an unchanged TOAST one.
+func tupleLine(t *pglogrepl.TupleData) (line string, plain, whole bool) {
+	n := 0
+	for _, c := range t.Columns {
+		n += len(c.Data) + 2
+	}
+	buf := make([]byte, 0, n)
+	plain, whole = true, true
+	for i, c := range t.Columns {
+		if i > 0 {
+			buf = append(buf, '\t')
+		}
+		switch c.DataType {
+		case 'n':
+			buf = append(buf, `\N`...)
+		case 't':
+			plain = plain && !bytes.ContainsAny(c.Data, "\t\n\\")
+			buf = append(buf, c.Data...)
+		default: // 'u': unchanged TOAST
+			plain, whole = false, false
+		}
+	}
+	if !plain {
+		return "", false, whole
+	}
+	return string(buf), true, true
+}
+
+// values is an entry's values, from its line if it has one.
+func (e *entry) values() []*string {
+	if e.vals == nil && e.line != "" {
+		return parseCopyLine(e.line)
+	}
+	return e.vals
 }
 
 func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
@@ -250,23 +295,25 @@ func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
 		}
 		tb.entries[k] = e
 	}
-	oldV, _ := values(old)
-	newV, known := values(new)
 	if new == nil { // delete
-		k, kc, kv := keyOf(cols, oldV)
+		k, kc, kv := keyOf(cols, old)
 		set(k, &entry{kind: remove, key: kc, keyV: kv})
 		return nil
 	}
-	k, kc, kv := keyOf(cols, newV)
+	k, kc, kv := keyOf(cols, new)
 	if old != nil {
-		if ok, okc, okv := keyOf(cols, oldV); ok != k {
+		if ok, okc, okv := keyOf(cols, old); ok != k {
 			set(ok, &entry{kind: remove, key: okc, keyV: okv}) // the key changed: the old row goes
 		}
 	}
-	whole := true
-	for _, kn := range known {
-		whole = whole && kn
+	// Most changes are whole rows of plain values: one line each, not a
+	// string per value.
+	line, plain, whole := tupleLine(new)
+	if plain && len(new.Columns) == len(cols) {
+		set(k, &entry{kind: upsert, cols: cols, line: line, key: kc, keyV: kv})
+		return nil
 	}
+	newV, known := values(new)
 	prev := tb.entries[k]
 	switch {
 	case whole:
@@ -277,11 +324,12 @@ func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
 		for i, c := range prev.cols {
 			byName[c.name] = i
 		}
+		prevV := prev.values()
 		for i, c := range cols {
 			if known[i] {
 				merged.vals[i], merged.known[i] = newV[i], true
 			} else if j, ok := byName[c.name]; ok && (prev.kind == upsert || prev.known[j]) {
-				merged.vals[i], merged.known[i] = prev.vals[j], true
+				merged.vals[i], merged.known[i] = prevV[j], true
 			}
 		}
 		set(k, merged)
@@ -358,6 +406,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			}
 		}
 		inserts := map[string][][]*string{}
+		lines := map[string][]string{}
 		insertCols := map[string][]column{}
 		shapes = shapes[:0]
 		for _, k := range tb.order {
@@ -366,11 +415,15 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			switch e.kind {
 			case upsert:
 				shape := colShape(e.cols)
-				if _, ok := inserts[shape]; !ok {
+				if _, ok := insertCols[shape]; !ok {
 					shapes = append(shapes, shape)
 					insertCols[shape] = e.cols
 				}
-				inserts[shape] = append(inserts[shape], e.vals)
+				if e.line != "" {
+					lines[shape] = append(lines[shape], e.line)
+				} else {
+					inserts[shape] = append(inserts[shape], e.vals)
+				}
 			case patch:
 				if err := patchRow(ctx, w, qt, e); err != nil {
 					return 0, fmt.Errorf("update %s: %w", qt, err)
@@ -378,7 +431,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			}
 		}
 		for _, shape := range shapes {
-			if err := insertValues(ctx, w, qt, insertCols[shape], inserts[shape]); err != nil {
+			if err := insertValues(ctx, w, qt, insertCols[shape], lines[shape], inserts[shape]); err != nil {
 				return 0, fmt.Errorf("insert into %s: %w", qt, err)
 			}
 		}
@@ -424,7 +477,7 @@ func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
 	if nulls {
 		eq = "IS NOT DISTINCT FROM"
 	}
-	stage, err := w.stage(ctx, len(key), keys)
+	stage, err := w.stage(ctx, len(key), len(keys), textRows(keys))
 	if err != nil {
 		return err
 	}
@@ -445,7 +498,7 @@ func applyOps(ctx context.Context, w *writer, qt string, ops []op) (int64, error
 	var run [][]*string
 	var runCols []column
 	flush := func() error {
-		err := insertValues(ctx, w, qt, runCols, run)
+		err := insertValues(ctx, w, qt, runCols, nil, run)
 		run, runCols = nil, nil
 		return err
 	}

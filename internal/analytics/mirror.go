@@ -87,8 +87,12 @@ func (m *mirror) open() (*sql.DB, error) {
 	// current storage format (DICT_FSST strings, …) instead of the v0.10
 	// one kept for older readers: no other DuckDB reads these files, and
 	// the bench's mirror is less than half the size with it, its string
-	// group-bys several times faster.
-	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&lock_configuration=true",
+	// group-bys several times faster. checkpoint_threshold=64MB (DuckDB's
+	// default is 16MB): each checkpoint compresses the row groups that
+	// changes appended to again, and a stream of upserts appends to the
+	// same last ones; a quarter as many checkpoints cost the bench's apply
+	// about a third less CPU per change.
+	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&checkpoint_threshold=64MB&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&lock_configuration=true",
 		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20)
 	conn, err := duckdb.NewConnector(dsn, nil)
 	if err != nil {
@@ -214,7 +218,7 @@ func (m *mirror) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer repl.Close(context.WithoutCancel(ctx))
+	defer func() { repl.Close(context.WithoutCancel(ctx)) }()
 	if !copied {
 		if err := m.publication(ctx, cl, t); err != nil {
 			return err
@@ -238,7 +242,19 @@ func (m *mirror) run(ctx context.Context) error {
 	m.mu.Unlock()
 	m.setDB(db)
 	m.s.report(ctx, m.id, StateStreaming, lsn.String(), rows, 0, "")
-	return m.stream(ctx, w, cl, repl, t, lsn)
+	for {
+		err := m.stream(ctx, w, cl, repl, t, lsn)
+		if !errors.Is(err, errRestream) {
+			return err
+		}
+		repl.Close(context.WithoutCancel(ctx))
+		if repl, err = cl.ConnectReplication(ctx, t.Database); err != nil {
+			return err
+		}
+		if lsn, _, _, err = readState(ctx, db); err != nil {
+			return err
+		}
+	}
 }
 
 // slotLost reports whether the mirror's slot is missing or invalidated
@@ -449,12 +465,13 @@ func schemaChanged(ctx context.Context, w *writer, rel *relation, earlier []colu
 	return false, nil
 }
 
-// insertValues inserts rows of text values (nil = NULL): those whose
-// values hold no tab, newline or backslash as one line each (insertLines:
-// one value appended per row instead of one per column), the others with
-// insertRows.
-func insertValues(ctx context.Context, w *writer, qt string, cols []column, rows [][]*string) error {
-	var lines, others [][]*string
+// insertValues inserts rows given as lines of COPY's text format without
+// escapes (plainLine) and as text values (nil = NULL): lines, and the rows
+// whose values hold no tab, newline or backslash, as one line each
+// (insertLines: one value appended per row instead of one per column),
+// the others with insertRows.
+func insertValues(ctx context.Context, w *writer, qt string, cols []column, lines []string, rows [][]*string) error {
+	var others [][]*string
 	var b strings.Builder
 	for _, r := range rows {
 		b.Reset()
@@ -473,8 +490,7 @@ func insertValues(ctx context.Context, w *writer, qt string, cols []column, rows
 			}
 		}
 		if plain {
-			line := b.String()
-			lines = append(lines, []*string{&line})
+			lines = append(lines, b.String())
 		} else {
 			others = append(others, r)
 		}
@@ -492,7 +508,7 @@ func insertRows(ctx context.Context, w *writer, qt string, cols []column, rows [
 	if len(rows) == 0 {
 		return nil
 	}
-	stage, err := w.stage(ctx, len(cols), rows)
+	stage, err := w.stage(ctx, len(cols), len(rows), textRows(rows))
 	if err != nil {
 		return err
 	}
@@ -544,9 +560,22 @@ func (w *writer) commit(ctx context.Context) error {
 // is none, and DuckDB's error says so).
 func (w *writer) rollback() { _, _ = w.c.ExecContext(context.Background(), "ROLLBACK") }
 
+// textRows fills a staging row from rows of text values (nil = NULL).
+func textRows(rows [][]*string) func(int, []driver.Value) {
+	return func(i int, vals []driver.Value) {
+		r := rows[i]
+		for j := range vals {
+			vals[j] = nil
+			if j < len(r) && r[j] != nil {
+				vals[j] = *r[j]
+			}
+		}
+	}
+}
+
 // stage empties the staging table of width text columns (c0, c1, …) and
-// appends rows to it, in the writer's transaction.
-func (w *writer) stage(ctx context.Context, width int, rows [][]*string) (string, error) {
+// appends n rows to it, each filled by row, in the writer's transaction.
+func (w *writer) stage(ctx context.Context, width, n int, row func(i int, vals []driver.Value)) (string, error) {
 	// Temporary tables live in memory, outside the file and its WAL:
 	// staged rows cost nothing at commit.
 	name := fmt.Sprintf("pgtenant_stage_%d", width)
@@ -570,13 +599,8 @@ func (w *writer) stage(ctx context.Context, width int, rows [][]*string) (string
 			return err
 		}
 		vals := make([]driver.Value, width)
-		for _, r := range rows {
-			for j := range vals {
-				vals[j] = nil
-				if j < len(r) && r[j] != nil {
-					vals[j] = *r[j]
-				}
-			}
+		for i := range n {
+			row(i, vals)
 			if err := a.AppendRow(vals...); err != nil {
 				a.Close()
 				return err
@@ -723,7 +747,7 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 	// without escapes (most) goes to DuckDB whole, split and cast there;
 	// one with escapes is parsed here.
 	type copyBatch struct {
-		lines [][]*string // one value each: the line
+		lines []string    // plain
 		rows  [][]*string // parsed
 	}
 	batches := make(chan copyBatch, 1)
@@ -747,7 +771,7 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 			}
 			line = line[:len(line)-1]
 			if plainLine(line) {
-				b.lines = append(b.lines, []*string{&line})
+				b.lines = append(b.lines, line)
 			} else {
 				b.rows = append(b.rows, parseCopyLine(line))
 			}
@@ -799,11 +823,11 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 // insertLines inserts lines of COPY's text format that have no escapes
 // (plainLine): appended whole to a staging table, then split on tabs and
 // each field cast to its column's type in one INSERT … SELECT.
-func insertLines(ctx context.Context, w *writer, qt string, cols []column, lines [][]*string) error {
+func insertLines(ctx context.Context, w *writer, qt string, cols []column, lines []string) error {
 	if len(lines) == 0 {
 		return nil
 	}
-	stage, err := w.stage(ctx, 1, lines)
+	stage, err := w.stage(ctx, 1, len(lines), func(i int, vals []driver.Value) { vals[0] = lines[i] })
 	if err != nil {
 		return err
 	}
@@ -930,16 +954,87 @@ func (m *mirror) resync(ctx context.Context, w *writer, cl *cluster.Cluster, t c
 // keepalive is how often the stream reports its position to the primary.
 const keepalive = 5 * time.Second
 
+// errRestream: a batch found tables to copy again (their definition
+// changed); the stream starts again from the file's LSN, which copies them
+// first, and drops what it had read ahead.
+var errRestream = errors.New("tables to copy again")
+
+// received is one message of the replication stream as the reader
+// decoded it: a change (msg), a keepalive, or the error that ended it.
+type received struct {
+	walStart  pglogrepl.LSN
+	msg       pglogrepl.Message
+	keepalive *pglogrepl.PrimaryKeepaliveMessage
+	err       error
+}
+
+// readStream reads and decodes the replication stream into out until it
+// fails or stop closes. It runs beside the apply, so that the walsender
+// goes on sending while a batch is written, and reads without a context
+// (one per message would cost a goroutine and a timer each); stream ends
+// it by closing the connection.
+func readStream(repl *pgconn.PgConn, out chan<- received, stop <-chan struct{}) {
+	for {
+		var r received
+		msg, err := repl.ReceiveMessage(context.Background())
+		switch msg := msg.(type) {
+		case nil:
+			r.err = fmt.Errorf("receive: %w", err)
+		case *pgproto3.ErrorResponse:
+			r.err = fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyData:
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				r.keepalive, r.err = &k, err
+			case pglogrepl.XLogDataByteID:
+				// Parse copies what it keeps: msg.Data is reused by the
+				// next receive.
+				x, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err == nil {
+					r.walStart = x.WALStart
+					if r.msg, err = pglogrepl.Parse(x.WALData); err != nil {
+						err = fmt.Errorf("decode pgoutput: %w", err)
+					}
+				}
+				r.err = err
+			default:
+				continue
+			}
+		default:
+			continue
+		}
+		select {
+		case out <- r:
+		case <-stop:
+			return
+		}
+		if r.err != nil {
+			return
+		}
+	}
+}
+
+// applyResult is what a batch's apply reports to the stream.
+type applyResult struct {
+	rows int64
+	err  error
+}
+
 // stream applies the slot's changes from lsn on, a batch of whole
 // transactions per DuckDB transaction (with the batch's end LSN), and
-// confirms to the primary only what is committed in the file.
+// confirms to the primary only what is committed in the file. A batch
+// applies while the next one is read: it gathers for the flush interval,
+// or for as long as the previous batch takes to apply (larger batches
+// share each batch's fixed cost, a scan of the table's keys per
+// DELETE … USING and a commit, among more changes).
 func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, repl *pgconn.PgConn, t catalog.Tenant, lsn pglogrepl.LSN) error {
 	slot := SlotName(t.ID)
 	skipUntil, pending, err := resyncs(ctx, w)
 	if err != nil {
 		return fmt.Errorf("read the tables copied again: %w", err)
 	}
-	for _, p := range pending { // marked by a batch, not copied before a crash
+	for _, p := range pending { // marked by a batch, not copied yet
 		until, err := m.resync(ctx, w, cl, t, p[0], p[1])
 		if err != nil {
 			return err
@@ -952,6 +1047,24 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	if err != nil {
 		return fmt.Errorf("start replication: %w", cluster.Classify(err))
 	}
+	cfg := m.s.Config
+	msgs := make(chan received, 1024)
+	stopRead, readDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(readDone)
+		readStream(repl, msgs, stopRead)
+	}()
+	var inflight *batch            // the batch being applied
+	var applying chan applyResult // its result; nil while none applies
+	defer func() {
+		close(stopRead)
+		_ = repl.Conn().Close() // ends the reader's receive
+		<-readDone
+		if applying != nil { // it writes with w, which the caller closes
+			<-applying
+		}
+	}()
+
 	rels := map[uint32]*relation{}
 	b := newBatch(t, rels, skipUntil)
 	applied := lsn
@@ -961,7 +1074,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	// the whole cluster).
 	confirmed := lsn
 	var received pglogrepl.LSN // the last change received
-	var firstPending time.Time
+	var firstPending time.Time // when b's first transaction arrived
 	nextStatus := time.Now().Add(keepalive)
 	publish := func() {
 		m.mu.Lock()
@@ -969,49 +1082,14 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		m.applied = applied
 		m.caughtUp = max(m.caughtUp, confirmed)
 		m.lagBytes, m.pending = 0, time.Time{}
-		if b.txns > 0 || b.inTxn {
+		oldest := b
+		if inflight != nil {
+			oldest = inflight
+		}
+		if inflight != nil || b.txns > 0 || b.inTxn {
 			m.lagBytes = int64(max(received, applied) - applied)
-			m.pending = b.firstCommit
+			m.pending = oldest.firstCommit
 		}
-	}
-	// window is how long a batch gathers transactions: the flush interval,
-	// or, while applying takes longer than that (the mirror is behind or
-	// short of CPU), as long as the last batch took, up to five intervals:
-	// larger batches share each batch's fixed cost (a scan of the table's
-	// keys per DELETE … USING, a commit) among more changes.
-	window := m.s.Config.FlushInterval.D()
-	flush := func() error {
-		if b.txns == 0 {
-			return nil
-		}
-		started := time.Now()
-		n, err := b.apply(ctx, w)
-		window = min(max(time.Since(started), m.s.Config.FlushInterval.D()), 5*m.s.Config.FlushInterval.D())
-		if err != nil {
-			return fmt.Errorf("apply changes up to %s: %w", b.end, err)
-		}
-		applied = b.end
-		confirmed = max(confirmed, applied)
-		m.mu.Lock()
-		m.rows += n
-		m.mu.Unlock()
-		if len(b.resync) > 0 {
-			// The walsender waits meanwhile: tell it we are alive.
-			stopAlive := keepAlive(ctx, repl, confirmed)
-			for _, r := range b.resync {
-				until, err := m.resync(ctx, w, cl, t, r.pgSchema, r.name)
-				if err != nil {
-					stopAlive()
-					return err
-				}
-				skipUntil[r.quoted()] = until
-			}
-			stopAlive()
-		}
-		b = newBatch(t, rels, skipUntil)
-		firstPending = time.Time{}
-		publish()
-		return nil
 	}
 	status := func() error {
 		nextStatus = time.Now().Add(keepalive)
@@ -1022,68 +1100,67 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		m.s.report(ctx, m.id, StateStreaming, applied.String(), m.rowsNow(), lag, "")
 		return err
 	}
+	tick := time.NewTicker(max(cfg.FlushInterval.D()/4, time.Millisecond))
+	defer tick.Stop()
 	for {
 		// A batch ends only between transactions: the file never holds
 		// part of one.
-		if b.txns > 0 && !b.inTxn && (b.rows >= m.s.Config.BatchRows || time.Since(firstPending) >= window) {
-			if err := flush(); err != nil {
-				return err
-			}
-			if err := status(); err != nil {
-				return err
-			}
+		if applying == nil && b.txns > 0 && !b.inTxn && (b.rows >= cfg.BatchRows || time.Since(firstPending) >= cfg.FlushInterval.D()) {
+			inflight, b, firstPending = b, newBatch(t, rels, skipUntil), time.Time{}
+			applying = make(chan applyResult, 1)
+			go func(bb *batch, out chan<- applyResult) {
+				n, err := bb.apply(ctx, w)
+				out <- applyResult{n, err}
+			}(inflight, applying)
 		}
 		if time.Now().After(nextStatus) {
 			if err := status(); err != nil {
 				return err
 			}
 		}
-		wait := time.Until(nextStatus)
-		if b.txns > 0 && !b.inTxn {
-			wait = min(wait, time.Until(firstPending.Add(window)))
+		in := msgs
+		if applying != nil && b.rows >= cfg.BatchRows {
+			in = nil // the next batch is full: the walsender waits
 		}
-		rctx, cancel := context.WithTimeout(ctx, max(wait, time.Millisecond))
-		msg, err := repl.ReceiveMessage(rctx)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		case res := <-applying:
+			applying = nil
+			if res.err != nil {
+				return fmt.Errorf("apply changes up to %s: %w", inflight.end, res.err)
 			}
-			if pgconn.Timeout(err) {
-				continue
+			applied = inflight.end
+			confirmed = max(confirmed, applied)
+			m.mu.Lock()
+			m.rows += res.rows
+			m.mu.Unlock()
+			if len(inflight.resync) > 0 {
+				return errRestream
 			}
-			return fmt.Errorf("receive: %w", err)
-		}
-		switch msg := msg.(type) {
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyData:
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				if err != nil {
-					return err
-				}
-				if b.txns == 0 && !b.inTxn {
-					confirmed = max(confirmed, k.ServerWALEnd)
+			inflight = nil
+			publish()
+			if err := status(); err != nil {
+				return err
+			}
+		case r := <-in:
+			switch {
+			case r.err != nil:
+				return r.err
+			case r.keepalive != nil:
+				if applying == nil && b.txns == 0 && !b.inTxn {
+					confirmed = max(confirmed, r.keepalive.ServerWALEnd)
 				}
 				publish()
-				if k.ReplyRequested {
+				if r.keepalive.ReplyRequested {
 					if err := status(); err != nil {
 						return err
 					}
 				}
-			case pglogrepl.XLogDataByteID:
-				x, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err != nil {
-					return err
-				}
-				received = max(received, x.WALStart)
-				lm, err := pglogrepl.Parse(x.WALData)
-				if err != nil {
-					return fmt.Errorf("decode pgoutput: %w", err)
-				}
-				committed, err := b.add(lm, applied)
+			default:
+				received = max(received, r.walStart)
+				committed, err := b.add(r.msg, applied)
 				if err != nil {
 					return err
 				}
@@ -1094,27 +1171,6 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 			}
 		}
 	}
-}
-
-// keepAlive reports pos to the walsender every few seconds until the
-// returned function is called (while the stream is not read).
-func keepAlive(ctx context.Context, repl *pgconn.PgConn, pos pglogrepl.LSN) func() {
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-time.After(keepalive):
-				_ = pglogrepl.SendStandbyStatusUpdate(ctx, repl, pglogrepl.StandbyStatusUpdate{WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos})
-			}
-		}
-	}()
-	return func() { close(done); <-stopped }
 }
 
 func (m *mirror) rowsNow() int64 {
