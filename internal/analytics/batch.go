@@ -18,6 +18,7 @@ type relation struct {
 	pgSchema     string // PostgreSQL's
 	skip         bool   // not mirrored (the state schema)
 	cols         []column
+	keyCols      []column // cols' key columns
 }
 
 // keyless: the table has no key narrower than the whole row (REPLICA
@@ -117,13 +118,15 @@ func (b *batch) table(id uint32) (*tableBatch, error) {
 	}
 	tb, ok := b.tables[id]
 	if !ok {
-		tb = &tableBatch{rel: rel, allCols: map[string]column{}, entries: map[string]*entry{}}
+		tb = &tableBatch{allCols: map[string]column{}, entries: map[string]*entry{}}
 		b.tables[id] = tb
 		b.order = append(b.order, id)
 	}
-	tb.rel = rel
-	for _, c := range rel.cols {
-		tb.allCols[c.name] = c
+	if tb.rel != rel {
+		tb.rel = rel
+		for _, c := range rel.cols {
+			tb.allCols[c.name] = c
+		}
 	}
 	return tb, nil
 }
@@ -150,6 +153,9 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 		r := &relation{schema: schema, name: msg.RelationName, pgSchema: msg.Namespace, skip: !ok}
 		for _, c := range msg.Columns {
 			r.cols = append(r.cols, column{name: c.Name, typ: duckType(c.DataType, c.TypeModifier), key: c.Flags&1 == 1})
+			if c.Flags&1 == 1 {
+				r.keyCols = append(r.keyCols, r.cols[len(r.cols)-1])
+			}
 		}
 		b.rels[msg.RelationID] = r
 	case *pglogrepl.InsertMessage:
@@ -197,21 +203,21 @@ func values(t *pglogrepl.TupleData) (vals []*string, known []bool) {
 	return vals, known
 }
 
-// keyOf is the key of a row: its key columns' values.
-func keyOf(cols []column, t *pglogrepl.TupleData) (string, []column, []*string) {
+// keyOf is the key of a row: its key columns' values (NULL for those
+// the tuple lacks), and as one string.
+func (r *relation) keyOf(t *pglogrepl.TupleData) (string, []*string) {
 	var b strings.Builder
-	var kc []column
-	var kv []*string
-	for i, c := range cols {
-		if !c.key || i >= len(t.Columns) {
+	kv := make([]*string, 0, len(r.keyCols))
+	for i, c := range r.cols {
+		if !c.key {
 			continue
 		}
 		var v *string
-		if tc := t.Columns[i]; tc.DataType == 't' {
-			s := string(tc.Data)
+		if i < len(t.Columns) && t.Columns[i].DataType == 't' {
+			s := string(t.Columns[i].Data)
 			v = &s
 		}
-		kc, kv = append(kc, c), append(kv, v)
+		kv = append(kv, v)
 		if v == nil {
 			b.WriteString("\x01")
 		} else {
@@ -219,7 +225,7 @@ func keyOf(cols []column, t *pglogrepl.TupleData) (string, []column, []*string) 
 		}
 		b.WriteString("\x00")
 	}
-	return b.String(), kc, kv
+	return b.String(), kv
 }
 
 // tupleLine is a whole row as one line of COPY's text format, when none
@@ -296,14 +302,15 @@ func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
 		tb.entries[k] = e
 	}
 	if new == nil { // delete
-		k, kc, kv := keyOf(cols, old)
-		set(k, &entry{kind: remove, key: kc, keyV: kv})
+		k, kv := tb.rel.keyOf(old)
+		set(k, &entry{kind: remove, key: tb.rel.keyCols, keyV: kv})
 		return nil
 	}
-	k, kc, kv := keyOf(cols, new)
+	k, kv := tb.rel.keyOf(new)
+	kc := tb.rel.keyCols
 	if old != nil {
-		if ok, okc, okv := keyOf(cols, old); ok != k {
-			set(ok, &entry{kind: remove, key: okc, keyV: okv}) // the key changed: the old row goes
+		if ok, okv := tb.rel.keyOf(old); ok != k {
+			set(ok, &entry{kind: remove, key: kc, keyV: okv}) // the key changed: the old row goes
 		}
 	}
 	// Most changes are whole rows of plain values: one line each, not a
@@ -387,6 +394,25 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 		}
 		// Every key the batch touched goes first (by its key columns),
 		// then the new images are inserted, then patches update in place.
+		// Entries share their relation's column slices: their shapes are
+		// worked out once per slice.
+		type slice struct {
+			first *column
+			n     int
+		}
+		memo := map[slice]string{}
+		shapeOf := func(cols []column) string {
+			if len(cols) == 0 {
+				return ""
+			}
+			k := slice{&cols[0], len(cols)}
+			sh, ok := memo[k]
+			if !ok {
+				sh = colShape(cols)
+				memo[k] = sh
+			}
+			return sh
+		}
 		byShape := map[string][]*entry{}
 		var shapes []string
 		for _, k := range tb.order {
@@ -394,7 +420,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			if e.kind == patch {
 				continue
 			}
-			shape := colShape(e.key)
+			shape := shapeOf(e.key)
 			if _, ok := byShape[shape]; !ok {
 				shapes = append(shapes, shape)
 			}
@@ -414,7 +440,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			n++
 			switch e.kind {
 			case upsert:
-				shape := colShape(e.cols)
+				shape := shapeOf(e.cols)
 				if _, ok := insertCols[shape]; !ok {
 					shapes = append(shapes, shape)
 					insertCols[shape] = e.cols

@@ -959,60 +959,15 @@ const keepalive = 5 * time.Second
 // first, and drops what it had read ahead.
 var errRestream = errors.New("tables to copy again")
 
-// received is one message of the replication stream as the reader
-// decoded it: a change (msg), a keepalive, or the error that ended it.
-type received struct {
-	walStart  pglogrepl.LSN
-	msg       pglogrepl.Message
-	keepalive *pglogrepl.PrimaryKeepaliveMessage
-	err       error
-}
-
-// readStream reads and decodes the replication stream into out until it
-// fails or stop closes. It runs beside the apply, so that the walsender
-// goes on sending while a batch is written, and reads without a context
-// (one per message would cost a goroutine and a timer each); stream ends
-// it by closing the connection.
-func readStream(repl *pgconn.PgConn, out chan<- received, stop <-chan struct{}) {
-	for {
-		var r received
-		msg, err := repl.ReceiveMessage(context.Background())
-		switch msg := msg.(type) {
-		case nil:
-			r.err = fmt.Errorf("receive: %w", err)
-		case *pgproto3.ErrorResponse:
-			r.err = fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
-		case *pgproto3.CopyData:
-			switch msg.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
-				r.keepalive, r.err = &k, err
-			case pglogrepl.XLogDataByteID:
-				// Parse copies what it keeps: msg.Data is reused by the
-				// next receive.
-				x, err := pglogrepl.ParseXLogData(msg.Data[1:])
-				if err == nil {
-					r.walStart = x.WALStart
-					if r.msg, err = pglogrepl.Parse(x.WALData); err != nil {
-						err = fmt.Errorf("decode pgoutput: %w", err)
-					}
-				}
-				r.err = err
-			default:
-				continue
-			}
-		default:
-			continue
-		}
-		select {
-		case out <- r:
-		case <-stop:
-			return
-		}
-		if r.err != nil {
-			return
-		}
+// receive reads the next replication message, waiting until deadline.
+// It sets the connection's read deadline instead of passing a context,
+// which would cost a goroutine and a timer per message; a message cut
+// off by the deadline is read on at the next call.
+func receive(repl *pgconn.PgConn, deadline time.Time) (pgproto3.BackendMessage, error) {
+	if err := repl.Conn().SetReadDeadline(deadline); err != nil {
+		return nil, err
 	}
+	return repl.ReceiveMessage(context.Background())
 }
 
 // applyResult is what a batch's apply reports to the stream.
@@ -1048,18 +1003,11 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		return fmt.Errorf("start replication: %w", cluster.Classify(err))
 	}
 	cfg := m.s.Config
-	msgs := make(chan received, 1024)
-	stopRead, readDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(readDone)
-		readStream(repl, msgs, stopRead)
-	}()
+	// A cancel ends the wait for the next message at once.
+	defer context.AfterFunc(ctx, func() { _ = repl.Conn().SetReadDeadline(time.Now()) })()
 	var inflight *batch            // the batch being applied
 	var applying chan applyResult // its result; nil while none applies
 	defer func() {
-		close(stopRead)
-		_ = repl.Conn().Close() // ends the reader's receive
-		<-readDone
 		if applying != nil { // it writes with w, which the caller closes
 			<-applying
 		}
@@ -1100,9 +1048,33 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		m.s.report(ctx, m.id, StateStreaming, applied.String(), m.rowsNow(), lag, "")
 		return err
 	}
-	tick := time.NewTicker(max(cfg.FlushInterval.D()/4, time.Millisecond))
-	defer tick.Stop()
+	done := func(res applyResult) error {
+		applying = nil
+		if res.err != nil {
+			return fmt.Errorf("apply changes up to %s: %w", inflight.end, res.err)
+		}
+		applied = inflight.end
+		confirmed = max(confirmed, applied)
+		m.mu.Lock()
+		m.rows += res.rows
+		m.mu.Unlock()
+		if len(inflight.resync) > 0 {
+			return errRestream
+		}
+		inflight = nil
+		publish()
+		return status()
+	}
 	for {
+		if applying != nil {
+			select {
+			case res := <-applying:
+				if err := done(res); err != nil {
+					return err
+				}
+			default:
+			}
+		}
 		// A batch ends only between transactions: the file never holds
 		// part of one.
 		if applying == nil && b.txns > 0 && !b.inTxn && (b.rows >= cfg.BatchRows || time.Since(firstPending) >= cfg.FlushInterval.D()) {
@@ -1118,49 +1090,73 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 				return err
 			}
 		}
-		in := msgs
-		if applying != nil && b.rows >= cfg.BatchRows {
-			in = nil // the next batch is full: the walsender waits
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		case res := <-applying:
-			applying = nil
-			if res.err != nil {
-				return fmt.Errorf("apply changes up to %s: %w", inflight.end, res.err)
+		if applying != nil && b.rows >= cfg.BatchRows {
+			// The next batch is full: the walsender waits for this one.
+			select {
+			case res := <-applying:
+				if err := done(res); err != nil {
+					return err
+				}
+			case <-time.After(time.Until(nextStatus)):
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-			applied = inflight.end
-			confirmed = max(confirmed, applied)
-			m.mu.Lock()
-			m.rows += res.rows
-			m.mu.Unlock()
-			if len(inflight.resync) > 0 {
-				return errRestream
+			continue
+		}
+		// Wait for the next message until the next status, the end of the
+		// batch's window or, while a batch applies, briefly: its end is
+		// not a message.
+		wait := time.Until(nextStatus)
+		switch {
+		case applying != nil:
+			wait = min(wait, applyPoll)
+		case b.txns > 0 && !b.inTxn:
+			wait = min(wait, time.Until(firstPending.Add(cfg.FlushInterval.D())))
+		}
+		deadline := time.Now().Add(max(wait, time.Millisecond))
+		msg, err := receive(repl, deadline)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			inflight = nil
-			publish()
-			if err := status(); err != nil {
-				return err
+			if pgconn.Timeout(err) {
+				continue
 			}
-		case r := <-in:
-			switch {
-			case r.err != nil:
-				return r.err
-			case r.keepalive != nil:
+			return fmt.Errorf("receive: %w", err)
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("replication: %w", pgconn.ErrorResponseToPgError(msg))
+		case *pgproto3.CopyData:
+			switch msg.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				k, err := pglogrepl.ParsePrimaryKeepaliveMessage(msg.Data[1:])
+				if err != nil {
+					return err
+				}
 				if applying == nil && b.txns == 0 && !b.inTxn {
-					confirmed = max(confirmed, r.keepalive.ServerWALEnd)
+					confirmed = max(confirmed, k.ServerWALEnd)
 				}
 				publish()
-				if r.keepalive.ReplyRequested {
+				if k.ReplyRequested {
 					if err := status(); err != nil {
 						return err
 					}
 				}
-			default:
-				received = max(received, r.walStart)
-				committed, err := b.add(r.msg, applied)
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(msg.Data[1:])
+				if err != nil {
+					return err
+				}
+				received = max(received, x.WALStart)
+				lm, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("decode pgoutput: %w", err)
+				}
+				committed, err := b.add(lm, applied)
 				if err != nil {
 					return err
 				}
@@ -1172,6 +1168,10 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		}
 	}
 }
+
+// applyPoll is how often the stream looks for the end of a batch's apply
+// while no message comes.
+const applyPoll = 5 * time.Millisecond
 
 func (m *mirror) rowsNow() int64 {
 	m.mu.Lock()

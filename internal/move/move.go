@@ -101,12 +101,29 @@ type Service struct {
 	Poolers  *pooler.Set
 	// PauseTimeout bounds the wait for the tenant's pool to pause (in
 	// session mode, its clients must disconnect); SwitchTimeout the wait
-	// for the target to apply the source's last write while paused;
+	// for the target to apply the source's last write while paused (at
+	// most what the pooler's query_wait_timeout leaves: switchWait);
 	// CopyTimeout the initial copy; CatchUpTimeout the unpaused catch-up
 	// before the pause (then the move pauses, or fails if the target is
 	// too far behind: see cutover). Defaults: 10 s, 30 s, 6 h, 1 min.
 	PauseTimeout, SwitchTimeout, CopyTimeout, CatchUpTimeout time.Duration
 }
+
+// switchWait is how long the paused move waits for the target to apply
+// the source's last write: limit, but no longer than the pooler keeps a
+// queued client waiting (query_wait_timeout, counted from the pause) less
+// clientMargin, so that the move fails and the tenant resumes before a
+// client waiting since the pause gets an error.
+func switchWait(limit time.Duration, front *pooler.Front, pausing time.Time) time.Duration {
+	if front == nil || front.Settings.QueryWaitTimeout <= 0 {
+		return limit
+	}
+	return max(min(limit, front.Settings.QueryWaitTimeout-clientMargin-time.Since(pausing)), time.Second)
+}
+
+// clientMargin is the time switchWait leaves for the resume before a
+// queued client's wait ends.
+const clientMargin = 5 * time.Second
 
 // Spec is the job that moves tenant id to cluster to.
 func Spec(t catalog.Tenant, to string) jobs.Spec {
@@ -905,6 +922,7 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		mark = time.Now()
 	}
 	// 1. Clients queue at the pooler once their transactions end.
+	pausing := time.Now()
 	if front != nil {
 		pctx, cancel := context.WithTimeout(ctx, cmp.Or(m.s.PauseTimeout, 10*time.Second))
 		err := front.Pause(pctx, e.role)
@@ -932,7 +950,7 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	if err != nil {
 		return undo(err)
 	}
-	if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, cmp.Or(m.s.SwitchTimeout, 30*time.Second)); err != nil {
+	if err := waitSentinel(ctx, dconn, e.dst.Name(), e.t, token, switchWait(cmp.Or(m.s.SwitchTimeout, 30*time.Second), front, pausing)); err != nil {
 		if ctx.Err() == nil {
 			err = jobs.Permanent(fmt.Errorf("%w: %v: its apply worker does not keep up with its writes; move it when it writes less", ErrBehind, err))
 		}
