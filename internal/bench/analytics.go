@@ -49,8 +49,12 @@ type AnalyticsQuery struct {
 
 // AnalyticsUpsert is one upsert run.
 type AnalyticsUpsert struct {
-	Clients     int           `json:"clients"`
-	Mirror      bool          `json:"mirror"`
+	Clients int  `json:"clients"`
+	Mirror  bool `json:"mirror"`
+	// After: a mirror-off run after the mirror was disabled (the runs
+	// before and after it bracket the mirror-on ones: the table and the
+	// machine's load change meanwhile).
+	After       bool          `json:"after,omitempty"`
 	TPS         float64       `json:"tps"`
 	MinWindow   float64       `json:"min_window_tps"` // the slowest 1 s window
 	ZeroWindows int           `json:"zero_windows"`
@@ -325,6 +329,31 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		}
 		res.Upserts = append(res.Upserts, row)
 	}
+
+	e.logf("analytics: disabling the mirror")
+	if _, err := d.client.DisableAnalytics(ctx, id); err != nil {
+		return res, Table{}, err
+	}
+	for {
+		var slots int
+		if err := heap.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, analytics.SlotName(id)).Scan(&slots); err != nil {
+			return res, Table{}, err
+		}
+		if slots == 0 {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, c := range o.Clients {
+		e.logf("analytics: upserts, %d clients, mirror off again", c)
+		u, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
+		if err != nil {
+			return res, Table{}, err
+		}
+		row := u.upsert(c, false)
+		row.After = true
+		res.Upserts = append(res.Upserts, row)
+	}
 	return res, analyticsTable(res, o), nil
 }
 
@@ -404,14 +433,21 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 			fmt.Sprintf("%.1f× faster", float64(q.Heap)/float64(max(q.Mirror, 1)))})
 	}
 	t.Rows = append(t.Rows, []string{"PK lookup p50 (pgbench -M prepared, 4 clients)", fmt.Sprintf("%s (%.0f tps)", ms(r.LookupP50), r.LookupTPS), "(served by the heap)", ""})
-	byKey := map[string]AnalyticsUpsert{}
+	on := map[int]AnalyticsUpsert{}
+	off := map[int][]float64{} // tps before and after the mirror
 	for _, u := range r.Upserts {
-		on := "off"
-		if u.Mirror {
-			on = "on"
+		state := "off"
+		switch {
+		case u.Mirror:
+			state = "on"
+			on[u.Clients] = u
+		case u.After:
+			state = "off again (after disable)"
 		}
-		byKey[fmt.Sprintf("%d %v", u.Clients, u.Mirror)] = u
-		row := []string{fmt.Sprintf("upserts, %d clients, mirror %s", u.Clients, on), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
+		if !u.Mirror {
+			off[u.Clients] = append(off[u.Clients], u.TPS)
+		}
+		row := []string{fmt.Sprintf("upserts, %d clients, mirror %s", u.Clients, state), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
 		if u.Mirror {
 			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after; received, not applied: p99 %s", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp), mb(u.PendingP99))
 			if u.Changes > 0 {
@@ -427,10 +463,14 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		t.Checks = append(t.Checks, Check{Target: q.Name + ": >= 20× faster on the mirror (zedstore 2×)", Got: fmt.Sprintf("%.1f×", f), Met: f >= 20})
 	}
 	for _, c := range o.Clients {
-		off, on := byKey[fmt.Sprintf("%d false", c)], byKey[fmt.Sprintf("%d true", c)]
-		if off.TPS > 0 {
-			t.Checks = append(t.Checks, Check{Target: fmt.Sprintf("upserts, %d clients: tps with the mirror on >= 90%% of off, no 1 s window at 0", c),
-				Got: fmt.Sprintf("%s (%.0f vs %.0f), %d windows at 0", pct(on.TPS/off.TPS), on.TPS, off.TPS, on.ZeroWindows), Met: on.TPS >= 0.9*off.TPS && on.ZeroWindows == 0})
+		on := on[c]
+		if len(off[c]) > 0 {
+			base := 0.0
+			for _, tps := range off[c] {
+				base += tps / float64(len(off[c]))
+			}
+			t.Checks = append(t.Checks, Check{Target: fmt.Sprintf("upserts, %d clients: tps with the mirror on >= 90%% of off (the mean of the runs before and after it), no 1 s window at 0", c),
+				Got: fmt.Sprintf("%s (%.0f vs %.0f), %d windows at 0", pct(on.TPS/base), on.TPS, base, on.ZeroWindows), Met: on.TPS >= 0.9*base && on.ZeroWindows == 0})
 		}
 		t.Checks = append(t.Checks, Check{Target: fmt.Sprintf("upserts, %d clients: mirror lag p99 <= 2 s, caught up within 10 s", c),
 			Got: fmt.Sprintf("p99 %s, caught up in %s", ms(on.LagP99), ms(on.CatchUp)), Met: on.LagP99 <= 2*time.Second && on.CatchUp <= 10*time.Second})

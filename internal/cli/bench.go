@@ -109,7 +109,9 @@ filtered aggregate; PK lookups with pgbench -M prepared (p50); upserts (insert â
 conflict (id) do update) with pgbench at each of --clients, mirror off. Then the
 mirror is enabled (initial copy timed) and the same queries run on it through the
 analytics port, and the upserts again with the mirror on: tps, the slowest 1 s window,
-the mirror's lag (p50, p99, max) and its catch-up after the load. Exits non-zero if a
+the mirror's lag (p50, p99, max) and its catch-up after the load; last the mirror is
+disabled and the upserts run once more with it off, so that the mirror-on runs are
+compared with the mean of a run before and a run after them. Exits non-zero if a
 target is not met.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
