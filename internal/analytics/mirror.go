@@ -90,8 +90,8 @@ func (m *mirror) open() (*sql.DB, error) {
 	// group-bys several times faster. checkpoint_threshold=64MB (DuckDB's
 	// default is 16MB): each checkpoint compresses the row groups that
 	// changes appended to again, and a stream of upserts appends to the
-	// same last ones; a quarter as many checkpoints cost the bench's apply
-	// about a third less CPU per change.
+	// same last ones; a quarter as many checkpoints cost the apply about a
+	// fifth less CPU per change (1 M rows, batches of 5,000 upserts).
 	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&checkpoint_threshold=64MB&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&lock_configuration=true",
 		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20)
 	conn, err := duckdb.NewConnector(dsn, nil)
