@@ -42,7 +42,7 @@ type entry struct {
 	kind  int // upsert, remove, patch
 	cols  []column
 	vals  []*string
-	line  string // an upsert whose values hold no tab, newline or backslash: them as one line of COPY's text format (vals nil)
+	line  string    // an upsert whose values hold no tab, newline or backslash: them as one line of COPY's text format (vals nil)
 	key   []column  // the key columns and values the row had in the file
 	keyV  []*string //
 	known []bool    // patch: the columns whose values are known ('u' = unchanged TOAST is not)

@@ -1005,7 +1005,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	cfg := m.s.Config
 	// A cancel ends the wait for the next message at once.
 	defer context.AfterFunc(ctx, func() { _ = repl.Conn().SetReadDeadline(time.Now()) })()
-	var inflight *batch            // the batch being applied
+	var inflight *batch           // the batch being applied
 	var applying chan applyResult // its result; nil while none applies
 	defer func() {
 		if applying != nil { // it writes with w, which the caller closes
