@@ -223,6 +223,60 @@ func TestPacer_WaitsForStandbyReplayLag(t *testing.T) {
 	}
 }
 
+// TestPacer_WaitsForADownStandby: with pacer.standby_down: wait, a heavy
+// step waits while a standby is down, and its job's progress line says so
+// (the README's "waiting: …" promise); with the default, proceed, it goes
+// ahead at once. A standby that is down is, as the primary sees it, a
+// physical replication slot that no walreceiver streams from: the test
+// makes one rather than stopping the package's standby, which the other
+// pacer tests need.
+func TestPacer_WaitsForADownStandby(t *testing.T) {
+	ctx := testCtx(t)
+	slot := "test_down_" + pgtest.RandomSuffix()
+	admin := pg.Conn(t, "postgres")
+	if _, err := admin.Exec(ctx, `SELECT pg_create_physical_replication_slot($1)`, slot); err != nil {
+		t.Fatal(err)
+	}
+	dropSlot := func() error {
+		_, err := admin.Exec(context.Background(), `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, slot)
+		return err
+	}
+	t.Cleanup(func() {
+		if err := dropSlot(); err != nil {
+			t.Errorf("drop the slot %s: %v", slot, err)
+		}
+	})
+
+	proceed := newHarness(t)
+	if proceed.pacerCfg.StandbyDown != "proceed" {
+		t.Fatalf("default pacer.standby_down = %q, want proceed", proceed.pacerCfg.StandbyDown)
+	}
+	proceed.startDaemon(t, 1, paced(proceed, 0))
+	j := proceed.waitFinished(t, proceed.enqueue(t, jobs.Spec{Type: "heavy", Cluster: "local"}).ID)
+	if j.State != jobs.Succeeded {
+		t.Fatalf("standby_down: proceed: state = %s (%s), want succeeded while the standby is down", j.State, j.LastError)
+	}
+
+	h := newHarness(t)
+	h.pacerCfg.StandbyDown = "wait"
+	h.startDaemon(t, 1, paced(h, 0))
+	j = h.enqueue(t, jobs.Spec{Type: "heavy", Cluster: "local"})
+	w := h.waitState(t, j.ID, jobs.Waiting)
+	if want := "a standby of cluster local is down (pacer.standby_down: wait)"; !strings.Contains(w.ProgressMsg, want) {
+		t.Errorf("waiting job: progress_msg = %q, want it to contain %q", w.ProgressMsg, want)
+	}
+	time.Sleep(500 * time.Millisecond)
+	if got := h.count(t, `SELECT count(*) FROM test_exec WHERE job_id = $1 AND step = 'paced work'`, j.ID); got != 0 {
+		t.Errorf("heavy work ran %d times while a standby was down, want 0", got)
+	}
+	if err := dropSlot(); err != nil {
+		t.Fatal(err)
+	}
+	if j = h.waitFinished(t, j.ID); j.State != jobs.Succeeded {
+		t.Fatalf("after the standby left: state = %s (%s), want succeeded", j.State, j.LastError)
+	}
+}
+
 // TestPacer_HeavyDDLSlotsAcrossDaemons: with one heavy DDL slot, heavy
 // steps of two daemons take turns; the one waiting says why.
 func TestPacer_HeavyDDLSlotsAcrossDaemons(t *testing.T) {
