@@ -54,13 +54,19 @@ type AnalyticsUpsert struct {
 	// After: a mirror-off run after the mirror was disabled (the runs
 	// before and after it bracket the mirror-on ones: the table and the
 	// machine's load change meanwhile).
-	After       bool          `json:"after,omitempty"`
-	TPS         float64       `json:"tps"`
-	MinWindow   float64       `json:"min_window_tps"` // the slowest 1 s window
-	ZeroWindows int           `json:"zero_windows"`
-	LagP50      time.Duration `json:"lag_p50,omitempty"`
-	LagP99      time.Duration `json:"lag_p99,omitempty"`
-	LagMax      time.Duration `json:"lag_max,omitempty"`
+	After bool `json:"after,omitempty"`
+	// DecodingOnly: mirror off, but pg_recvlogical streams a pgoutput
+	// slot of the table to /dev/null, so the primary pays logical
+	// decoding and nothing else: the ceiling of any mirror's "on" on
+	// these cores. WalsenderCPU is the decoding's CPU, Changes the
+	// upserts it decoded.
+	DecodingOnly bool          `json:"decoding_only,omitempty"`
+	TPS          float64       `json:"tps"`
+	MinWindow    float64       `json:"min_window_tps"` // the slowest 1 s window
+	ZeroWindows  int           `json:"zero_windows"`
+	LagP50       time.Duration `json:"lag_p50,omitempty"`
+	LagP99       time.Duration `json:"lag_p99,omitempty"`
+	LagMax       time.Duration `json:"lag_max,omitempty"`
 	// PendingP99 is the WAL the daemon had received and not yet applied
 	// (p99 of the same samples): small while the lag is large, the delay
 	// is in the walsender's decoding, not in the apply.
@@ -354,7 +360,81 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		row.After = true
 		res.Upserts = append(res.Upserts, row)
 	}
+	var db string
+	if err := heap.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		return res, Table{}, err
+	}
+	for _, c := range o.Clients {
+		e.logf("analytics: upserts, %d clients, decoding only (pg_recvlogical to /dev/null)", c)
+		var row AnalyticsUpsert
+		err := decodingOnly(ctx, fc.Binaries().Path("pg_recvlogical"), fc.PrimaryDSN(db), func(walPID int) error {
+			cpu0 := processCPU(walPID)
+			u, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
+			if err != nil {
+				return err
+			}
+			row = u.upsert(c, false)
+			row.DecodingOnly, row.WalsenderCPU, row.Changes = true, processCPU(walPID)-cpu0, u.transactions
+			return nil
+		})
+		if err != nil {
+			return res, Table{}, fmt.Errorf("decoding only: %w", err)
+		}
+		res.Upserts = append(res.Upserts, row)
+	}
 	return res, analyticsTable(res, o), nil
+}
+
+// decodingOnly runs fn while pg_recvlogical streams a pgoutput slot of
+// table t (the publication and the slot made for it, dropped after) to
+// /dev/null, and passes fn the slot's walsender pid.
+func decodingOnly(ctx context.Context, bin, adminDSN string, fn func(walPID int) error) error {
+	const name = "bench_decoding"
+	conn, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return err
+	}
+	cleanup := context.WithoutCancel(ctx)
+	defer conn.Close(cleanup)
+	if _, err := conn.Exec(ctx, `CREATE PUBLICATION `+name+` FOR TABLE t`); err != nil {
+		return err
+	}
+	defer conn.Exec(cleanup, `DROP PUBLICATION IF EXISTS `+name)
+	if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name); err != nil {
+		return err
+	}
+	defer conn.Exec(cleanup, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+	var stderr strings.Builder
+	cmd := exec.Command(bin, "--start", "-S", name, "-f", "/dev/null", "-o", "proto_version=1", "-o", "publication_names="+name, "-d", adminDSN)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		<-exited
+	}()
+	for deadline := time.Now().Add(time.Minute); ; {
+		var pid int
+		if err := conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&pid); err != nil {
+			return err
+		}
+		if pid != 0 {
+			return fn(pid)
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("pg_recvlogical exited: %s", strings.TrimSpace(stderr.String()))
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("pg_recvlogical did not start streaming in a minute")
+		}
+	}
 }
 
 // fastest runs q n times and returns the fastest run, its rows read.
@@ -380,9 +460,10 @@ func fastest(ctx context.Context, n int, conn *pgx.Conn, q string) (time.Duratio
 }
 
 type pgbenchRun struct {
-	tps     float64
-	p50     time.Duration
-	windows []float64 // tps of each 1 s progress window
+	tps          float64
+	transactions int64 // processed
+	p50          time.Duration
+	windows      []float64 // tps of each 1 s progress window
 }
 
 func (r pgbenchRun) upsert(clients int, mirror bool) AnalyticsUpsert {
@@ -397,6 +478,8 @@ func (r pgbenchRun) upsert(clients int, mirror bool) AnalyticsUpsert {
 	}
 	return u
 }
+
+var processedRE = regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`)
 
 var progressRE = regexp.MustCompile(`progress: [0-9.]+ s, ([0-9.]+) tps`)
 
@@ -413,6 +496,9 @@ func runPgbench(ctx context.Context, bin, dir, script, dsn string, clients int, 
 	var r pgbenchRun
 	if m := tpsRE.FindSubmatch(out); m != nil {
 		r.tps, _ = strconv.ParseFloat(string(m[1]), 64)
+	}
+	if m := processedRE.FindSubmatch(out); m != nil {
+		r.transactions, _ = strconv.ParseInt(string(m[1]), 10, 64)
 	}
 	for _, m := range progressRE.FindAllSubmatch(out, -1) {
 		v, _ := strconv.ParseFloat(string(m[1]), 64)
@@ -434,25 +520,41 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 	}
 	t.Rows = append(t.Rows, []string{"PK lookup p50 (pgbench -M prepared, 4 clients)", fmt.Sprintf("%s (%.0f tps)", ms(r.LookupP50), r.LookupTPS), "(served by the heap)", ""})
 	on := map[int]AnalyticsUpsert{}
-	off := map[int][]float64{} // tps before and after the mirror
+	offMean := map[int]float64{} // tps of the off runs before and after the mirror
+	offRuns := map[int]float64{}
 	for _, u := range r.Upserts {
-		state := "off"
+		if !u.Mirror && !u.DecodingOnly {
+			offMean[u.Clients] += u.TPS
+			offRuns[u.Clients]++
+		}
+	}
+	for c, n := range offRuns {
+		offMean[c] /= n
+	}
+	perChange := func(cpu time.Duration, changes int64) float64 {
+		return float64(cpu.Microseconds()) / float64(changes)
+	}
+	for _, u := range r.Upserts {
+		state := "mirror off"
 		switch {
 		case u.Mirror:
-			state = "on"
+			state = "mirror on"
 			on[u.Clients] = u
 		case u.After:
-			state = "off again (after disable)"
+			state = "mirror off again (after disable)"
+		case u.DecodingOnly:
+			state = "decoding only (no mirror: pg_recvlogical to /dev/null)"
 		}
-		if !u.Mirror {
-			off[u.Clients] = append(off[u.Clients], u.TPS)
-		}
-		row := []string{fmt.Sprintf("upserts, %d clients, mirror %s", u.Clients, state), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
-		if u.Mirror {
+		row := []string{fmt.Sprintf("upserts, %d clients, %s", u.Clients, state), fmt.Sprintf("%.0f tps (slowest 1 s window %.0f, %d at 0)", u.TPS, u.MinWindow, u.ZeroWindows), "", ""}
+		switch {
+		case u.Mirror:
 			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after; received, not applied: p99 %s", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp), mb(u.PendingP99))
 			if u.Changes > 0 {
-				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs, walsender %.0f µs", float64(u.DaemonCPU.Microseconds())/float64(u.Changes), float64(u.WalsenderCPU.Microseconds())/float64(u.Changes))
+				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs, walsender %.0f µs", perChange(u.DaemonCPU, u.Changes), perChange(u.WalsenderCPU, u.Changes))
 			}
+		case u.DecodingOnly && u.Changes > 0 && offMean[u.Clients] > 0:
+			row[2] = fmt.Sprintf("%s of off: the ceiling of mirror on", pct(u.TPS/offMean[u.Clients]))
+			row[3] = fmt.Sprintf("CPU per change: walsender %.0f µs", perChange(u.WalsenderCPU, u.Changes))
 		}
 		t.Rows = append(t.Rows, row)
 	}
@@ -464,11 +566,7 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 	}
 	for _, c := range o.Clients {
 		on := on[c]
-		if len(off[c]) > 0 {
-			base := 0.0
-			for _, tps := range off[c] {
-				base += tps / float64(len(off[c]))
-			}
+		if base := offMean[c]; base > 0 {
 			t.Checks = append(t.Checks, Check{Target: fmt.Sprintf("upserts, %d clients: tps with the mirror on >= 90%% of off (the mean of the runs before and after it), no 1 s window at 0", c),
 				Got: fmt.Sprintf("%s (%.0f vs %.0f), %d windows at 0", pct(on.TPS/base), on.TPS, base, on.ZeroWindows), Met: on.TPS >= 0.9*base && on.ZeroWindows == 0})
 		}
@@ -479,6 +577,7 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		fmt.Sprintf("%d rows (the source document has 10,000,000; --rows sets it). Query times: the fastest of %d runs; the heap's with PostgreSQL 15's defaults (parallel workers allowed), the mirror's through pgtenant's analytics port (DuckDB, analytics.threads=2, memory_limit 1GB).", r.Rows, o.Repeat),
 		"ints are random in 0..1000, texts are 32-character md5s of 10,000 distinct values; one upsert changes int1, int2, text1 and crt_time of a random id (insert … on conflict (id) do update).",
 		"lag: age of the oldest commit not yet in the mirror, sampled every 100 ms; caught up: from the end of pgbench until the mirror holds the primary's LSN.",
+		"decoding only: the mirror disabled, a pgoutput slot of the table streamed by pg_recvlogical to /dev/null: what logical decoding alone costs the primary, so no mirror's tps can be above it on these cores.",
 		"PostgreSQL, pgbench, the daemon and DuckDB share the machine's cores.")
 	return t
 }
