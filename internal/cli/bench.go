@@ -111,8 +111,10 @@ mirror is enabled (initial copy timed) and the same queries run on it through th
 analytics port, and the upserts again with the mirror on: tps, the slowest 1 s window,
 the mirror's lag (p50, p99, max) and its catch-up after the load; last the mirror is
 disabled and the upserts run once more with it off, so that the mirror-on runs are
-compared with the mean of a run before and a run after them. Exits non-zero if a
-target is not met.`,
+compared with the mean of a run before and a run after them. Then once more with
+decoding only: a pgoutput slot of the table streamed by pg_recvlogical to /dev/null,
+no mirror, which is what logical decoding alone costs the primary (no mirror's tps
+can be above it on the same cores). Exits non-zero if a target is not met.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr
