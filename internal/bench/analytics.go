@@ -20,7 +20,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -367,7 +369,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 	for _, c := range o.Clients {
 		e.logf("analytics: upserts, %d clients, decoding only (pg_recvlogical to /dev/null)", c)
 		var row AnalyticsUpsert
-		err := decodingOnly(ctx, fc.Binaries().Path("pg_recvlogical"), fc.PrimaryDSN(db), func(walPID int) error {
+		err := decodingOnly(ctx, fc, db, func(walPID int) error {
 			cpu0 := processCPU(walPID)
 			u, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
 			if err != nil {
@@ -386,26 +388,33 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 }
 
 // decodingOnly runs fn while pg_recvlogical streams a pgoutput slot of
-// table t (the publication and the slot made for it, dropped after) to
-// /dev/null, and passes fn the slot's walsender pid.
-func decodingOnly(ctx context.Context, bin, adminDSN string, fn func(walPID int) error) error {
+// table public.t of database db (the publication and the slot made for
+// it, dropped after) to /dev/null, and passes fn the slot's walsender pid.
+// Its admin session is the control plane's (cluster.Connect: pinned
+// settings, bounded lock waits).
+func decodingOnly(ctx context.Context, fc *fleet.Cluster, db string, fn func(walPID int) error) error {
 	const name = "bench_decoding"
-	conn, err := pgx.Connect(ctx, adminDSN)
+	cl, err := cluster.New(fc.Name(), fc.PrimaryDSN("postgres"), nil, nil)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	conn, err := cl.Connect(ctx, db)
 	if err != nil {
 		return err
 	}
 	cleanup := context.WithoutCancel(ctx)
 	defer conn.Close(cleanup)
-	if _, err := conn.Exec(ctx, `CREATE PUBLICATION `+name+` FOR TABLE t`); err != nil {
+	if _, err := conn.Exec(ctx, `CREATE PUBLICATION `+name+` FOR TABLE public.t`); err != nil {
 		return err
 	}
 	defer conn.Exec(cleanup, `DROP PUBLICATION IF EXISTS `+name)
-	if _, err := conn.Exec(ctx, `SELECT pg_create_logical_replication_slot($1, 'pgoutput')`, name); err != nil {
+	if _, err := conn.Exec(ctx, `SELECT pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')`, name); err != nil {
 		return err
 	}
-	defer conn.Exec(cleanup, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, name)
+	defer analytics.DropSlot(cleanup, cl, name)
 	var stderr strings.Builder
-	cmd := exec.Command(bin, "--start", "-S", name, "-f", "/dev/null", "-o", "proto_version=1", "-o", "publication_names="+name, "-d", adminDSN)
+	cmd := exec.Command(fc.Binaries().Path("pg_recvlogical"), "--start", "-S", name, "-f", "/dev/null", "-o", "proto_version=1", "-o", "publication_names="+name, "-d", fc.PrimaryDSN(db))
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		return err
@@ -418,7 +427,7 @@ func decodingOnly(ctx context.Context, bin, adminDSN string, fn func(walPID int)
 	}()
 	for deadline := time.Now().Add(time.Minute); ; {
 		var pid int
-		if err := conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_replication_slots WHERE slot_name = $1`, name).Scan(&pid); err != nil {
+		if err := conn.QueryRow(ctx, `SELECT coalesce(active_pid, 0) FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, name).Scan(&pid); err != nil {
 			return err
 		}
 		if pid != 0 {
@@ -520,16 +529,17 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 	}
 	t.Rows = append(t.Rows, []string{"PK lookup p50 (pgbench -M prepared, 4 clients)", fmt.Sprintf("%s (%.0f tps)", ms(r.LookupP50), r.LookupTPS), "(served by the heap)", ""})
 	on := map[int]AnalyticsUpsert{}
-	offMean := map[int]float64{} // tps of the off runs before and after the mirror
-	offRuns := map[int]float64{}
+	off := map[int][]float64{} // tps of the off runs before and after the mirror
 	for _, u := range r.Upserts {
 		if !u.Mirror && !u.DecodingOnly {
-			offMean[u.Clients] += u.TPS
-			offRuns[u.Clients]++
+			off[u.Clients] = append(off[u.Clients], u.TPS)
 		}
 	}
-	for c, n := range offRuns {
-		offMean[c] /= n
+	offMean := map[int]float64{}
+	for c, tps := range off {
+		for _, x := range tps {
+			offMean[c] += x / float64(len(tps))
+		}
 	}
 	perChange := func(cpu time.Duration, changes int64) float64 {
 		return float64(cpu.Microseconds()) / float64(changes)
