@@ -74,7 +74,8 @@ type PrewarmNode struct {
 // one transaction: each set's activity is the change of its counter since
 // the previous capture (the counter itself on a first capture or after a
 // statistics reset), and only tenants (not spares, not rows gone since)
-// keep one. The node's row records the capture, and the node's start and
+// that live on cluster keep one: a moved tenant's leftover copy on its old
+// cluster, purged later, is not the tenant's hot set. The node's row records the capture, and the node's start and
 // timeline when it had none. It returns how many sets were kept.
 func (s *Store) ReplaceHotSets(ctx context.Context, cluster, node string, start time.Time, timeline int, at time.Time, sets []HotSet) (int, error) {
 	kept := 0
@@ -108,7 +109,7 @@ func (s *Store) ReplaceHotSets(ctx context.Context, cluster, node string, start 
 				SELECT i.tenant, i.cluster, i.node, i.captured_at, i.blocks, i.usage, i.counter,
 				       CASE WHEN p.counter IS NULL OR p.counter > i.counter THEN i.counter ELSE i.counter - p.counter END, i.ranges
 				FROM hot_sets_in i JOIN tenants t ON t.id = i.tenant LEFT JOIN hot_sets_prev p ON p.tenant = i.tenant
-				WHERE t.state NOT IN ('building', 'spare')`)
+				WHERE t.state NOT IN ('building', 'spare') AND t.cluster = i.cluster`)
 			if err != nil {
 				return err
 			}
