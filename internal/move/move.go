@@ -374,24 +374,23 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 	}
 	// The target must be free: no database or role of the tenant's name
 	// (a leftover of an earlier move is purged first), and in schema mode
-	// the template's shared database and connect role built there.
+	// the template's shared database built there.
 	dadmin, err := dst.Admin(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var hasRole, hasDB, hasShared, hasConnect bool
+	var hasRole, hasDB, hasShared bool
 	if err := dadmin.QueryRow(ctx, `SELECT
 			EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1),
 			EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $1),
-			EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $2),
-			EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $3)`,
-		role, t.Database, templates.ConnectRole(t.Template)).Scan(&hasRole, &hasDB, &hasShared, &hasConnect); err != nil {
+			EXISTS (SELECT 1 FROM pg_catalog.pg_database WHERE datname = $2)`,
+		role, t.Database).Scan(&hasRole, &hasDB, &hasShared); err != nil {
 		return nil, cluster.Classify(err)
 	}
 	if hasRole || (t.Mode == tenant.ModeDatabase && hasDB) {
 		out = append(out, fmt.Sprintf("cluster %s still has a copy of the tenant (role or database %s; a move's leftover is purged once its retention ends, or purge it with `pgtenant job list --target %s`)", dst.Name(), role, t.ID))
 	}
-	if t.Mode == tenant.ModeSchema && (!hasShared || !hasConnect) {
+	if t.Mode == tenant.ModeSchema && !hasShared {
 		out = append(out, fmt.Sprintf("template %s is not built on cluster %s (no %s)", t.Template, dst.Name(), t.Database))
 	}
 	return out, nil
@@ -441,6 +440,10 @@ func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	id := cluster.Ident(e.role)
 	var sql strings.Builder
+	if e.t.Mode == tenant.ModeSchema {
+		// First in the batch: it takes the shared database's lock.
+		sql.WriteString(templates.ConnectSQL(true, e.t.Template, e.role))
+	}
 	fmt.Fprintf(&sql, "ALTER ROLE %s NOLOGIN CONNECTION LIMIT %d PASSWORD %s;\nALTER ROLE %s RESET ALL;\n", id, connLimit, cluster.Literal(verifier), id)
 	// Only the settings a tier (or schema mode) gives: what else a tenant
 	// put on its own role is not carried, and never set by the admin.
@@ -453,7 +456,7 @@ func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	if e.t.Mode == tenant.ModeSchema {
 		// As provisioning sets it: a schema tenant finds its tables by its role.
-		fmt.Fprintf(&sql, "ALTER ROLE %s SET search_path = %s;\nGRANT %s TO %s;\n", id, id, cluster.Ident(templates.ConnectRole(e.t.Template)), id)
+		fmt.Fprintf(&sql, "ALTER ROLE %s SET search_path = %s;\n", id, id)
 	}
 	if _, err := dadmin.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("make role %s on %s: %w", e.role, e.dst.Name(), cluster.Classify(err))

@@ -416,15 +416,18 @@ func (s *Service) DSNs(t catalog.Tenant) (dsn, direct string, err error) {
 
 // activationSQL makes a spare usable by its tenant: LOGIN with the new
 // password's verifier and CONNECT, and the tier's settings when they differ
-// from the default tier the spare was built with.
+// from the default tier the spare was built with. A schema tenant's grant
+// on the shared database comes first: it takes that database's lock
+// (templates.ConnectSQL).
 func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool) string {
 	role := cluster.Ident(tenant.PhysicalName(t.ID))
 	var b strings.Builder
+	if t.Mode == tenant.ModeSchema {
+		b.WriteString(templates.ConnectSQL(true, t.Template, tenant.PhysicalName(t.ID)))
+	}
 	fmt.Fprintf(&b, "ALTER ROLE %s WITH LOGIN PASSWORD %s;\n", role, cluster.Literal(verifier))
 	if t.Mode == tenant.ModeDatabase {
 		fmt.Fprintf(&b, "GRANT ALL ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
-	} else {
-		fmt.Fprintf(&b, "GRANT %s TO %s;\n", cluster.Ident(templates.ConnectRole(t.Template)), role)
 	}
 	if withTier {
 		b.WriteString(s.tierSQL(t.ID, t.Tier))

@@ -14,11 +14,14 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -329,7 +332,17 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
 		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)}
+		admin, err := cl.Admin(ctx)
+		if err != nil {
+			return err
+		}
 		if t.Mode == tenant.ModeSchema {
+			// Their CONNECT on the shared database first, under its lock
+			// (templates.ConnectSQL): DROP OWNED would change the database's
+			// row without it, and fail beside a claim.
+			if err := revokeConnect(ctx, admin, t, roles); err != nil {
+				return err
+			}
 			conn, err := cl.Connect(ctx, t.Database)
 			if err != nil && !errors.Is(err, cluster.ErrNotFound) {
 				return err
@@ -342,12 +355,26 @@ func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 				}
 			}
 		}
-		admin, err := cl.Admin(ctx)
-		if err != nil {
-			return err
-		}
 		return dependentsHelp(cluster.DropRoles(ctx, admin, roles...), t)
 	})
+}
+
+// revokeConnect takes CONNECT on a schema tenant's shared database from
+// those of roles that exist and hold it.
+func revokeConnect(ctx context.Context, admin *pgxpool.Pool, t catalog.Tenant, roles []string) error {
+	var holders []string
+	if err := admin.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(r.rolname::text), '{}')
+		FROM pg_catalog.pg_database d, pg_catalog.aclexplode(d.datacl) a JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+		WHERE d.datname = $1 AND r.rolname = ANY($2)`, t.Database, roles).Scan(&holders); err != nil {
+		return cluster.Classify(err)
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	if _, err := admin.Exec(ctx, templates.ConnectSQL(false, t.Template, holders...)); err != nil {
+		return fmt.Errorf("revoke CONNECT on %s from tenant %s: %w", t.Database, t.ID, cluster.Classify(err))
+	}
+	return nil
 }
 
 // dependentsHelp says what to do when other objects depend on a purged

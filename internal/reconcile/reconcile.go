@@ -398,7 +398,8 @@ func sharedComment(template string) string {
 }
 
 // templateObjects: template databases (pgt_tpl_<template>_v<N>), shared
-// databases (pgt_shared_<template>) and connect roles (pgt_connect_<template>)
+// databases (pgt_shared_<template>) and connect roles (pgt_connect_<template>,
+// made by earlier releases: dissolved when their template is known)
 // whose template or version the catalog does not know (a template deleted,
 // or never recorded), and template databases without a ready build. A
 // template being deleted, or with a job at work, is left to its jobs.
@@ -443,10 +444,11 @@ func (s *scan) templateObjects() []finding {
 	}
 	for _, role := range sortedKeys(s.obs.roles) {
 		name, ok := strings.CutPrefix(role, templates.ConnectRole(""))
-		if !ok || templates.ValidName(name) != nil {
+		if !ok || templates.ValidName(name) != nil || s.jobs[name].active {
 			continue
 		}
-		if _, known := s.templates[name]; known || s.jobs[name].active {
+		if _, known := s.templates[name]; known {
+			out = append(out, s.legacyConnectRole(role, name))
 			continue
 		}
 		if _, has := s.obs.databases[templates.SharedDatabase(name)]; has {
@@ -458,6 +460,25 @@ func (s *scan) templateObjects() []finding {
 			repair: s.dropRoles(role)})
 	}
 	return out
+}
+
+// legacyConnectRole: the role every schema tenant of a template was a
+// member of before each got CONNECT of its own. A member can hand its
+// tables to it, SET ROLE to it and DROP OWNED BY it (docs/SECURITY.md), so
+// fix dissolves it: its members get CONNECT directly, lose the membership,
+// and the role is dropped unless it owns what a tenant handed to it.
+func (s *scan) legacyConnectRole(role, template string) finding {
+	return finding{Finding: Finding{Kind: Mismatch, Object: "role " + role,
+		Detail: fmt.Sprintf("a role shared by the schema tenants of template %s (made before each tenant got CONNECT of its own): its members can reach each other's objects through it", template),
+		Action: "give each member CONNECT on " + templates.SharedDatabase(template) + " directly, revoke the memberships, drop the role if it owns nothing"},
+		repair: func(ctx context.Context) error {
+			admin, err := s.cl.Admin(ctx)
+			if err != nil {
+				return err
+			}
+			_, err = templates.DissolveConnectRole(ctx, admin, template)
+			return err
+		}}
 }
 
 // orphanShared judges the shared database of a template the catalog does not know.
@@ -474,9 +495,9 @@ func (s *scan) orphanShared(db, name string) finding {
 		f.Action = notAttributable
 	case len(tenantSchemas) > 0:
 		f.Detail += fmt.Sprintf("; it still holds %d tenant schemas (%s), judged on their own", len(tenantSchemas), strings.Join(tenantSchemas, ", "))
-		f.Action = "none yet: once its schemas are gone, fix drops it and role " + templates.ConnectRole(name)
+		f.Action = "none yet: once its schemas are gone, fix drops it (and role " + templates.ConnectRole(name) + " if an earlier release made it)"
 	default:
-		f.Action = "drop it and role " + templates.ConnectRole(name) + " (empty: no tenant schema, nothing in public)"
+		f.Action = "drop it (and role " + templates.ConnectRole(name) + " if an earlier release made it; empty: no tenant schema, nothing in public)"
 		drop := s.dropDatabase(db)
 		roles := s.dropRoles(templates.ConnectRole(name))
 		f.repair = func(ctx context.Context) error {

@@ -114,16 +114,13 @@ func (a *Agents) EnsureRole(ctx context.Context, admin cluster.Execer, id string
 }
 
 // GrantConnect lets the agent connect to the tenant's database: its own
-// database (a grant on that database's row), or the shared one through the
-// template's connect role (a membership, so that concurrent grants do not
-// update one row).
+// database, or the shared one (under that database's lock:
+// templates.ConnectSQL).
 func GrantConnect(ctx context.Context, admin cluster.Execer, t Target) error {
-	agent := cluster.Ident(tenant.AgentRole(t.ID))
-	var sql string
+	agent := tenant.AgentRole(t.ID)
+	sql := "GRANT CONNECT ON DATABASE " + cluster.Ident(t.Database) + " TO " + cluster.Ident(agent)
 	if t.Mode == tenant.ModeSchema {
-		sql = "GRANT " + cluster.Ident(templates.ConnectRole(t.Template)) + " TO " + agent
-	} else {
-		sql = "GRANT CONNECT ON DATABASE " + cluster.Ident(t.Database) + " TO " + agent
+		sql = templates.ConnectSQL(true, t.Template, agent)
 	}
 	if _, err := admin.Exec(ctx, sql); err != nil {
 		return fmt.Errorf("let the agent of tenant %s connect: %w", t.ID, cluster.Classify(err))

@@ -113,21 +113,18 @@ func (b *builder) sharedDatabase(ctx context.Context, r *jobs.Run) error {
 			return err
 		}
 	}
-	role := ConnectRole(b.a.Template)
-	if err := cluster.CreateRole(ctx, admin, role); err != nil {
-		return err
-	}
 	conn, err := cl.Connect(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON DATABASE %[1]s FROM PUBLIC;
-		GRANT CONNECT ON DATABASE %[1]s TO %[3]s;
-		REVOKE ALL ON SCHEMA public FROM PUBLIC;
-		REVOKE SELECT ON %[4]s FROM PUBLIC;
-		COMMENT ON DATABASE %[1]s IS %[2]s`, cluster.Ident(name), cluster.Literal("pgtenant: schema-mode tenants of template "+b.a.Template),
-		cluster.Ident(role), strings.Join(neighbourViews, ", ")))
+	// Each schema tenant gets CONNECT of its own when it is claimed
+	// (connect.go); the database's row changes under that grant's lock.
+	if _, err := admin.Exec(ctx, connectLock(b.a.Template)+fmt.Sprintf("REVOKE ALL ON DATABASE %s FROM PUBLIC; COMMENT ON DATABASE %s IS %s",
+		cluster.Ident(name), cluster.Ident(name), cluster.Literal("pgtenant: schema-mode tenants of template "+b.a.Template))); err != nil {
+		return cluster.Classify(err)
+	}
+	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE ALL ON SCHEMA public FROM PUBLIC; REVOKE SELECT ON %s FROM PUBLIC`, strings.Join(neighbourViews, ", ")))
 	return cluster.Classify(err)
 }
 

@@ -240,10 +240,11 @@ func (d *deleter) templateDatabases(ctx context.Context, r *jobs.Run) error {
 }
 
 // sharedDatabase drops, on every cluster, the template's shared database
-// (its schema spares are purged already) and its connect role.
+// (its schema spares are purged already) and, on a cluster that still has
+// one from an earlier release, its connect role.
 func (d *deleter) sharedDatabase(ctx context.Context, r *jobs.Run) error {
 	for _, cl := range d.s.Clusters.All() {
-		r.Progress(ctx, 0, 0, fmt.Sprintf("deleting template %s: dropping %s and %s on %s", d.name, SharedDatabase(d.name), ConnectRole(d.name), cl.Name()))
+		r.Progress(ctx, 0, 0, fmt.Sprintf("deleting template %s: dropping %s on %s", d.name, SharedDatabase(d.name), cl.Name()))
 		if err := d.drop(ctx, r, cl, SharedDatabase(d.name)); err != nil {
 			return err
 		}

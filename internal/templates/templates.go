@@ -60,13 +60,6 @@ func ParseDatabaseName(db string) (template string, version int, ok bool) {
 // templateDBRE matches DatabaseName: the version is the last _v<N>.
 var templateDBRE = regexp.MustCompile(`^pgt_tpl_([a-z][a-z0-9_]*)_v([0-9]+)$`)
 
-// ConnectRole holds CONNECT on a template's shared database; a claimed
-// schema tenant's role is made a member of it. Granting membership adds a
-// row of its own, where granting CONNECT directly would update the shared
-// database's one row, and concurrent claims would fail with "tuple
-// concurrently updated".
-func ConnectRole(template string) string { return dbPrefix + "connect_" + template }
-
 // BuildDatabase is the scratch database a build job fills before it is
 // renamed to the template database; a failed build is dropped, never used.
 func BuildDatabase(jobID int64) string { return fmt.Sprintf("%sbuild_%d", dbPrefix, jobID) }
