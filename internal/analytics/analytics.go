@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -83,11 +84,17 @@ type Service struct {
 	fwdMu  sync.Mutex
 	fwdKey []byte               // the fleet's forwarding key, once read
 	nonces map[string]time.Time // forwarding proofs used here, until they expire
+
+	sessMu   sync.Mutex
+	sessions map[string]map[*sqlSession]bool // the sessions served here, by tenant (sessions.go)
+	refusals *prometheus.CounterVec          // pgtenant_analytics_refusals_total{reason}
 }
 
-// Pacer is the jobs' pacer as the mirrors use it.
+// Pacer is the jobs' pacer as the mirrors use it: its budget for copies,
+// and how long a slot may wait on others' transactions (pacer.slot_wait).
 type Pacer interface {
 	Acquire(ctx context.Context, cluster string, kind jobs.Kind, report func(reason string)) (func(), error)
+	SlotWait(cluster string) time.Duration
 }
 
 // pace waits for the cluster's budget before a copy (at once without a
@@ -107,8 +114,14 @@ func New(store *catalog.Store, clusters *cluster.Registry, cfg config.AnalyticsC
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	refusals := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgtenant_analytics_refusals_total",
+		Help: "What the analytics port refused or ended, by reason: message_size, statements, portals, session_memory (a session's limits), sessions (the tenant's connection limit), lifecycle (sessions ended by a suspend, drop or password change)."},
+		[]string{"reason"})
+	for _, r := range []string{refusedMessage, refusedStatements, refusedPortals, refusedHeld, refusedSessions, refusedLifecycle} {
+		refusals.WithLabelValues(r) // every reason, at 0 until it happens
+	}
 	return &Service{Store: store, Clusters: clusters, Config: cfg, Dir: dir, Logger: log.With("component", "analytics"),
-		owner: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b)), mirrors: map[string]*mirror{}}
+		owner: fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b)), mirrors: map[string]*mirror{}, refusals: refusals}
 }
 
 // Status is a mirror as `analytics status` and `tenant show` see it.
@@ -241,6 +254,11 @@ func (s *Service) Status(ctx context.Context, t catalog.Tenant) (Status, error) 
 	st.Enabled, st.Slot = true, SlotName(t.ID)
 	if owner != nil {
 		st.Owner = *owner
+	}
+	if gone := t.State == catalog.StateDropped || t.State == catalog.StatePurging || t.State == catalog.StatePurged; gone && st.State != StateDisabling {
+		// The owner's next pass disables it (manager.go); until then it
+		// serves no one and is no longer streaming for anyone.
+		st.State, st.Error = StateDisabling, "the tenant is "+string(t.State)+": its mirror is being disabled"
 	}
 	st.DSN = dsn(st.DSN, t)
 	return st, nil

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/duckdb/duckdb-go/v2"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
@@ -25,12 +26,21 @@ func (s *Service) Run(ctx context.Context) error {
 		return fmt.Errorf("analytics dir: %w", err)
 	}
 	served := make(chan error, 1)
+	swept := make(chan struct{})
 	if s.ln != nil {
 		go func() { served <- s.serve(ctx) }()
+		// Sessions that send nothing learn of a suspend, drop or new
+		// password too (sessions.go).
+		go func() {
+			defer close(swept)
+			background.EveryAfter(ctx, s.Config.PollInterval.D(), s.sweep)
+		}()
 	} else {
 		served <- nil
+		close(swept)
 	}
 	err := s.manage(ctx)
+	<-swept
 	return errors.Join(err, <-served)
 }
 
@@ -49,17 +59,19 @@ type row struct {
 	tenant, state string
 	tables        []string
 	mine, free    bool
+	gone          bool // the tenant is dropped (or further on)
 }
 
 func (s *Service) pass(ctx context.Context) error {
-	rows, err := s.Store.Pool().Query(ctx, `SELECT tenant, state, tables, coalesce(owner = $1, false),
-		owner IS NULL OR lease_expires < now() FROM analytics ORDER BY tenant`, s.owner)
+	rows, err := s.Store.Pool().Query(ctx, `SELECT a.tenant, a.state, a.tables, coalesce(a.owner = $1, false),
+		a.owner IS NULL OR a.lease_expires < now(), coalesce(t.state IN ('dropped', 'purging', 'purged'), false)
+		FROM analytics a LEFT JOIN tenants t ON t.id = a.tenant ORDER BY a.tenant`, s.owner)
 	if err != nil {
 		return fmt.Errorf("read mirrors: %w", err)
 	}
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.tenant, &x.state, &x.tables, &x.mine, &x.free)
+		return x, r.Scan(&x.tenant, &x.state, &x.tables, &x.mine, &x.free, &x.gone)
 	})
 	if err != nil {
 		return fmt.Errorf("read mirrors: %w", err)
@@ -68,6 +80,21 @@ func (s *Service) pass(ctx context.Context) error {
 	var errs []error
 	for _, x := range all {
 		seen[x.tenant] = true
+		if x.gone && x.state != StateDisabling {
+			// A dropped tenant's mirror goes (its slot would hold WAL of
+			// the whole cluster until the purge): restore does not bring
+			// it back, `analytics enable` does.
+			tag, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = 'disabling' WHERE tenant = $1 AND state <> 'disabling'`, x.tenant)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			if tag.RowsAffected() == 1 {
+				s.Logger.Info("analytics mirror of a dropped tenant: disabling it", "tenant", x.tenant)
+				_ = s.Store.AddEvent(ctx, s.Store.Pool(), x.tenant, "analytics", "mirror disabled: the tenant was dropped")
+			}
+			x.state = StateDisabling
+		}
 		if x.state == StateDisabling {
 			if x.mine || x.free {
 				errs = append(errs, s.disable(ctx, x.tenant))
@@ -223,6 +250,24 @@ func (s *Service) WithMirror(id string, f func(*sql.DB) error) error {
 	}
 	defer release()
 	return f(db)
+}
+
+// withConn runs f on a DuckDB connection of its own on the tenant's open
+// file (mirror.connect), if this daemon runs its mirror and the file is
+// past its initial copy.
+func (s *Service) withConn(ctx context.Context, id string, f func(*duckdb.Conn) error) error {
+	s.mu.Lock()
+	m, ok := s.mirrors[id]
+	s.mu.Unlock()
+	if !ok {
+		return ErrNotHere
+	}
+	c, release, err := m.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return f(c)
 }
 
 // Progress is a mirror's position as this daemon runs it.

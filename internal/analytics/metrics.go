@@ -10,7 +10,8 @@ import (
 )
 
 // Collector exports the mirrors this daemon runs (lag, applied rows, file
-// size) and every analytics slot's retained WAL (one query per cluster).
+// size), every analytics slot's retained WAL (one query per cluster) and
+// what the analytics port refused.
 type Collector struct {
 	s                                          *Service
 	lagBytes, lagSeconds, rows, size, retained *prometheus.Desc
@@ -32,11 +33,17 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.lagBytes, c.lagSeconds, c.rows, c.size, c.retained} {
 		ch <- d
 	}
+	if c.s.refusals != nil {
+		c.s.refusals.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	s := c.s
+	if s.refusals != nil {
+		s.refusals.Collect(ch)
+	}
 	s.mu.Lock()
 	mirrors := make(map[string]*mirror, len(s.mirrors))
 	for id, m := range s.mirrors {

@@ -41,7 +41,9 @@ type mirror struct {
 	}
 
 	mu       sync.Mutex
-	db       *sql.DB // open while the mirror runs; sessions borrow it
+	db       *sql.DB           // open while the mirror runs; sessions borrow it
+	conns    *duckdb.Connector // db's: each tenant statement gets a DuckDB connection of its own
+	opened   *duckdb.Connector // the connector of the file open() opened last (the mirror's goroutine only)
 	sessions sync.WaitGroup
 	applied  pglogrepl.LSN // the file's LSN
 	caughtUp pglogrepl.LSN // the mirror holds every change of the tenant up to here (≥ applied)
@@ -78,9 +80,15 @@ func (m *mirror) loop(ctx context.Context) {
 	}
 }
 
+// neutralHome is the home directory DuckDB is told: its defaults
+// (extension and secret directories) and its error messages would show the
+// daemon's own to tenants otherwise.
+const neutralHome = "/nonexistent"
+
 // open opens the tenant's DuckDB file with its limits: no external access
-// (files, ATTACH, extensions), no extension autoload, the configuration
-// locked so that a session cannot lift them.
+// (files, ATTACH, extensions), no extension autoload, no persistent
+// secrets, a neutral home directory, the configuration locked so that a
+// session cannot lift them.
 func (m *mirror) open() (*sql.DB, error) {
 	c := m.s.Config
 	// storage_compatibility_version=latest: a new file gets DuckDB's
@@ -92,13 +100,14 @@ func (m *mirror) open() (*sql.DB, error) {
 	// changes appended to again, and a stream of upserts appends to the
 	// same last ones; a quarter as many checkpoints cost the apply about a
 	// fifth less CPU per change (1 M rows, batches of 5,000 upserts).
-	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&checkpoint_threshold=64MB&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&lock_configuration=true",
-		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20)
+	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&checkpoint_threshold=64MB&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&allow_persistent_secrets=false&home_directory=%s&lock_configuration=true",
+		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20, neutralHome)
 	conn, err := duckdb.NewConnector(dsn, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open mirror file: %w", err)
 	}
 	db := sql.OpenDB(conn)
+	m.opened = conn
 	if _, err := db.Exec(`CREATE SCHEMA IF NOT EXISTS ` + stateSchema + `;
 		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ);
 		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.resync (tbl VARCHAR NOT NULL, pg_schema VARCHAR NOT NULL, pg_table VARCHAR NOT NULL, until UBIGINT NOT NULL)`); err != nil {
@@ -111,7 +120,10 @@ func (m *mirror) open() (*sql.DB, error) {
 // setDB publishes the open file to sessions (nil: closing; waits for them).
 func (m *mirror) setDB(db *sql.DB) {
 	m.mu.Lock()
-	m.db = db
+	m.db, m.conns = db, nil
+	if db != nil {
+		m.conns = m.opened
+	}
 	m.mu.Unlock()
 }
 
@@ -124,6 +136,27 @@ func (m *mirror) borrow() (*sql.DB, func(), bool) {
 	}
 	m.sessions.Add(1)
 	return m.db, m.sessions.Done, true
+}
+
+// connect opens a DuckDB connection of its own on the open file for one
+// tenant statement, closed by release: whatever a statement leaves on its
+// connection (a transaction, temporary objects, variables, a search path)
+// goes with it, and never reaches another statement or the apply.
+func (m *mirror) connect(ctx context.Context) (*duckdb.Conn, func(), error) {
+	m.mu.Lock()
+	if m.db == nil || m.conns == nil {
+		m.mu.Unlock()
+		return nil, nil, ErrNotHere
+	}
+	m.sessions.Add(1)
+	conns := m.conns
+	m.mu.Unlock()
+	c, err := conns.Connect(ctx)
+	if err != nil {
+		m.sessions.Done()
+		return nil, nil, err
+	}
+	return c.(*duckdb.Conn), func() { c.Close(); m.sessions.Done() }, nil
 }
 
 func (m *mirror) closeDB(db *sql.DB) {
@@ -224,10 +257,10 @@ func (m *mirror) run(ctx context.Context) error {
 			return err
 		}
 		m.s.report(ctx, m.id, StateCopying, "", 0, 0, "")
-		res, err := pglogrepl.CreateReplicationSlot(ctx, repl, SlotName(m.id), "pgoutput",
+		res, err := m.s.createSlot(ctx, cl, repl, SlotName(m.id), "the analytics mirror of tenant "+m.id,
 			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
 		if err != nil {
-			return fmt.Errorf("create slot: %w", cluster.Classify(err))
+			return err
 		}
 		if lsn, err = pglogrepl.ParseLSN(res.ConsistentPoint); err != nil {
 			return err
@@ -900,10 +933,10 @@ func (m *mirror) resync(ctx context.Context, w *writer, cl *cluster.Cluster, t c
 		return 0, err
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
-	res, err := pglogrepl.CreateReplicationSlot(ctx, repl, "pgt_resync_"+t.ID, "pgoutput",
+	res, err := m.s.createSlot(ctx, cl, repl, "pgt_resync_"+t.ID, "the analytics mirror's copy of "+pgSchema+"."+table+" of tenant "+t.ID,
 		pglogrepl.CreateReplicationSlotOptions{Temporary: true, SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
 	if err != nil {
-		return 0, fmt.Errorf("create a temporary slot: %w", cluster.Classify(err))
+		return 0, err
 	}
 	lsn, err := pglogrepl.ParseLSN(res.ConsistentPoint)
 	if err != nil {

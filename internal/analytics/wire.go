@@ -3,7 +3,6 @@ package analytics
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/duckdb/duckdb-go/v2"
@@ -88,9 +88,9 @@ func (s *Service) session(ctx context.Context, c net.Conn) {
 		c.Close()
 	}()
 	be := pgproto3.NewBackend(c, c)
-	be.SetMaxBodyLen(1 << 20)
+	be.SetMaxBodyLen(maxMessage)
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // the login
-	id, oc, err := s.login(ctx, be, c)
+	l, oc, err := s.login(ctx, be, c)
 	if err != nil {
 		sendError(be, "FATAL", err)
 		_ = be.Flush()
@@ -105,42 +105,66 @@ func (s *Service) session(ctx context.Context, c net.Conn) {
 		pipe(c, oc)
 		return
 	}
-	ss := &sqlSession{s: s, id: id, be: be, stmts: map[string]string{}, oids: map[string][]uint32{}, portals: map[string]portal{}}
-	ss.run(ctx)
+	qctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ss := &sqlSession{s: s, id: l.id, limit: l.limit, at: l.at, c: c, be: be, stmts: map[string]string{}, oids: map[string][]uint32{}, portals: map[string]portal{}}
+	ss.credential.Store(l.credential)
+	ss.stop = func() {
+		stop()                                 // a running statement
+		_ = c.SetReadDeadline(time.Unix(1, 0)) // a wait for the next message
+	}
+	release, err := s.admit(ss)
+	if err != nil {
+		sendError(be, "FATAL", err)
+		_ = be.Flush()
+		return
+	}
+	defer release()
+	if err := s.welcome(be); err != nil {
+		return
+	}
+	ss.run(qctx)
+	if v := ss.ended.Load(); v != nil {
+		sendError(be, "FATAL", v)
+		_ = be.Flush()
+	}
 }
 
 var errLogin = &pgError{"28P01", "password authentication failed"}
 
 // login reads the startup message and authenticates the tenant: its
-// password, or another daemon's forwarding proof (forward.go). When
-// another daemon owns the mirror, it returns the session opened there
-// (greeted: the client has had AuthenticationOk … ReadyForQuery from the
-// owner).
-func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (string, net.Conn, error) {
+// password, or another daemon's forwarding proof (forward.go). A session
+// to serve here is returned not yet greeted (the session counts it in the
+// tenant's limit first). When another daemon owns the mirror, it returns
+// the session opened there (greeted: the client has had AuthenticationOk …
+// ReadyForQuery from the owner).
+func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (login, net.Conn, error) {
 	var startup *pgproto3.StartupMessage
 	for startup == nil {
 		msg, err := be.ReceiveStartupMessage()
 		if err != nil {
-			return "", nil, err
+			return login{}, nil, err
 		}
 		switch msg := msg.(type) {
 		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
 			if _, err := c.Write([]byte("N")); err != nil { // no TLS on the analytics port
-				return "", nil, err
+				return login{}, nil, err
 			}
 		case *pgproto3.StartupMessage:
 			startup = msg
 		default:
-			return "", nil, &pgError{"08P01", "unsupported startup message"}
+			return login{}, nil, &pgError{"08P01", "unsupported startup message"}
 		}
 	}
 	user, database := startup.Parameters["user"], startup.Parameters["database"]
 	id, ok := strings.CutPrefix(user, tenant.Prefix)
 	if token, forwarded := startup.Parameters[forwardParam]; forwarded {
 		// Another daemon's proof in place of the password, never with it.
-		return id, nil, s.acceptForward(ctx, be, id, ok && (database == "" || database == user), token)
+		l, err := s.acceptForward(ctx, id, ok && (database == "" || database == user), token)
+		return l, nil, err
 	}
 	v := decoyVerifier()
+	l := login{id: id, at: time.Now()}
 	known := ok && tenant.ValidID(id) && (database == "" || database == user)
 	var t catalog.Tenant
 	if known {
@@ -150,59 +174,59 @@ func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (
 		}
 	}
 	if known {
-		got, err := s.verifier(ctx, t)
+		got, credential, limit, err := s.verifier(ctx, t)
 		if err != nil {
 			s.Logger.Warn("analytics login: read the tenant's verifier", "tenant", id, "err", err)
 			known = false
 		} else {
-			v = got
+			v, l.credential, l.limit = got, credential, limit
 		}
 	}
 	be.Send(&pgproto3.AuthenticationSASL{AuthMechanisms: []string{"SCRAM-SHA-256"}})
 	if err := be.Flush(); err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	if err := be.SetAuthType(pgproto3.AuthTypeSASL); err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	msg, err := be.Receive()
 	if err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	initial, ok := msg.(*pgproto3.SASLInitialResponse)
 	if !ok || initial.AuthMechanism != "SCRAM-SHA-256" {
-		return "", nil, &pgError{"28000", "SCRAM-SHA-256 authentication is required"}
+		return login{}, nil, &pgError{"28000", "SCRAM-SHA-256 authentication is required"}
 	}
 	sc := &scramServer{v: v}
 	first, err := sc.first(string(initial.Data))
 	if err != nil {
-		return "", nil, &pgError{"08P01", err.Error()}
+		return login{}, nil, &pgError{"08P01", err.Error()}
 	}
 	be.Send(&pgproto3.AuthenticationSASLContinue{Data: []byte(first)})
 	if err := be.Flush(); err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	if err := be.SetAuthType(pgproto3.AuthTypeSASLContinue); err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	if msg, err = be.Receive(); err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	resp, ok := msg.(*pgproto3.SASLResponse)
 	if !ok {
-		return "", nil, &pgError{"08P01", "expected a SASL response"}
+		return login{}, nil, &pgError{"08P01", "expected a SASL response"}
 	}
 	final, err := sc.final(string(resp.Data))
 	if err != nil || !known {
-		return "", nil, errLogin
+		return login{}, nil, errLogin
 	}
 	addr, err := s.ownerOf(ctx, id)
 	if err != nil {
-		return "", nil, err
+		return login{}, nil, err
 	}
 	if addr == "" {
 		be.Send(&pgproto3.AuthenticationSASLFinal{Data: []byte(final)})
-		return id, nil, s.welcome(be)
+		return l, nil, nil
 	}
 	// The owner accepts first: the client gets AuthenticationOk from it,
 	// never from here before.
@@ -211,36 +235,43 @@ func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (
 		s.Logger.Warn("analytics login: forward to the mirror's owner", "tenant", id, "owner", addr, "err", err)
 		var pe *pgError
 		if errors.As(err, &pe) {
-			return "", nil, err
+			return login{}, nil, err
 		}
-		return "", nil, errMoving
+		return login{}, nil, errMoving
 	}
 	be.Send(&pgproto3.AuthenticationSASLFinal{Data: []byte(final)})
 	if err := be.Flush(); err != nil {
 		oc.Close()
-		return "", nil, err
+		return login{}, nil, err
 	}
 	if _, err := c.Write(greeting); err != nil {
 		oc.Close()
-		return "", nil, err
+		return login{}, nil, err
 	}
-	return id, oc, nil
+	return l, oc, nil
 }
 
 // acceptForward opens a session another daemon forwards: its proof (not
-// the tenant's password) is checked, then the session is greeted as after
-// a login.
-func (s *Service) acceptForward(ctx context.Context, be *pgproto3.Backend, id string, wellFormed bool, token string) error {
+// the tenant's password) is checked; the session is then served as after
+// a login. Its credential is the verifier read here, a moment (at most
+// forwardTTL) after the other daemon checked the password against it.
+func (s *Service) acceptForward(ctx context.Context, id string, wellFormed bool, token string) (login, error) {
 	if !wellFormed || !tenant.ValidID(id) {
-		return errBadProof
+		return login{}, errBadProof
 	}
 	if err := s.checkForward(ctx, id, token); err != nil {
-		return err
+		return login{}, err
 	}
-	if t, err := s.Store.GetTenant(ctx, nil, id); err != nil || t.State != catalog.StateActive {
-		return errBadProof
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err != nil || t.State != catalog.StateActive {
+		return login{}, errBadProof
 	}
-	return s.welcome(be)
+	l := login{id: id, at: time.Now()}
+	if _, l.credential, l.limit, err = s.verifier(ctx, t); err != nil {
+		s.Logger.Warn("analytics forward: read the tenant's verifier", "tenant", id, "err", err)
+		return login{}, errBadProof
+	}
+	return l, nil
 }
 
 // welcome ends a login: AuthenticationOk, the session's parameters,
@@ -258,54 +289,105 @@ func (s *Service) welcome(be *pgproto3.Backend) error {
 
 // verifier reads the tenant role's SCRAM verifier from pg_authid on its
 // cluster: the same password logs in to the heap and to the mirror, and a
-// rotation reaches both.
-func (s *Service) verifier(ctx context.Context, t catalog.Tenant) (verifier, error) {
+// rotation reaches both. With it come its fingerprint (sessions are
+// checked against it: sessions.go) and the role's connection limit, the
+// tier's connection_limit as provisioning applied it (-1: none).
+func (s *Service) verifier(ctx context.Context, t catalog.Tenant) (v verifier, credential string, limit int, err error) {
 	cl, err := s.Clusters.Get(t.Cluster)
 	if err != nil {
-		return verifier{}, err
+		return verifier{}, "", 0, err
 	}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
-		return verifier{}, err
+		return verifier{}, "", 0, err
 	}
 	var pw string
 	var canLogin bool
-	err = admin.QueryRow(ctx, `SELECT coalesce(rolpassword, ''), rolcanlogin AND (rolvaliduntil IS NULL OR rolvaliduntil > now())
-		FROM pg_catalog.pg_authid WHERE rolname = $1`, tenant.PhysicalName(t.ID)).Scan(&pw, &canLogin)
+	err = admin.QueryRow(ctx, `SELECT coalesce(rolpassword, ''), rolcanlogin AND (rolvaliduntil IS NULL OR rolvaliduntil > now()), rolconnlimit
+		FROM pg_catalog.pg_authid WHERE rolname = $1`, tenant.PhysicalName(t.ID)).Scan(&pw, &canLogin, &limit)
 	if err != nil {
-		return verifier{}, cluster.Classify(err)
+		return verifier{}, "", 0, cluster.Classify(err)
 	}
 	if !canLogin {
-		return verifier{}, errors.New("the role cannot log in")
+		return verifier{}, "", 0, errors.New("the role cannot log in")
 	}
-	return parseVerifier(pw)
+	v, err = parseVerifier(pw)
+	return v, fingerprint(pw), limit, err
 }
 
 type portal struct {
 	query   string
 	params  []any
 	formats []int16
+	size    int // its parameters' bytes, as sent
 }
 
 // sqlSession runs one logged-in tenant's queries.
 type sqlSession struct {
-	s       *Service
-	id      string
+	s          *Service
+	id         string
+	limit      int          // the tenant's connection limit (-1: none)
+	at         time.Time    // its login
+	credential atomic.Value // string: the fingerprint of the verifier it is authorised by
+	sessionState
+
+	c       net.Conn
 	be      *pgproto3.Backend
 	stmts   map[string]string
 	oids    map[string][]uint32 // statements' parameter types, as described
 	portals map[string]portal
-	failed  bool // an error in an extended-protocol batch: skip to Sync
+	held    int             // bytes of the statements' text and the portals' parameters
+	warned  map[string]bool // refusals logged already (once per reason and session)
+	failed  bool            // an error in an extended-protocol batch: skip to Sync
 }
 
 func (ss *sqlSession) run(ctx context.Context) {
 	for {
 		msg, err := ss.be.Receive()
+		if ss.ended.Load() != nil {
+			return
+		}
+		var long *pgproto3.ExceededMaxBodyLenErr
+		if errors.As(err, &long) {
+			// The rest of the message is not read: the session cannot go on.
+			ss.refuse(refusedMessage, maxMessage)
+			sendError(ss.be, "FATAL", &pgError{"54000", fmt.Sprintf("message of %d bytes: the analytics port takes messages of up to %d", long.ActualBodyLen, maxMessage)})
+			_ = ss.be.Flush()
+			// Read what the client still sends for a moment (at most the
+			// announced body, never kept): closing on unread bytes would
+			// reset the connection before the client reads the error.
+			_ = ss.c.SetReadDeadline(time.Now().Add(time.Second))
+			_, _ = io.CopyN(io.Discard, ss.c, int64(min(long.ActualBodyLen, 16*maxMessage)))
+			return
+		}
 		if err != nil {
 			return
 		}
 		if ss.failed {
 			if _, ok := msg.(*pgproto3.Sync); !ok {
+				continue
+			}
+		}
+		switch msg.(type) {
+		case *pgproto3.Query, *pgproto3.Describe, *pgproto3.Execute:
+			// Each statement first checks that the tenant may still use
+			// the port (sessions.go): a suspend, a drop or a new
+			// password ends the session.
+			v, err := ss.recheck(ctx)
+			if v != nil {
+				ss.end(v)
+				return
+			}
+			if err != nil {
+				if _, simple := msg.(*pgproto3.Query); simple {
+					sendError(ss.be, "ERROR", &pgError{"57P03", "the analytics port cannot check the tenant's standing now: retry"})
+					ss.be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
+				} else {
+					ss.fail(&pgError{"57P03", "the analytics port cannot check the tenant's standing now: retry"})
+				}
+				if err := ss.be.Flush(); err != nil {
+					return
+				}
 				continue
 			}
 		}
@@ -316,11 +398,17 @@ func (ss *sqlSession) run(ctx context.Context) {
 			if strings.TrimSpace(strings.Trim(msg.String, "; \n\t")) == "" {
 				ss.be.Send(&pgproto3.EmptyQueryResponse{})
 			} else if err := ss.query(ctx, msg.String, nil, nil, true); err != nil {
+				if ss.ended.Load() != nil {
+					return
+				}
 				sendError(ss.be, "ERROR", err)
 			}
 			ss.be.Send(&pgproto3.ReadyForQuery{TxStatus: 'I'})
 		case *pgproto3.Parse:
-			ss.stmts[msg.Name] = msg.Query
+			if err := ss.keepStatement(msg.Name, msg.Query); err != nil {
+				ss.fail(err)
+				continue
+			}
 			ss.be.Send(&pgproto3.ParseComplete{})
 		case *pgproto3.Bind:
 			q, ok := ss.stmts[msg.PreparedStatement]
@@ -335,7 +423,10 @@ func (ss *sqlSession) run(ctx context.Context) {
 				}
 				continue
 			}
-			ss.portals[msg.DestinationPortal] = portal{query: q, params: params, formats: msg.ResultFormatCodes}
+			if err := ss.keepPortal(msg.DestinationPortal, portal{query: q, params: params, formats: msg.ResultFormatCodes}, msg.Parameters); err != nil {
+				ss.fail(err)
+				continue
+			}
 			ss.be.Send(&pgproto3.BindComplete{})
 		case *pgproto3.Describe:
 			q, ok := ss.stmts[msg.Name]
@@ -362,9 +453,9 @@ func (ss *sqlSession) run(ctx context.Context) {
 			}
 		case *pgproto3.Close:
 			if msg.ObjectType == 'S' {
-				delete(ss.stmts, msg.Name)
+				ss.dropStatement(msg.Name)
 			} else {
-				delete(ss.portals, msg.Name)
+				ss.dropPortal(msg.Name)
 			}
 			ss.be.Send(&pgproto3.CloseComplete{})
 		case *pgproto3.Sync:
@@ -374,10 +465,80 @@ func (ss *sqlSession) run(ctx context.Context) {
 		default:
 			ss.fail(&pgError{"0A000", fmt.Sprintf("message %T is not supported", msg)})
 		}
+		if ss.ended.Load() != nil {
+			return
+		}
 		if err := ss.be.Flush(); err != nil {
 			return
 		}
 	}
+}
+
+// keepStatement keeps a prepared statement (a new one under a name in use
+// replaces it), within the session's limits.
+func (ss *sqlSession) keepStatement(name, q string) error {
+	old, replaces := ss.stmts[name]
+	if !replaces && name != "" && len(ss.stmts) >= maxStatements {
+		ss.refuse(refusedStatements, maxStatements)
+		return &pgError{"54000", fmt.Sprintf("too many prepared statements in this session (the analytics port keeps %d): close some", maxStatements)}
+	}
+	if ss.held-len(old)+len(q) > maxHeld {
+		ss.refuse(refusedHeld, maxHeld)
+		return &pgError{"54000", fmt.Sprintf("this session's prepared statements and portals would hold more than %d MB: close some", maxHeld>>20)}
+	}
+	ss.held += len(q) - len(old)
+	ss.stmts[name] = q
+	delete(ss.oids, name)
+	return nil
+}
+
+func (ss *sqlSession) dropStatement(name string) {
+	ss.held -= len(ss.stmts[name])
+	delete(ss.stmts, name)
+	delete(ss.oids, name)
+}
+
+// keepPortal keeps a bound portal, within the session's limits; raw is
+// its parameters as sent (what it holds, counted).
+func (ss *sqlSession) keepPortal(name string, p portal, raw [][]byte) error {
+	n := 0
+	for _, b := range raw {
+		n += len(b)
+	}
+	old, replaces := ss.portals[name]
+	if !replaces && name != "" && len(ss.portals) >= maxPortals {
+		ss.refuse(refusedPortals, maxPortals)
+		return &pgError{"54000", fmt.Sprintf("too many portals in this session (the analytics port keeps %d): close some", maxPortals)}
+	}
+	if ss.held-old.size+n > maxHeld {
+		ss.refuse(refusedHeld, maxHeld)
+		return &pgError{"54000", fmt.Sprintf("this session's prepared statements and portals would hold more than %d MB: close some", maxHeld>>20)}
+	}
+	p.size = n
+	ss.held += n - old.size
+	ss.portals[name] = p
+	return nil
+}
+
+func (ss *sqlSession) dropPortal(name string) {
+	ss.held -= ss.portals[name].size
+	delete(ss.portals, name)
+}
+
+// refuse counts a refusal; the log has the first of each reason in a
+// session (a client that goes on would fill it).
+func (ss *sqlSession) refuse(reason string, limit int) {
+	if ss.warned == nil {
+		ss.warned = map[string]bool{}
+	}
+	if ss.warned[reason] {
+		if ss.s.refusals != nil {
+			ss.s.refusals.WithLabelValues(reason).Inc()
+		}
+		return
+	}
+	ss.warned[reason] = true
+	ss.s.refused(reason, ss.id, "session limit", limit)
 }
 
 func (ss *sqlSession) fail(err error) {
@@ -400,44 +561,48 @@ func format(codes []int16, i int) int16 {
 
 var waitRE = regexp.MustCompile(`(?is)^\s*wait\s+for\s+lsn\s+'([0-9a-f]+/[0-9a-f]+)'\s*;?\s*$`)
 
-// errReadOnly answers anything but a query.
-var errReadOnly = &pgError{"25006", "the analytics mirror is read-only: only SELECT and EXPLAIN run here"}
-
 // withStmt prepares q (one statement) on the tenant's mirror and runs f
-// with it, within the statement timeout.
+// with it, within the statement timeout: on a DuckDB connection of its
+// own, in a read-only transaction, a SELECT or an EXPLAIN of one only
+// (readonly.go). The connection goes after f, and whatever q did to it.
 func (ss *sqlSession) withStmt(ctx context.Context, q string, f func(ctx context.Context, st *duckdb.Stmt) error) error {
 	ctx, cancel := context.WithTimeout(ctx, ss.s.Config.StatementTimeout.D())
 	defer cancel()
-	err := ss.s.WithMirror(ss.id, func(db *sql.DB) error {
-		conn, err := db.Conn(ctx)
+	err := ss.s.withConn(ctx, ss.id, func(c *duckdb.Conn) error {
+		if _, err := c.ExecContext(ctx, "BEGIN TRANSACTION READ ONLY", nil); err != nil {
+			return err
+		}
+		defer func() { _, _ = c.ExecContext(context.WithoutCancel(ctx), "ROLLBACK", nil) }()
+		st, err := prepareReadOnly(ctx, c, q)
 		if err != nil {
 			return err
 		}
-		defer conn.Close()
-		return conn.Raw(func(dc any) error {
-			ds, err := dc.(*duckdb.Conn).PrepareContext(ctx, q)
-			if err != nil {
-				return &pgError{"42601", err.Error()}
-			}
-			defer ds.Close()
-			st := ds.(*duckdb.Stmt)
-			typ, err := st.StatementType()
-			if err != nil {
-				return err
-			}
-			if typ != duckdb.STATEMENT_TYPE_SELECT && typ != duckdb.STATEMENT_TYPE_EXPLAIN {
-				return errReadOnly
-			}
-			return f(ctx, st)
-		})
+		defer st.Close()
+		return f(ctx, st)
 	})
 	switch {
 	case errors.Is(err, ErrNotHere):
 		return &pgError{"57P03", "the analytics mirror of this tenant is not ready on this server (not enabled, still copying, or served by another daemon: see `pgtenant analytics status`)"}
 	case errors.Is(ctx.Err(), context.DeadlineExceeded):
 		return &pgError{"57014", fmt.Sprintf("canceling statement due to statement timeout (%s)", ss.s.Config.StatementTimeout.D())}
+	case ss.ended.Load() != nil:
+		return ss.ended.Load()
 	}
-	return err
+	return ss.s.redact(err)
+}
+
+// redact takes the analytics directory out of an error a tenant is sent
+// (DuckDB names its files in some, a failed spill for one).
+func (s *Service) redact(err error) error {
+	if err == nil || s.Dir == "" || !strings.Contains(err.Error(), s.Dir) {
+		return err
+	}
+	code := "XX000"
+	var pe *pgError
+	if errors.As(err, &pe) {
+		code = pe.code
+	}
+	return &pgError{code, strings.ReplaceAll(err.Error(), s.Dir, "<analytics dir>")}
 }
 
 // describe sends a statement's (or portal's) row description.

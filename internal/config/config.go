@@ -229,6 +229,13 @@ type PacerConfig struct {
 	StandbyDown string `yaml:"standby_down"`
 	// PollInterval between budget checks while waiting.
 	PollInterval Duration `yaml:"poll_interval"`
+	// SlotWait bounds how long making a logical slot (a move's copy, an
+	// analytics mirror's copy or resync) waits on other sessions'
+	// transactions: it waits for every transaction holding an xid in the
+	// cluster. Past it, a tenant session whose transaction is at least
+	// this old and blocks the slot is terminated; any other blocker fails
+	// the step, naming it, and the step is tried again later.
+	SlotWait Duration `yaml:"slot_wait"`
 }
 
 // JobsConfig tunes the job runner.
@@ -261,6 +268,12 @@ type Tier struct {
 	// whatever statement_timeout the tenant SETs (0 = none: then the
 	// StatementTimeout is enforced from outside instead).
 	StatementCap Duration `yaml:"statement_cap"`
+	// MaxTransactionAge: a session whose transaction has been open longer
+	// is terminated from outside (0 = none). PostgreSQL 15 has no such
+	// setting, and an old transaction holds back vacuum's horizon and the
+	// making of logical slots for every tenant of the cluster, however
+	// short each of its statements and pauses.
+	MaxTransactionAge Duration `yaml:"max_transaction_age"`
 	// Pooling through the cluster's pooler (when it has one):
 	// PoolMode is session (a client keeps its server connection: every
 	// feature works) or transaction (a server connection per transaction:
@@ -458,6 +471,7 @@ func Default() Config {
 			MaxCheckpointWait: Duration(30 * time.Second),
 			StandbyDown:       "proceed",
 			PollInterval:      Duration(250 * time.Millisecond),
+			SlotWait:          Duration(30 * time.Second),
 		},
 		Jobs: JobsConfig{
 			Workers:     4,
@@ -468,7 +482,8 @@ func Default() Config {
 		},
 		Tiers: map[string]Tier{
 			"default": {ConnectionLimit: 10, StatementTimeout: Duration(30 * time.Second),
-				IdleInTransactionSessionTimeout: Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 1 << 30, Priority: 1},
+				IdleInTransactionSessionTimeout: Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 1 << 30, Priority: 1,
+				MaxTransactionAge: Duration(15 * time.Minute)},
 		},
 		Provision: ProvisionConfig{BatchLocks: 1000, WALLogMaxSize: 32 << 20, DefaultPoolSize: 5, DefaultMode: "database",
 			ColdWait: Duration(time.Minute), PoolInterval: Duration(5 * time.Second),
@@ -675,6 +690,9 @@ func (c Config) Validate() error {
 		if t.StorageWarn < 0 || t.StorageQuota < 0 || t.StorageGrace < 0 || t.StatementCap < 0 {
 			bad(f, "storage_warn, storage_quota, storage_grace and statement_cap must not be negative")
 		}
+		if t.MaxTransactionAge < 0 {
+			bad(f+".max_transaction_age", "must not be negative (0: none)")
+		}
 		if t.PoolMode != "" && t.PoolMode != "session" && t.PoolMode != "transaction" {
 			bad(f+".pool_mode", "must be session or transaction, not %q", t.PoolMode)
 		}
@@ -877,6 +895,8 @@ func (p PacerConfig) validate() *fieldError {
 		return &fieldError{"poll_interval", "must be positive"}
 	case p.MaxCheckpointWait < 0:
 		return &fieldError{"max_checkpoint_wait", "must not be negative"}
+	case p.SlotWait.D() < time.Second:
+		return &fieldError{"slot_wait", "must be at least 1s, e.g. 30s"}
 	}
 	return nil
 }

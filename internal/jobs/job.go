@@ -307,6 +307,31 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
+// laterError marks a wait on something outside the job that it may not
+// end itself (another session's transaction).
+type laterError struct{ err error }
+
+func (e laterError) Error() string { return e.err.Error() }
+func (e laterError) Unwrap() error { return e.err }
+
+// Later marks err as a wait that only time (or an operator) ends: the job
+// is tried again after jobs.max_backoff, and the failure does not count
+// as one of its max_attempts, so that a job held up by something it must
+// not end neither fails nor spins. err should say what holds it up and
+// what to do.
+func Later(err error) error {
+	if err == nil {
+		return nil
+	}
+	return laterError{err}
+}
+
+// IsLater reports whether err was marked Later.
+func IsLater(err error) bool {
+	var l laterError
+	return errors.As(err, &l)
+}
+
 // Busy reports whether a job of a type on a cluster is queued, running or
 // waiting (paused ones do not count: they wait for an operator).
 func Busy(ctx context.Context, q Querier, typ Type, cluster string) (bool, error) {

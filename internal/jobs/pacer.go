@@ -113,6 +113,16 @@ func (p *Pacer) AcquireWALLog(ctx context.Context, clusterName string, wal int64
 	return p.acquire(ctx, clusterName, HeavyNoCheckpoint, max(wal, 0), report)
 }
 
+// SlotWait is how long making a logical slot on a cluster may wait on
+// other sessions' transactions (pacer.slot_wait; 0 without a pacer: the
+// caller's default, cluster.DefaultSlotWait).
+func (p *Pacer) SlotWait(clusterName string) time.Duration {
+	if p == nil {
+		return 0
+	}
+	return p.budget(clusterName).SlotWait.D()
+}
+
 func (p *Pacer) acquire(ctx context.Context, clusterName string, kind Kind, wal int64, report func(reason string)) (func(), error) {
 	cl, err := p.clusters.Get(clusterName)
 	if err != nil {

@@ -440,7 +440,11 @@ func (r *Runner) finish(ctx context.Context, run *Run, state State, msg string) 
 func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.Logger) {
 	ctx = context.WithoutCancel(ctx)
 	attempts := run.Job.Attempts + 1
-	if IsPermanent(stepErr) || attempts >= run.Job.MaxAttempts {
+	later := IsLater(stepErr) && !IsPermanent(stepErr)
+	if later {
+		attempts = run.Job.Attempts // a wait on another session is not the job's failure
+	}
+	if IsPermanent(stepErr) || (!later && attempts >= run.Job.MaxAttempts) {
 		if !r.holdsLease(ctx, run, log) {
 			return
 		}
@@ -458,8 +462,13 @@ func (r *Runner) failed(ctx context.Context, run *Run, stepErr error, log *slog.
 		r.finish(ctx, run, Failed, firstLine(msg)) // the state says failed: the message says why
 		return
 	}
-	backoff := min(r.cfg.Backoff.D()<<min(attempts-1, 20), r.cfg.MaxBackoff.D())
-	log.Warn("job step failed; will retry", "attempt", attempts, "retry_in", backoff, "err", stepErr)
+	backoff := min(r.cfg.Backoff.D()<<min(max(attempts-1, 0), 20), r.cfg.MaxBackoff.D())
+	if later {
+		backoff = r.cfg.MaxBackoff.D()
+		log.Warn("job step held up by another session; will retry, not counted as an attempt", "retry_in", backoff, "err", stepErr)
+	} else {
+		log.Warn("job step failed; will retry", "attempt", attempts, "retry_in", backoff, "err", stepErr)
+	}
 	_, err := r.pool.Exec(ctx, `UPDATE jobs SET state = 'queued', attempts = $3, last_error = $4,
 		run_after = now() + make_interval(secs => $5), lease_owner = NULL, lease_expires = NULL,
 		progress_msg = $6, updated_at = now()
@@ -580,6 +589,12 @@ func (r *Run) PaceWALLog(ctx context.Context, cluster string, wal int64) (releas
 	return r.pace(ctx, func(report func(string)) (func(), error) {
 		return r.runner.pacer.AcquireWALLog(ctx, cluster, wal, report)
 	})
+}
+
+// SlotWait is how long a step's logical slot on a cluster may wait on
+// other sessions' transactions (Pacer.SlotWait).
+func (r *Run) SlotWait(cluster string) time.Duration {
+	return r.runner.pacer.SlotWait(cluster)
 }
 
 func (r *Run) pace(ctx context.Context, acquire func(report func(string)) (func(), error)) (release func(), err error) {

@@ -51,33 +51,92 @@ const (
 		WHERE backend_type = 'client backend' AND usename LIKE 't\_%' AND state IS NOT NULL
 		GROUP BY usename, state`
 	// Sizes stat every file of a database: only the tenants whose turn it is.
-	databaseSizesSQL = `SELECT datname, pg_database_size(oid) FROM pg_database WHERE datname = ANY($1)`
-	// A schema's size from its relations' files (main fork and segments,
-	// free space and visibility maps, TOAST and indexes included: what
-	// pg_total_relation_size adds up), stat'ed without opening the
-	// relations: pg_total_relation_size takes ACCESS SHARE on each, and a
-	// tenant holding ACCESS EXCLUSIVE on its own table would keep its size,
-	// and so its quota, from ever being measured.
+	// A tenant's role settings (ALTER ROLE <self> SET, up to 1 GB each) live
+	// in a shared catalog, outside any database: they count too.
+	databaseSizesSQL = `
+		SELECT d.datname, pg_catalog.pg_database_size(d.oid) + coalesce((SELECT pg_catalog.sum(pg_catalog.pg_column_size(s.*))
+			FROM pg_catalog.pg_db_role_setting s JOIN pg_catalog.pg_roles r ON r.oid = s.setrole WHERE r.rolname = d.datname), 0)::bigint
+		FROM pg_catalog.pg_database d WHERE d.datname = ANY($1)`
+	// A schema tenant's size: the files of its relations, its catalog rows
+	// and its large objects (the database's size counts all of these for a
+	// database tenant).
+	//
+	// Files: main fork and segments, free space and visibility maps, TOAST
+	// and indexes (what pg_total_relation_size adds up), of the relations in
+	// its schema and of the temporary relations its sessions made (by owner:
+	// they live in pg_temp_N), stat'ed without opening the relations:
+	// pg_total_relation_size takes ACCESS SHARE on each, and a tenant holding
+	// ACCESS EXCLUSIVE on its own table would keep its size, and so its
+	// quota, from ever being measured.
+	//
+	// Catalog: every row that a tenant's DDL makes and whose size it
+	// controls, in the catalogs where it can be large or numerous — its
+	// relations and their columns, defaults, indexes, rules and views,
+	// triggers, policies, statistics (ANALYZE's pg_statistic grows with
+	// its columns and statistics target), constraints, routines (bodies and
+	// settings), types and enum labels, operators, text search
+	// dictionaries, and the comments on all of them — each as
+	// pg_column_size of the row plus 40 bytes (its line pointer and index
+	// entries, roughly); an empty table with 1,600 columns
+	// has no data file but about 250 kB of catalog. Large objects: those it
+	// owns (pg_largeobject is per database, outside its schema). Role
+	// settings, as for database tenants. Nothing takes a lock.
 	schemaSizesSQL = `
-		WITH RECURSIVE rels AS (
-			SELECT n.nspname, c.oid FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
-			WHERE n.nspname = ANY($1) AND c.relkind IN ('r', 'm', 'S', 'i', 't')
-			UNION ALL
-			SELECT n.nspname, x.oid FROM pg_catalog.pg_namespace n JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid
-			JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid OR x.oid IN (SELECT i.indexrelid FROM pg_catalog.pg_index i WHERE i.indrelid = c.reltoastrelid AND c.reltoastrelid <> 0)
-			WHERE n.nspname = ANY($1) AND c.reltoastrelid <> 0
+		WITH RECURSIVE tenants AS (
+			SELECT n.nspname AS name, n.oid AS nsp, coalesce((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = n.nspname), 0) AS role
+			FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY($1)
 		),
-		files (nspname, path, seg, size) AS (
-			SELECT r.nspname, p.path || f.suffix, 0, (pg_catalog.pg_stat_file(p.path || f.suffix, true)).size
-			FROM rels r, LATERAL (SELECT pg_catalog.pg_relation_filepath(r.oid) AS path) p, (VALUES (''), ('_fsm'), ('_vm'), ('_init')) f (suffix)
-			WHERE p.path IS NOT NULL
+		relations AS (
+			SELECT t.name, c.oid, c.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
 			UNION ALL
-			SELECT nspname, path, seg + 1, (pg_catalog.pg_stat_file(path || '.' || (seg + 1), true)).size
+			SELECT t.name, c.oid, c.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relowner = t.role AND c.relpersistence = 't'
+			UNION ALL
+			SELECT t.name, x.oid, x.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
+			JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid OR x.oid IN (SELECT i.indexrelid FROM pg_catalog.pg_index i WHERE i.indrelid = c.reltoastrelid AND c.reltoastrelid <> 0)
+			WHERE c.reltoastrelid <> 0
+		),
+		files (name, path, seg, size) AS (
+			SELECT r.name, p.path || f.suffix, 0, (pg_catalog.pg_stat_file(p.path || f.suffix, true)).size
+			FROM relations r, LATERAL (SELECT pg_catalog.pg_relation_filepath(r.oid) AS path) p, (VALUES (''), ('_fsm'), ('_vm'), ('_init')) f (suffix)
+			WHERE r.relkind IN ('r', 'm', 'S', 'i', 't') AND p.path IS NOT NULL
+			UNION ALL
+			SELECT name, path, seg + 1, (pg_catalog.pg_stat_file(path || '.' || (seg + 1), true)).size
 			FROM files WHERE size >= 1073741824
+		),
+		objects (name, classid, objid, bytes) AS (
+			SELECT r.name, 'pg_catalog.pg_class'::pg_catalog.regclass, c.oid, pg_catalog.pg_column_size(c.*) FROM relations r JOIN pg_catalog.pg_class c ON c.oid = r.oid
+			UNION ALL SELECT r.name, 0, 0, pg_catalog.pg_column_size(a.*) FROM relations r JOIN pg_catalog.pg_attribute a ON a.attrelid = r.oid
+			UNION ALL SELECT r.name, 0, 0, pg_catalog.pg_column_size(d.*) FROM relations r JOIN pg_catalog.pg_attrdef d ON d.adrelid = r.oid
+			UNION ALL SELECT r.name, 0, 0, pg_catalog.pg_column_size(i.*) FROM relations r JOIN pg_catalog.pg_index i ON i.indexrelid = r.oid
+			UNION ALL SELECT r.name, 'pg_catalog.pg_rewrite'::pg_catalog.regclass, w.oid, pg_catalog.pg_column_size(w.*) FROM relations r JOIN pg_catalog.pg_rewrite w ON w.ev_class = r.oid
+			UNION ALL SELECT r.name, 'pg_catalog.pg_trigger'::pg_catalog.regclass, g.oid, pg_catalog.pg_column_size(g.*) FROM relations r JOIN pg_catalog.pg_trigger g ON g.tgrelid = r.oid
+			UNION ALL SELECT r.name, 'pg_catalog.pg_policy'::pg_catalog.regclass, p.oid, pg_catalog.pg_column_size(p.*) FROM relations r JOIN pg_catalog.pg_policy p ON p.polrelid = r.oid
+			UNION ALL SELECT r.name, 0, 0, pg_catalog.pg_column_size(s.*) FROM relations r JOIN pg_catalog.pg_statistic s ON s.starelid = r.oid
+			UNION ALL SELECT r.name, 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass, x.oid, pg_catalog.pg_column_size(x.*)
+				+ coalesce((SELECT pg_catalog.sum(pg_catalog.pg_column_size(xd.*)) FROM pg_catalog.pg_statistic_ext_data xd WHERE xd.stxoid = x.oid), 0)::int
+			FROM relations r JOIN pg_catalog.pg_statistic_ext x ON x.stxrelid = r.oid
+			UNION ALL SELECT t.name, 'pg_catalog.pg_namespace'::pg_catalog.regclass, t.nsp, 0 FROM tenants t
+			UNION ALL SELECT t.name, 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid, pg_catalog.pg_column_size(k.*) FROM tenants t JOIN pg_catalog.pg_constraint k ON k.connamespace = t.nsp
+			UNION ALL SELECT t.name, 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, pg_catalog.pg_column_size(p.*) FROM tenants t JOIN pg_catalog.pg_proc p ON p.pronamespace = t.nsp
+			UNION ALL SELECT t.name, 'pg_catalog.pg_type'::pg_catalog.regclass, y.oid, pg_catalog.pg_column_size(y.*) FROM tenants t JOIN pg_catalog.pg_type y ON y.typnamespace = t.nsp
+			UNION ALL SELECT t.name, 0, 0, pg_catalog.pg_column_size(e.*) FROM tenants t JOIN pg_catalog.pg_type y ON y.typnamespace = t.nsp JOIN pg_catalog.pg_enum e ON e.enumtypid = y.oid
+			UNION ALL SELECT t.name, 'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid, pg_catalog.pg_column_size(o.*) FROM tenants t JOIN pg_catalog.pg_operator o ON o.oprnamespace = t.nsp
+			UNION ALL SELECT t.name, 'pg_catalog.pg_ts_dict'::pg_catalog.regclass, d.oid, pg_catalog.pg_column_size(d.*) FROM tenants t JOIN pg_catalog.pg_ts_dict d ON d.dictnamespace = t.nsp
+			UNION ALL SELECT t.name, 'pg_catalog.pg_largeobject'::pg_catalog.regclass, m.oid, pg_catalog.pg_column_size(m.*)
+				+ coalesce((SELECT pg_catalog.sum(pg_catalog.pg_column_size(l.*) + 40) FROM pg_catalog.pg_largeobject l WHERE l.loid = m.oid), 0)::int
+			FROM tenants t JOIN pg_catalog.pg_largeobject_metadata m ON m.lomowner = t.role
+		),
+		catalog (name, bytes) AS (
+			SELECT o.name, o.bytes + CASE WHEN o.bytes > 0 THEN 40 ELSE 0 END FROM objects o
+			UNION ALL
+			SELECT o.name, pg_catalog.pg_column_size(d.*) + 40 FROM objects o JOIN pg_catalog.pg_description d ON d.classoid = o.classid AND d.objoid = o.objid
+			WHERE o.objid <> 0
+			UNION ALL
+			SELECT t.name, pg_catalog.pg_column_size(s.*) + 40 FROM tenants t JOIN pg_catalog.pg_db_role_setting s ON s.setrole = t.role
 		)
-		SELECT n.nspname, coalesce(pg_catalog.sum(f.size), 0)::bigint
-		FROM pg_catalog.pg_namespace n LEFT JOIN files f ON f.nspname = n.nspname
-		WHERE n.nspname = ANY($1) GROUP BY n.nspname`
+		SELECT t.name, (coalesce((SELECT pg_catalog.sum(f.size) FROM files f WHERE f.name = t.name), 0)
+			+ coalesce((SELECT pg_catalog.sum(c.bytes) FROM catalog c WHERE c.name = t.name), 0))::bigint
+		FROM tenants t`
 	// Relation files under base/ (superuser or pg_read_server_files).
 	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
 )

@@ -92,14 +92,20 @@ func (m *mover) copy(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	defer repl.Close(context.WithoutCancel(ctx))
 	// Making the slot waits for the source's running transactions
-	// (anyone's): bounded, then retried by the job.
+	// (anyone's): past pacer.slot_wait, the tenants' sessions that hold it
+	// up are ended, and any other blocker sends the job back to the queue
+	// (jobs.Later: a wait on the operator, not one of its attempts).
 	r.Note(ctx, "making slot "+name+" on "+e.src.Name()+" (it waits for the transactions running there)")
-	sctx, scancel := context.WithTimeout(ctx, time.Minute)
-	slot, err := pglogrepl.CreateReplicationSlot(sctx, repl, name, "pgoutput",
-		pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
-	scancel()
+	slot, err := e.src.CreateSlot(ctx, repl, name,
+		pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication},
+		cluster.SlotWait{Bound: r.SlotWait(e.src.Name()), For: "the move of tenant " + e.t.ID, TenantOf: tenant.IDFromPhysical,
+			Record: m.record})
+	var blocked *cluster.SlotBlockedError
+	if errors.As(err, &blocked) {
+		return jobs.Later(err)
+	}
 	if err != nil {
-		return fmt.Errorf("make slot %s on %s: %w", name, e.src.Name(), cluster.Classify(err))
+		return err
 	}
 	began := time.Now()
 	rows, bytes, err := m.copyRows(ctx, r, e, sconn, slot.SnapshotName)
@@ -399,4 +405,10 @@ func dropSlot(ctx context.Context, cl *cluster.Cluster, name string) error {
 		}
 	}
 	return fmt.Errorf("slot %s on %s is still in use", name, cl.Name())
+}
+
+// record adds an event to a tenant's history: a session of another tenant
+// that the slot's wait ended (cluster.CreateSlot).
+func (m *mover) record(ctx context.Context, id, kind string, detail map[string]any) error {
+	return m.s.Store.AddEvent(ctx, m.s.Store.Pool(), id, kind, detail)
 }

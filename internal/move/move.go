@@ -318,6 +318,15 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 	if level != "logical" {
 		out = append(out, fmt.Sprintf("cluster %s has wal_level=%s; a move replicates logically: set wal_level=logical (and max_replication_slots, max_wal_senders) and restart it", src.Name(), level))
 	}
+	// While its quota is enforced, a tenant's objects belong to its lock
+	// role (internal/quota), which the target has not got.
+	var locked bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, tenant.LockRole(t.ID)).Scan(&locked); err != nil {
+		return nil, cluster.Classify(err)
+	}
+	if locked {
+		out = append(out, fmt.Sprintf("its storage quota is enforced (its objects belong to role %s until it is back under its quota, or its tier's quota is raised)", tenant.LockRole(t.ID)))
+	}
 	role := tenant.PhysicalName(t.ID)
 	conn, err := src.Connect(ctx, t.Database)
 	if err != nil {

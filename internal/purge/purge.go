@@ -325,13 +325,14 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 	})
 }
 
-// role drops the tenant's role and its agent role: in schema mode, first
-// what they own in the shared database beside the schema (large objects,
-// default privileges, grants), refusing with the dependent objects named
-// if another tenant's objects depend on them.
+// role drops the tenant's role, its agent role and, if its quota was
+// enforced when it was dropped, its lock role (which owns its objects
+// then): in schema mode, first what they own in the shared database beside
+// the schema (large objects, default privileges, grants), refusing with
+// the dependent objects named if another tenant's objects depend on them.
 func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
-		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)}
+		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID), tenant.LockRole(t.ID)}
 		admin, err := cl.Admin(ctx)
 		if err != nil {
 			return err

@@ -39,7 +39,14 @@ import (
 //     (PostgreSQL's statement_timeout times each of them);
 //   - terminates a session idle in a transaction for longer than its tier's
 //     idle_in_transaction_session_timeout, as PostgreSQL itself does in a
-//     session that kept the default.
+//     session that kept the default;
+//   - terminates a session whose transaction has been open longer than its
+//     tier's max_transaction_age, whatever it does meanwhile (PostgreSQL 15
+//     has no such timeout): a tenant that keeps a transaction open with
+//     short statements and short pauses holds back vacuum's horizon for
+//     every tenant of the cluster (on a standby, with
+//     hot_standby_feedback, the primary's), and, holding an xid, the making
+//     of every logical slot there (cluster.CreateSlot bounds that wait too).
 //
 // Every settingsEvery intervals it also puts back, on each primary, the
 // tier's role defaults that tenants changed (RestoreSettings), so that new
@@ -65,12 +72,13 @@ type Capper struct {
 }
 
 // capKey is one statement of a backend on a node (start: its query_start),
-// or one idle spell in a transaction (idle, start: its state_change).
+// one idle spell in a transaction (idle, start: its state_change), or one
+// transaction (xact, start: its xact_start).
 type capKey struct {
 	cluster, node string
 	pid           int32
 	start         time.Time
-	idle          bool
+	idle, xact    bool
 }
 
 // terminateAfter is how long a cancelled statement may still run before its
@@ -108,6 +116,7 @@ const (
 	EventStatementCancelled = "statement_cancelled"            // a statement over its tier's cap
 	EventSessionTerminated  = "session_terminated"             // ... still running terminateAfter later
 	EventIdleTerminated     = "idle_in_transaction_terminated" // idle in a transaction past the tier's limit
+	EventXactTerminated     = "transaction_age_terminated"     // a transaction open past the tier's max_transaction_age
 	EventSettingRestored    = "tier_setting_restored"          // a role default the tenant changed, put back
 )
 
@@ -115,8 +124,8 @@ const (
 func (c *Capper) Register(reg prometheus.Registerer) {
 	c.actions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "pgtenant_statements_capped_total",
 		Help: "Tenant limits enforced from outside, by action: cancel and terminate (a statement over its tier's statement_cap, " +
-			"else statement_timeout), idle_terminate (idle in a transaction past the tier's limit), setting_restore " +
-			"(role defaults a tenant changed, put back)."},
+			"else statement_timeout), idle_terminate (idle in a transaction past the tier's limit), xact_terminate " +
+			"(a transaction open past the tier's max_transaction_age), setting_restore (role defaults a tenant changed, put back)."},
 		[]string{"cluster", "action"})
 	reg.MustRegister(c.actions)
 }
@@ -141,6 +150,7 @@ type limits struct {
 	stmtAt   time.Duration // acted on from: stmt, plus timeoutMargin for a statement_timeout
 	idle     time.Duration // idle_in_transaction_session_timeout (0: none)
 	idleAt   time.Duration // acted on from: idle plus timeoutMargin
+	xact     time.Duration // max_transaction_age (0: none); no PostgreSQL timer to leave first
 }
 
 func tierLimits(t config.Tier) limits {
@@ -152,12 +162,13 @@ func tierLimits(t config.Tier) limits {
 	if d := t.IdleInTransactionSessionTimeout.D(); d > 0 {
 		l.idle, l.idleAt = d, d+timeoutMargin
 	}
+	l.xact = max(t.MaxTransactionAge.D(), 0)
 	return l
 }
 
-// thresholds are the smallest stmtAt and idleAt of any tier (0: no tier
-// has that limit): the node query's filters.
-func (c *Capper) thresholds() (stmt, idle time.Duration) {
+// thresholds are the smallest stmtAt, idleAt and xact of any tier (0: no
+// tier has that limit): the node query's filters.
+func (c *Capper) thresholds() (stmt, idle, xact time.Duration) {
 	for _, t := range c.Tiers {
 		l := tierLimits(t)
 		if l.stmt > 0 && (stmt == 0 || l.stmtAt < stmt) {
@@ -166,14 +177,18 @@ func (c *Capper) thresholds() (stmt, idle time.Duration) {
 		if l.idle > 0 && (idle == 0 || l.idleAt < idle) {
 			idle = l.idleAt
 		}
+		if l.xact > 0 && (xact == 0 || l.xact < xact) {
+			xact = l.xact
+		}
 	}
-	return stmt, idle
+	return stmt, idle, xact
 }
 
 // enforces reports whether any tier gives the capper something to hold
-// tenants to: a statement cap or timeout, an idle limit, or role defaults.
+// tenants to: a statement cap or timeout, an idle limit, a transaction
+// age, or role defaults.
 func (c *Capper) enforces() bool {
-	if stmt, idle := c.thresholds(); stmt > 0 || idle > 0 {
+	if stmt, idle, xact := c.thresholds(); stmt > 0 || idle > 0 || xact > 0 {
 		return true
 	}
 	for _, t := range c.Tiers {
@@ -268,19 +283,23 @@ func secs(d time.Duration) *float64 {
 }
 
 // The node query: tenant sessions running a statement for longer than $1
-// seconds, or idle in a transaction for longer than $2 (usually none),
-// bounded by max_connections.
+// seconds, idle in a transaction for longer than $2, or in a transaction
+// open for longer than $3 (usually none), bounded by max_connections.
 const overSQL = `
-	SELECT pid, usename, idle, since, extract(epoch FROM pg_catalog.clock_timestamp() - since)::float8
+	SELECT pid, usename, idle, since, extract(epoch FROM clock - since)::float8,
+	       xact_start, coalesce(extract(epoch FROM clock - xact_start), 0)::float8
 	FROM (SELECT pid, usename, state NOT IN ('active', 'fastpath function call') AS idle,
-	             CASE WHEN state IN ('active', 'fastpath function call') THEN query_start ELSE state_change END AS since
+	             CASE WHEN state IN ('active', 'fastpath function call') THEN query_start ELSE state_change END AS since,
+	             xact_start, pg_catalog.clock_timestamp() AS clock
 	      FROM pg_catalog.pg_stat_activity
 	      WHERE backend_type = 'client backend' AND usename LIKE 't\_%'
 	        AND state IN ('active', 'fastpath function call', 'idle in transaction', 'idle in transaction (aborted)')) a
-	WHERE since < pg_catalog.clock_timestamp() - pg_catalog.make_interval(secs => CASE WHEN idle THEN $2::float8 ELSE $1::float8 END)`
+	WHERE since < clock - pg_catalog.make_interval(secs => CASE WHEN idle THEN $2::float8 ELSE $1::float8 END)
+	   OR xact_start < clock - pg_catalog.make_interval(secs => $3::float8)`
 
-// Statements that stop a backend only if it is still in the statement or
-// the idle spell that was found ($2: its query_start or state_change).
+// Statements that stop a backend only if it is still in the statement, the
+// idle spell or the transaction that was found ($2: its query_start,
+// state_change or xact_start).
 const (
 	cancelSQL = `SELECT coalesce((SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_catalog.pg_stat_activity
 		WHERE pid = $1 AND query_start = $2 AND state IN ('active', 'fastpath function call')), false)`
@@ -288,23 +307,26 @@ const (
 		WHERE pid = $1 AND query_start = $2 AND state IN ('active', 'fastpath function call')), false)`
 	terminateIdleSQL = `SELECT coalesce((SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
 		WHERE pid = $1 AND state_change = $2 AND state IN ('idle in transaction', 'idle in transaction (aborted)')), false)`
+	terminateXactSQL = `SELECT coalesce((SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+		WHERE pid = $1 AND xact_start = $2), false)`
 )
 
 // CheckNode stops, on one node of a cluster ("primary", "standby1", …: see
-// cluster.Nodes), the tenant statements over their tier's cap and the
-// sessions idle in a transaction past their tier's limit, and returns how
-// many it stopped. One query finds the sessions past the smallest limits;
-// tiers are looked up only for those.
+// cluster.Nodes), the tenant statements over their tier's cap, the
+// sessions idle in a transaction past their tier's limit and those whose
+// transaction is older than their tier's max_transaction_age, and returns
+// how many it stopped. One query finds the sessions past the smallest
+// limits; tiers are looked up only for those.
 func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string) (int, error) {
-	stmtMin, idleMin := c.thresholds()
-	if stmtMin == 0 && idleMin == 0 {
+	stmtMin, idleMin, xactMin := c.thresholds()
+	if stmtMin == 0 && idleMin == 0 && xactMin == 0 {
 		return 0, nil
 	}
 	pool, err := cl.NodeAdmin(ctx, node)
 	if err != nil {
 		return 0, err
 	}
-	rows, err := pool.Query(ctx, overSQL, secs(stmtMin), secs(idleMin))
+	rows, err := pool.Query(ctx, overSQL, secs(stmtMin), secs(idleMin), secs(xactMin))
 	if err != nil {
 		return 0, fmt.Errorf("read pg_stat_activity of %s/%s: %w", cl.Name(), node, cluster.Classify(err))
 	}
@@ -314,13 +336,15 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 		idle  bool
 		since time.Time // query_start, or state_change when idle
 		age   float64   // seconds
+		xact  *time.Time
+		xage  float64 // seconds
 	}
 	var found []over
 	var ids []string
 	for rows.Next() {
 		var o over
 		var role string
-		if err := rows.Scan(&o.pid, &role, &o.idle, &o.since, &o.age); err != nil {
+		if err := rows.Scan(&o.pid, &role, &o.idle, &o.since, &o.age, &o.xact, &o.xage); err != nil {
 			rows.Close()
 			return 0, err
 		}
@@ -346,16 +370,32 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 	stopped := 0
 	for _, o := range found {
 		lim := tierLimits(c.Tiers[tiers[o.id]])
-		key := capKey{cl.Name(), node, o.pid, o.since, o.idle}
+		key := capKey{cl.Name(), node, o.pid, o.since, o.idle, false}
 		at, seen := c.actedAt(key)
 		var action, sql, kind string
+		var arg time.Time // what the statement stops: query_start, state_change or xact_start
 		detail := map[string]any{"pid": o.pid, "node": node, "tier": tiers[o.id]}
+		xactOver := lim.xact > 0 && o.xact != nil && o.xage >= lim.xact.Seconds()
+		if xactOver {
+			// The transaction, whatever its statement or pause is doing:
+			// ending the session is the only way to end it from outside.
+			key = capKey{cl.Name(), node, o.pid, *o.xact, false, true}
+			at, seen = c.actedAt(key)
+		}
 		switch {
+		case xactOver:
+			if seen && time.Since(at) < terminateAfter {
+				continue // terminated a moment ago: give it time to go
+			}
+			action, sql, kind, arg = "xact_terminate", terminateXactSQL, EventXactTerminated, *o.xact
+			detail["age_seconds"] = math.Round(o.xage*10) / 10
+			detail["max_transaction_age"] = lim.xact.String()
+			detail["xact_start"] = o.xact.UTC().Format(time.RFC3339Nano)
 		case o.idle:
 			if lim.idle <= 0 || o.age < lim.idleAt.Seconds() || (seen && time.Since(at) < terminateAfter) {
 				continue
 			}
-			action, sql, kind = "idle_terminate", terminateIdleSQL, EventIdleTerminated
+			action, sql, kind, arg = "idle_terminate", terminateIdleSQL, EventIdleTerminated, o.since
 			detail["idle_seconds"] = math.Round(o.age*10) / 10
 			detail["idle_in_transaction_session_timeout"] = lim.idle.String()
 			detail["state_change"] = o.since.UTC().Format(time.RFC3339Nano)
@@ -363,7 +403,7 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 			if lim.stmt <= 0 || o.age < lim.stmtAt.Seconds() {
 				continue
 			}
-			action, sql, kind = "cancel", cancelSQL, EventStatementCancelled
+			action, sql, kind, arg = "cancel", cancelSQL, EventStatementCancelled, o.since
 			if seen {
 				if time.Since(at) < terminateAfter {
 					continue // cancelled a moment ago: give it time to stop
@@ -376,7 +416,7 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 			detail["query_start"] = o.since.UTC().Format(time.RFC3339Nano)
 		}
 		var done bool
-		if err := pool.QueryRow(ctx, sql, o.pid, o.since).Scan(&done); err != nil {
+		if err := pool.QueryRow(ctx, sql, o.pid, arg).Scan(&done); err != nil {
 			return stopped, fmt.Errorf("%s backend %d on %s/%s: %w", action, o.pid, cl.Name(), node, cluster.Classify(err))
 		}
 		if !done {
@@ -388,8 +428,12 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 		if err := c.Store.AddEvent(ctx, c.Store.Pool(), o.id, kind, detail); err != nil {
 			c.log().Warn("record capper event", "tenant", o.id, "event", kind, "err", err)
 		}
+		took := o.age
+		if xactOver {
+			took = o.xage
+		}
 		c.log().Info("tenant held to its tier", "tenant", o.id, "cluster", cl.Name(), "node", node, "action", action,
-			"pid", strconv.Itoa(int(o.pid)), "seconds", math.Round(o.age*10)/10)
+			"pid", strconv.Itoa(int(o.pid)), "seconds", math.Round(took*10)/10)
 	}
 	return stopped, nil
 }

@@ -7,7 +7,8 @@
 // and every action as a tenant event. While a quota is enforced the tenant
 // keeps SELECT, DELETE and TRUNCATE and loses INSERT, UPDATE and CREATE
 // (enforce.go says how, and why the tenant cannot undo it). It touches
-// nothing but the tenant's own objects, grants, role settings and sessions.
+// nothing but the tenant's own objects, grants, role settings and sessions,
+// and its own lock role.
 package quota
 
 import (
@@ -168,10 +169,21 @@ func (s *Service) CheckQuotas(ctx context.Context, clusterName string, usage []m
 // the catalog so that restoring undoes exactly that.
 type Enforcement struct {
 	StartedAt time.Time `json:"started_at"`
-	// PublicGrants are write privileges PUBLIC held on the tenant's tables
-	// (or CREATE on its schemas): PUBLIC includes the tenant, so they are
-	// revoked while enforced and granted back after.
+	// LockRole owns the tenant's objects while enforced (tenant.LockRole);
+	// empty for enforcements that started with the shared pgt_quota_lock.
+	LockRole string `json:"lock_role,omitempty"`
+	// PublicGrants are write privileges PUBLIC, or a role other than the
+	// owner, held on the tenant's tables (or CREATE on its schemas): PUBLIC
+	// includes the tenant, and another role could write for it, so they
+	// are revoked while enforced and granted back after.
 	PublicGrants []Grant `json:"public_grants,omitempty"`
+	// SecurityDefiners are the tenant's SECURITY DEFINER routines
+	// (pg_identify_object identities), SECURITY INVOKER while enforced:
+	// they would run as the lock role.
+	SecurityDefiners []string `json:"security_definers,omitempty"`
+	// SessionsEnded counts the tenant's sessions enforcement ended on the
+	// primary (they could hold, or make, temporary tables).
+	SessionsEnded int `json:"sessions_ended,omitempty"`
 	// LargeObjects: the large-object write functions were revoked from
 	// PUBLIC in the tenant's own database.
 	LargeObjects bool `json:"large_objects,omitempty"`
@@ -182,11 +194,13 @@ type Enforcement struct {
 	LockTimedOut bool   `json:"lock_timed_out,omitempty"`
 }
 
-// Grant is one privilege of PUBLIC on a table (or a column of it), or on a schema.
+// Grant is one privilege of PUBLIC (or of another role) on a table (or a
+// column of it), or on a schema.
 type Grant struct {
 	Schema    string `json:"schema"`
 	Table     string `json:"table,omitempty"`  // empty: the schema itself
 	Column    string `json:"column,omitempty"` // empty: the whole table
+	Role      string `json:"role,omitempty"`   // empty: PUBLIC
 	Privilege string `json:"privilege"`        // INSERT, UPDATE or CREATE
 }
 
@@ -293,7 +307,13 @@ func (s *Service) transition(ctx context.Context, cl *cluster.Cluster, u metrics
 				detail["enforce_at"] = now.Add(tier.StorageGrace.D()).UTC().Format(time.RFC3339)
 			}
 			if t.To == catalog.QuotaEnforced {
-				detail["revoked"] = "INSERT, UPDATE, CREATE, TEMPORARY (SELECT, DELETE, TRUNCATE remain)"
+				detail["revoked"] = "INSERT, UPDATE, CREATE, TEMPORARY, ownership of every object (SELECT, DELETE, TRUNCATE remain)"
+				detail["owner_while_enforced"] = rec.LockRole
+				// Sessions that could hold or make temporary tables were ended.
+				detail["sessions_ended"] = rec.SessionsEnded
+				if len(rec.SecurityDefiners) > 0 {
+					detail["security_invoker_while_enforced"] = rec.SecurityDefiners
+				}
 			}
 			if err := s.Store.AddEvent(ctx, tx, u.Tenant, t.Event, detail); err != nil {
 				return err

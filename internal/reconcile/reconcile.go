@@ -227,7 +227,7 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 		return obs, err
 	}
 	rows, err = admin.Query(ctx, `SELECT rolname, rolcanlogin FROM pg_catalog.pg_roles
-		WHERE rolname LIKE 't\_%' OR rolname LIKE 'pgt\_agent\_%' OR rolname LIKE 'pgt\_connect\_%'`)
+		WHERE rolname LIKE 't\_%' OR rolname LIKE 'pgt\_agent\_%' OR rolname LIKE 'pgt\_connect\_%' OR rolname LIKE 'pgt\_quota\_lock\_%'`)
 	if err != nil {
 		return obs, cluster.Classify(err)
 	}
@@ -545,6 +545,9 @@ func (s *scan) roles() []finding {
 			id, ok = tenant.IDFromAgent(role)
 		}
 		if !ok {
+			id, ok = tenant.IDFromLockRole(role) // owns the tenant's objects while its quota is enforced
+		}
+		if !ok {
 			continue
 		}
 		t, has := s.rows[id]
@@ -559,7 +562,7 @@ func (s *scan) roles() []finding {
 			continue
 		}
 		if role != tenant.PhysicalName(id) {
-			continue // an agent: it logs in whatever its tenant's state
+			continue // an agent (it logs in whatever its tenant's state) or a lock role (the quota's)
 		}
 		canLogin := s.obs.roles[role]
 		if canLogin && (t.State == catalog.StateSpare || t.State == catalog.StateBuilding) && !s.jobs[id].active {

@@ -61,6 +61,25 @@ func IDFromAgent(name string) (string, bool) {
 	return id, ok && ValidID(id)
 }
 
+// LockPrefix starts the name of every tenant's quota lock role.
+const LockPrefix = "pgt_quota_lock_"
+
+// LockRole owns a tenant's objects while its quota is enforced
+// (internal/quota): a role of its own (NOLOGIN, no members), made at
+// enforcement, dropped at restore or purge. It is never shared: PostgreSQL
+// runs some of an object's code as its owner (rule actions, foreign-key
+// actions with the triggers and policies they set off, ANALYZE of
+// expression indexes, SECURITY DEFINER routines), so a tenant's code can
+// act as the owner of its locked objects, and an owner that held two
+// tenants' objects would reach both.
+func LockRole(id string) string { return LockPrefix + id }
+
+// IDFromLockRole returns the id of a lock role's name, if it is one.
+func IDFromLockRole(name string) (string, bool) {
+	id, ok := strings.CutPrefix(name, LockPrefix)
+	return id, ok && ValidID(id)
+}
+
 // MarkerSchema holds, in a database tenant's database, the version marker
 // (its comment). It belongs to the tenant's agent role, so that a rollout
 // moves the marker in the transaction of the version's files, while the
