@@ -330,8 +330,13 @@ func (m *mirror) publication(ctx context.Context, cl *cluster.Cluster, t catalog
 		var names []string
 		for _, tb := range m.tables {
 			parts := strings.SplitN(tb, ".", 2)
-			if t.Mode == tenant.ModeSchema {
+			switch {
+			case t.Mode == tenant.ModeSchema:
 				parts = []string{tenant.PhysicalName(t.ID), tb}
+			case len(parts) == 1:
+				// As the tenant names it: its own session finds it in
+				// public. The admin session's search_path is pg_catalog.
+				parts = []string{"public", tb}
 			}
 			names = append(names, pgx.Identifier(parts).Sanitize())
 		}

@@ -160,7 +160,13 @@ type login struct {
 
 func (e *env) tenant(t *testing.T, mode, tier string) login {
 	t.Helper()
-	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tier})
+	return e.tenantOn(t, mode, tier, "")
+}
+
+// tenantOn is tenant on a cluster ("": where placement puts it).
+func (e *env) tenantOn(t *testing.T, mode, tier, cluster string) login {
+	t.Helper()
+	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tier, Cluster: cluster})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -242,9 +242,9 @@ func restoreUnder(t *testing.T, rig *quotaRig, l login) {
 // role), a write grant to PUBLIC, and tables handed to every role it can
 // reach — then grows past its quota. After enforcement it tries them all:
 // its footprint, by the collector's size and by the server's files, stops
-// growing. (A schema tenant can hand tables to its template's connect role
-// until finding 3's fix removes that membership: until then, enforcement
-// reports the tenant can still write, and this test fails on it.)
+// growing. (Before finding 3's fix, a schema tenant handed tables to its
+// template's connect role, pgt_connect_saas, still tried here: enforcement
+// then reported that the tenant could still write.)
 func TestR2_QuotaHoldsOnEveryStoragePath(t *testing.T) {
 	e := start(t, nil)
 	for _, mode := range []string{"database", "schema"} {

@@ -18,9 +18,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
-	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/quota"
-	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // slotWait is pacer.slot_wait in these tests.
@@ -159,15 +157,7 @@ func waitEventOf(t *testing.T, e *env, id, kind string, limit time.Duration, mat
 // some on local2).
 func onLocal(t *testing.T, e *env, mode, tier string) login {
 	t.Helper()
-	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tier, Cluster: "local"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := login{ID: r.Tenant.ID, Mode: mode, Database: r.Tenant.Database, DSN: r.DSN, Tier: tier, Role: "t_" + r.Tenant.ID, Schema: "public"}
-	if mode == "schema" {
-		l.Schema = l.Role
-	}
-	return l
+	return e.tenantOn(t, mode, tier, "local")
 }
 
 // TestR2Finding1_LongTransactionCannotStallSlots: a hostile tenant keeps a

@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -45,6 +46,11 @@ func TestHostile_EveryPathAgainstEveryPlant(t *testing.T) {
 	modes := []string{"database", "schema"}
 	e := start(t, func(c *config.Config) {
 		c.Prewarm.WatchInterval = config.Duration(200 * time.Millisecond)
+		c.Pacer.SlotWait = config.Duration(2 * time.Second)
+		c.Analytics.Listen = "127.0.0.1:0"
+		c.Analytics.PollInterval = config.Duration(100 * time.Millisecond)
+		c.Analytics.Lease = config.Duration(2 * time.Second)
+		c.Analytics.FlushInterval = config.Duration(50 * time.Millisecond)
 		for _, mode := range modes {
 			// A cap of a few seconds: the suite's own statements as the
 			// tenant (2 MB inserts) must fit under it on a loaded machine.
@@ -80,7 +86,7 @@ func TestHostile_EveryPathAgainstEveryPlant(t *testing.T) {
 	}
 
 	// Round 1: every path, to learn what the control plane calls.
-	paths(t, e, hostiles, 1, check)
+	paths(t, e, hostiles, neighbours, 1, check)
 	fns, ops := calledInTenantDatabases(t)
 	t.Logf("the control plane called %d functions and %d operators in tenant databases: %v %v", len(fns), len(ops), fns, ops)
 	if len(fns) < 5 || len(ops) < 2 {
@@ -95,7 +101,7 @@ func TestHostile_EveryPathAgainstEveryPlant(t *testing.T) {
 	}
 
 	// Round 2: the same paths, now with shadows everywhere the tenants can write.
-	paths(t, e, hostiles, 2, check)
+	paths(t, e, hostiles, neighbours, 2, check)
 	for _, h := range hostiles {
 		noPrivilegedTrips(t, h.login, isShadow)
 	}
@@ -189,6 +195,8 @@ func (h *hostile) sessions(t *testing.T) {
 	mustExec(t, holder, `BEGIN`)
 	mustExec(t, holder, `SET LOCAL idle_in_transaction_session_timeout = 0`)
 	mustExec(t, holder, `LOCK TABLE `+cluster.Ident(h.Schema)+`.hog IN ACCESS EXCLUSIVE MODE`)
+	// An xid: every logical slot made on the cluster waits for it.
+	mustExec(t, holder, `SELECT txid_current()`)
 	for range h.limit - 2 {
 		mustExec(t, connect(t, h.DSN), `SELECT 1`)
 	}
@@ -197,7 +205,7 @@ func (h *hostile) sessions(t *testing.T) {
 // paths runs every control-plane path that reaches tenants, each within
 // pathBound, calling check after each. Round 2 differs only in the
 // template version it rolls out.
-func paths(t *testing.T, e *env, hostiles []*hostile, round int, check func(string)) {
+func paths(t *testing.T, e *env, hostiles []*hostile, neighbours []login, round int, check func(string)) {
 	t.Helper()
 	ctx := pgtest.Context(t)
 	bounded := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, pathBound) }
@@ -300,6 +308,62 @@ INSERT INTO organizations (name, slug) VALUES ('seeded by round %[1]d', 'seed-%[
 		t.Logf("round %d: reconcile: %+v", round, f)
 	}
 	check("reconcile --fix")
+
+	// Analytics. A neighbour's mirror makes a logical slot, which waits for
+	// every transaction holding an xid: the hostiles' holders hold one (and
+	// their locks), and past pacer.slot_wait each is ended, with an event
+	// in its history. Each hostile's own mirror is made too, and an
+	// analytics session of the hostile is held open across a suspend, a
+	// password rotation and a drop: each ends it.
+	for _, n := range neighbours {
+		mirror(t, e, n.ID)
+		disable(t, e, n.ID)
+	}
+	for _, h := range hostiles {
+		if got := len(eventsOf(t, e, h.ID, cluster.EventBlockingTerminated)); got < round {
+			t.Errorf("round %d: %s tenant %s: %d %s events, want at least %d: did its open transaction not hold the slots up?",
+				round, h.Mode, h.ID, got, cluster.EventBlockingTerminated, round)
+		}
+		st := mirror(t, e, h.ID)
+		for _, change := range []string{"suspend", "rotate", "drop"} {
+			session := analyticsSession(t, st.DSN, h.DSN)
+			actx, cancel := bounded()
+			var err error
+			switch change {
+			case "rotate":
+				var r api.RotatePasswordResponse
+				if r, err = e.c.RotatePassword(actx, h.ID, false); err == nil {
+					h.DSN = r.DSN
+				}
+			case "drop":
+				_, err = e.c.DropTenant(actx, h.ID, false)
+			default:
+				_, err = e.c.TenantAction(actx, h.ID, change)
+			}
+			cancel()
+			if err != nil {
+				t.Fatalf("round %d: %s %s: %v", round, change, h.ID, err)
+			}
+			var one int
+			if err := session.QueryRow(ctx, `SELECT 1`).Scan(&one); err == nil {
+				t.Errorf("round %d: %s tenant %s: its analytics session still answers after %s", round, h.Mode, h.ID, change)
+			}
+			actx, cancel = bounded()
+			switch change {
+			case "suspend":
+				_, err = e.c.TenantAction(actx, h.ID, "resume")
+			case "drop":
+				_, err = e.c.TenantAction(actx, h.ID, "restore")
+			}
+			cancel()
+			if err != nil {
+				t.Fatalf("round %d: undo %s of %s: %v", round, change, h.ID, err)
+			}
+		}
+		disable(t, e, h.ID) // a drop disables the mirror; restore does not bring it back
+		h.sessions(t)       // the suspend, the rotation and the drop ended them
+	}
+	check("analytics beside open transactions, and its sessions across lifecycle changes")
 
 	// A restart of the primary: the watcher prewarms the hot tenants again
 	// on its own.
@@ -582,4 +646,71 @@ func shadowsWouldCatchAnAdminSession(t *testing.T, h login) {
 	if len(tripped) == 0 {
 		t.Fatal("an unpinned admin session ran unnest($1::oid[]) in the tenant's database and no shadow tripped: the fixture does not catch what it should")
 	}
+}
+
+// mirror enables a tenant's analytics mirror of its organizations (the
+// rollouts' seeded tables have no key) and waits, within pathBound, until
+// it streams.
+func mirror(t *testing.T, e *env, id string) analytics.Status {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	if _, err := e.c.EnableAnalytics(ctx, id, []string{"organizations"}); err != nil {
+		t.Fatalf("analytics enable %s: %v", id, err)
+	}
+	deadline := time.Now().Add(pathBound)
+	for {
+		st, err := e.c.AnalyticsStatus(ctx, id)
+		if err == nil && st.State == analytics.StateStreaming {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("analytics mirror of %s not streaming within %s: %+v, %v", id, pathBound, st, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// disable disables a tenant's mirror (if a drop has not already) and
+// waits until it is gone.
+func disable(t *testing.T, e *env, id string) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	if _, err := e.c.DisableAnalytics(ctx, id); err != nil {
+		if st, serr := e.c.AnalyticsStatus(ctx, id); serr != nil || st.Enabled {
+			t.Fatalf("analytics disable %s: %v", id, err)
+		}
+	}
+	deadline := time.Now().Add(pathBound)
+	for {
+		st, err := e.c.AnalyticsStatus(ctx, id)
+		if err == nil && !st.Enabled {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("analytics mirror of %s not disabled within %s: %+v, %v", id, pathBound, st, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// analyticsSession logs in to the analytics port at dsn (no password) with
+// the password of the tenant's own DSN, and checks that it answers.
+func analyticsSession(t *testing.T, dsn, own string) *pgx.Conn {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := url.Parse(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, _ := o.User.Password()
+	u.User = url.UserPassword(u.User.Username(), pw)
+	conn := connect(t, u.String())
+	var one int
+	if err := conn.QueryRow(pgtest.Context(t), `SELECT 1`).Scan(&one); err != nil {
+		t.Fatalf("analytics session: %v", err)
+	}
+	return conn
 }

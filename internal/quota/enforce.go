@@ -493,24 +493,11 @@ func moveRelations(ctx context.Context, conn *pgx.Conn, from, to, tenantRole str
 		if len(rels) == 0 {
 			return nil
 		}
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			for i, x := range rels {
-				if _, err := tx.Exec(ctx, relationSQL(x.name, x.kind, lockRole, tenantRole, locking, true)); err != nil {
-					return fmt.Errorf("change owner of %s: %w", x.name, cluster.Classify(err))
-				}
-				if i%50 == 49 {
-					var locks int
-					if err := tx.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE pid = pg_catalog.pg_backend_pid()`).Scan(&locks); err != nil {
-						return cluster.Classify(err)
-					}
-					if locks >= lockBudget {
-						return nil // commit; the next query finds the rest
-					}
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		changes := make([]ownerChange, len(rels))
+		for i, x := range rels {
+			changes[i] = ownerChange{x.name, relationSQL(x.name, x.kind, lockRole, tenantRole, locking, true)}
+		}
+		if err := changeOwners(ctx, conn, changes); err != nil {
 			return err
 		}
 	}
@@ -586,16 +573,14 @@ func giveBackLegacy(ctx context.Context, conn *pgx.Conn, u metrics.Usage) error 
 	if !exists {
 		return nil
 	}
-	return moveOwnership(ctx, conn, schemaArg(u), legacyLockRole, tenant.PhysicalName(u.Tenant), tenant.PhysicalName(u.Tenant))
+	return moveOwnership(ctx, conn, schemaArg(u), legacyLockRole, tenant.PhysicalName(u.Tenant))
 }
 
 // moveOwnership gives the tables, materialized views and schemas that from
-// owns in scope to to, in transactions of at most lockBudget locks. Towards
-// legacyLockRole the tenant kept SELECT, DELETE, TRUNCATE and USAGE; back to
-// the tenant those grants are removed first (the owner has every right).
-// Only giveBackLegacy uses it now.
-func moveOwnership(ctx context.Context, conn *pgx.Conn, schema, from, to, tenantRole string) error {
-	locking := to == legacyLockRole
+// (legacyLockRole) owns in scope back to the tenant, in transactions of at
+// most lockBudget locks, removing first the grants it kept while locked
+// (SELECT, DELETE, TRUNCATE and USAGE: the owner has every right).
+func moveOwnership(ctx context.Context, conn *pgx.Conn, schema, from, tenantRole string) error {
 	r := cluster.Ident(tenantRole)
 	for {
 		rows, err := conn.Query(ctx, `
@@ -605,46 +590,25 @@ func moveOwnership(ctx context.Context, conn *pgx.Conn, schema, from, to, tenant
 		if err != nil {
 			return cluster.Classify(err)
 		}
-		type rel struct{ schema, name, kind string }
-		rels, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (rel, error) {
-			var x rel
-			return x, r.Scan(&x.schema, &x.name, &x.kind)
+		changes, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ownerChange, error) {
+			var nsp, rel, relkind string
+			if err := row.Scan(&nsp, &rel, &relkind); err != nil {
+				return ownerChange{}, err
+			}
+			name := pgx.Identifier{nsp, rel}.Sanitize()
+			kind, privs := "TABLE", "SELECT, DELETE, TRUNCATE"
+			if relkind == "m" {
+				kind, privs = "MATERIALIZED VIEW", "SELECT"
+			}
+			return ownerChange{name, fmt.Sprintf("REVOKE %s ON %s FROM %s; ALTER %s %s OWNER TO %s", privs, name, r, kind, name, r)}, nil
 		})
 		if err != nil {
 			return cluster.Classify(err)
 		}
-		if len(rels) == 0 {
+		if len(changes) == 0 {
 			break
 		}
-		err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			for i, x := range rels {
-				name := pgx.Identifier{x.schema, x.name}.Sanitize()
-				kind, privs := "TABLE", "SELECT, DELETE, TRUNCATE"
-				if x.kind == "m" {
-					kind, privs = "MATERIALIZED VIEW", "SELECT"
-				}
-				var sql string
-				if locking {
-					sql = fmt.Sprintf("ALTER %s %s OWNER TO %s; GRANT %s ON %s TO %s", kind, name, cluster.Ident(to), privs, name, r)
-				} else {
-					sql = fmt.Sprintf("REVOKE %s ON %s FROM %s; ALTER %s %s OWNER TO %s", privs, name, r, kind, name, cluster.Ident(to))
-				}
-				if _, err := tx.Exec(ctx, sql); err != nil {
-					return fmt.Errorf("change owner of %s: %w", name, cluster.Classify(err))
-				}
-				if i%50 == 49 {
-					var locks int
-					if err := tx.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE pid = pg_catalog.pg_backend_pid()`).Scan(&locks); err != nil {
-						return cluster.Classify(err)
-					}
-					if locks >= lockBudget {
-						return nil // commit; the next query finds the rest
-					}
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := changeOwners(ctx, conn, changes); err != nil {
 			return err
 		}
 	}
@@ -658,15 +622,37 @@ func moveOwnership(ctx context.Context, conn *pgx.Conn, schema, from, to, tenant
 		return cluster.Classify(err)
 	}
 	for _, n := range schemas {
-		var sql string
-		if locking {
-			sql = fmt.Sprintf("ALTER SCHEMA %[1]s OWNER TO %[2]s; GRANT USAGE ON SCHEMA %[1]s TO %[3]s", cluster.Ident(n), cluster.Ident(to), r)
-		} else {
-			sql = fmt.Sprintf("REVOKE USAGE ON SCHEMA %[1]s FROM %[3]s; ALTER SCHEMA %[1]s OWNER TO %[2]s", cluster.Ident(n), cluster.Ident(to), r)
-		}
-		if _, err := conn.Exec(ctx, sql); err != nil {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("REVOKE USAGE ON SCHEMA %[1]s FROM %[2]s; ALTER SCHEMA %[1]s OWNER TO %[2]s", cluster.Ident(n), r)); err != nil {
 			return fmt.Errorf("change owner of schema %s: %w", n, cluster.Classify(err))
 		}
 	}
 	return nil
+}
+
+// ownerChange is one relation's change of owner: its name (for errors)
+// and its statements.
+type ownerChange struct{ name, sql string }
+
+// changeOwners runs changes in one transaction, in order, and commits early
+// once the session holds lockBudget locks (each ALTER … OWNER locks its
+// relation until the end of the transaction): the caller's next query finds
+// the rest.
+func changeOwners(ctx context.Context, conn *pgx.Conn, changes []ownerChange) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		for i, c := range changes {
+			if _, err := tx.Exec(ctx, c.sql); err != nil {
+				return fmt.Errorf("change owner of %s: %w", c.name, cluster.Classify(err))
+			}
+			if i%50 == 49 {
+				var locks int
+				if err := tx.QueryRow(ctx, `SELECT pg_catalog.count(*) FROM pg_catalog.pg_locks WHERE pid = pg_catalog.pg_backend_pid()`).Scan(&locks); err != nil {
+					return cluster.Classify(err)
+				}
+				if locks >= lockBudget {
+					return nil // commit; the next query finds the rest
+				}
+			}
+		}
+		return nil
+	})
 }
