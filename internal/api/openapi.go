@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/doctor"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -53,6 +54,9 @@ var (
 		{method: "POST", path: "/v1/clusters/{name}/drain", summary: "drain a cluster: no new tenants, its tenants moved away (a job)", status: 202, response: jobs.Job{}},
 		{method: "POST", path: "/v1/clusters/{name}/undrain", summary: "place tenants on a drained cluster again", status: 200, response: Cluster{}},
 		{method: "POST", path: "/v1/rebalance", summary: "plan moves that even out the clusters; without dry_run, start them (a job)", request: RebalanceRequest{}, status: 202, response: RebalanceResponse{}},
+		{method: "GET", path: "/v1/backups", summary: "list a cluster's pgBackRest backups, archive and recovery window (every backed-up cluster without cluster)",
+			query: []param{{"cluster", "string", "only this cluster"}}, status: 200, response: []backup.ClusterBackups{}},
+		{method: "POST", path: "/v1/backups", summary: "start a backup of a cluster (or every backed-up cluster): a job; 409 while one runs", request: BackupRequest{}, status: 202, response: []jobs.Job{}},
 		{method: "GET", path: "/v1/templates", summary: "list templates", status: 200, response: []TemplateSummary{}},
 		{method: "POST", path: "/v1/templates", summary: "create a template (version 1) and start its builds", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
 		{method: "GET", path: "/v1/templates/{name}", summary: "show a template: versions, builds, tenants by version", status: 200, response: TemplateDetail{}},

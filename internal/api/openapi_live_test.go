@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"io"
@@ -169,6 +170,14 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	must(err)
 	_, err = c.Rebalance(ctx, api.RebalanceRequest{DryRun: true})
 	must(err)
+	// This daemon backs nothing up: both answer 409 saying so (internal/backup
+	// tests the answers of a cluster that is backed up).
+	if _, err := c.Backups(ctx, "local"); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("backup list without backups: err = %v, want a conflict", err)
+	}
+	if _, err := c.BackupNow(ctx, api.BackupRequest{Cluster: "local", Type: "diff"}); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("backup now without backups: err = %v, want a conflict", err)
+	}
 	_, err = c.DrainCluster(ctx, "local") // one cluster: its job finds nowhere to move the tenant
 	must(err)
 	_, err = c.UndrainCluster(ctx, "local")

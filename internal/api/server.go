@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/credentials"
@@ -57,6 +58,9 @@ type Deps struct {
 	Placement  *placement.Service
 	// Analytics runs tenants' columnar mirrors; nil when not wired.
 	Analytics *analytics.Service
+	// Backups takes and lists the managed clusters' pgBackRest backups;
+	// nil when not wired (every cluster then answers "no backups configured").
+	Backups *backup.Service
 
 	// Credentials rotates tenants' passwords.
 	Credentials *credentials.Service
@@ -99,6 +103,8 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/clusters/{name}/drain", s.drainCluster)
 	s.handle("POST /v1/clusters/{name}/undrain", s.undrainCluster)
 	s.handle("POST /v1/rebalance", s.rebalance)
+	s.handle("GET /v1/backups", s.listBackups)
+	s.handle("POST /v1/backups", s.startBackup)
 	s.handle("GET /v1/templates", s.listTemplates)
 	s.handle("POST /v1/templates", s.createTemplate)
 	s.handle("GET /v1/templates/{name}", s.showTemplate)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -9,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
 )
 
 func newClusterCmd(g *globals) *cobra.Command {
@@ -69,7 +71,17 @@ The password is stored in the catalog and never printed.`,
 			if err != nil {
 				return err
 			}
-			return g.print(d, func(w io.Writer) { clusterDetail(w, d) })
+			// The recovery window (table only; `backup list -o json` has it).
+			var window string
+			switch bs, err := c.Backups(cmd.Context(), args[0]); {
+			case err == nil && len(bs) == 1:
+				window = recoveryWindow(bs[0])
+			case errors.Is(err, catalog.ErrConflict):
+				window = "no backups configured (see pgtenant backup --help)"
+			default:
+				window = fmt.Sprintf("unknown: %v", err)
+			}
+			return g.print(d, func(w io.Writer) { clusterDetail(w, d); row(w, "recovery window", window) })
 		},
 	}
 	cmd.AddCommand(add, list, show, newClusterSetCmd(g), newClusterDrainCmd(g), newClusterUndrainCmd(g))

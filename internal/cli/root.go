@@ -62,6 +62,7 @@ Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
 
 	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newMigrateCmd(g), newRolloutCmd(g), newPrewarmCmd(g), newBenchCmd(g))
 	root.AddCommand(newDoctorCmd(g), newAnalyticsCmd(g), newRebalanceCmd(g))
+	root.AddCommand(newBackupCmd(g))
 	return root
 }
 

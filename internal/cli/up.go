@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
@@ -158,9 +159,17 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 			}
 		}
 	}()
+	// New clusters archive their WAL and get backups with pgBackRest when it
+	// is installed (internal/backup).
+	_, noBackRest := backup.Find()
+	if noBackRest != nil {
+		fmt.Fprintln(g.stderr, "pgbackrest is not installed: new clusters get no WAL archive and no backups; to have them: "+backup.InstallHint)
+	}
+	stanzas := map[string]*backup.Stanza{}
 	for i := range o.clusters {
 		name := ClusterName(i)
-		fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Standbys: o.standbys, Logger: log})
+		fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Standbys: o.standbys, Logger: log,
+			Backups: noBackRest == nil})
 		if err != nil {
 			return err
 		}
@@ -169,9 +178,34 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		}
 		fmt.Fprintf(g.stderr, "starting cluster %s (PostgreSQL %s from %s) in %s\n", name, fc.Binaries().Version, fc.Binaries().Dir, filepath.Join(dir, name))
 		fcs = append(fcs, fc)
+		if fc.Backups() {
+			// The config is there before the archiver first needs it.
+			st, err := backup.ForCluster(fc, true)
+			if err != nil {
+				return err
+			}
+			if err := st.Prepare(); err != nil {
+				return fmt.Errorf("cluster %s: backups: %w", name, err)
+			}
+		}
 		if err := fc.Start(ctx); err != nil {
 			return err
 		}
+		if !fc.Backups() {
+			if noBackRest == nil {
+				fmt.Fprintf(g.stderr, "cluster %s was made without backups (before pgbackrest was installed): it has no WAL archive\n", name)
+			}
+			continue
+		}
+		// Backups are read from the first standby, sparing the primary.
+		st, err := backup.ForCluster(fc, true)
+		if err != nil {
+			return err
+		}
+		if err := st.Setup(ctx); err != nil {
+			return fmt.Errorf("cluster %s: backups: %w", name, err)
+		}
+		stanzas[name] = st
 	}
 
 	cfg.Catalog.DSN = fcs[0].PrimaryDSN("pgtenant")
@@ -189,7 +223,8 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		cfg.Analytics.Listen = "127.0.0.1:" + strconv.Itoa(port)
 	}
 	restarts := restartCounter(fcs)
-	opts := daemon.Options{Config: cfg, Collectors: []prometheus.Collector{restarts}, Logger: log, Poolers: map[string]config.PoolerConfig{}}
+	opts := daemon.Options{Config: cfg, Collectors: []prometheus.Collector{restarts}, Logger: log, Poolers: map[string]config.PoolerConfig{},
+		Backups: stanzas}
 	for _, fc := range fcs {
 		managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
 		for _, s := range fc.Standbys() {

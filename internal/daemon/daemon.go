@@ -23,6 +23,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/background"
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -56,6 +57,9 @@ type Options struct {
 	// name (`up` runs one per cluster); configured clusters have theirs in
 	// their pooler block.
 	Poolers map[string]config.PoolerConfig
+	// Backups are the pgBackRest stanzas of managed clusters, by cluster
+	// name (`up` sets one up per cluster when pgbackrest is installed).
+	Backups map[string]*backup.Stanza
 	Logger  *slog.Logger
 }
 
@@ -203,6 +207,17 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
 	d.runner.Register(jobs.Rebalance, plc.RebalanceHandler())
+	bk := &backup.Service{Store: store, Runner: d.runner, Stanzas: opts.Backups, Logger: log.With("component", "backup")}
+	// Only the daemon that holds the stanzas (up's) runs backups: another
+	// daemon on the same catalog would claim the jobs and fail them.
+	if len(opts.Backups) > 0 {
+		d.runner.Register(jobs.ClusterBackup, bk.Handler())
+		// A cluster just made gets its first full backup: its recovery
+		// window starts there. Not fatal; `backup list` says more.
+		if err := bk.EnsureFirst(ctx); err != nil {
+			log.Warn("first backup not started", "err", err)
+		}
+	}
 	reg.MustRegister(placement.NewCollector(plc))
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
@@ -222,7 +237,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
 		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov, Placement: plc, Analytics: d.analytics,
 		Console: d.console, Migrate: mig,
-		Metrics: d.collector, Quota: quo, Doctor: doc, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
+		Metrics: d.collector, Quota: quo, Doctor: doc, Backups: bk, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 	d.console.API = srv // the console reads and acts through the API's handlers
 
 	d.listener, err = net.Listen("tcp", cfg.Listen)

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -37,8 +38,15 @@ type Options struct {
 	Standbys int               // streaming standbys to keep (existing extra ones are kept too)
 	Settings map[string]string // postgresql.conf settings over DefaultSettings
 	// Fast trades durability for speed (initdb --no-sync, fsync=off): for tests only.
-	Fast   bool
-	Logger *slog.Logger
+	Fast bool
+	// Backups makes a cluster being made archive its WAL with pgBackRest
+	// from its creation (archive_mode needs a restart to turn on):
+	// archive_command runs archive-push with the stanza config at
+	// BackupConfigPath, which internal/backup writes. It is recorded in the
+	// cluster's state: an existing cluster keeps what it was made with.
+	// Off by default (tests ask for it).
+	Backups bool
+	Logger  *slog.Logger
 }
 
 // Node is one server of the cluster.
@@ -53,6 +61,9 @@ type state struct {
 	Major    int    `json:"major"`
 	Primary  Node   `json:"primary"`
 	Standbys []Node `json:"standbys"`
+	// Backups: the cluster was made archiving (Options.Backups); kept so
+	// that its standbys, made later, and its next starts agree.
+	Backups bool `json:"backups,omitempty"`
 }
 
 // Cluster is a managed cluster on disk.
@@ -63,6 +74,8 @@ type Cluster struct {
 	st       state
 	password string
 	log      *slog.Logger
+	// pgbackrest is the program archive_command runs (Options.Backups).
+	pgbackrest string
 }
 
 // maxFilesPerProcess is the max_files_per_process of a managed cluster:
@@ -170,7 +183,50 @@ func Open(opts Options) (*Cluster, error) {
 		return nil, err
 	}
 	c.st.Name, c.st.Major = opts.Name, c.bin.Major
+	if !c.st.Primary.Ready {
+		// Only a cluster being made takes the option: archive_mode needs a
+		// restart, and an archiving cluster must not stop archiving silently.
+		c.st.Backups = opts.Backups
+	}
+	if c.st.Backups {
+		if c.pgbackrest, err = exec.LookPath("pgbackrest"); err != nil {
+			return nil, fmt.Errorf("cluster %s archives its WAL with pgbackrest, which is not installed: "+
+				"apt-get install -y pgbackrest (without it the WAL piles up in the data dir)", opts.Name)
+		}
+	}
 	return c, nil
+}
+
+// BackupDir holds the cluster's pgBackRest files (internal/backup): config,
+// repository, logs, spool and locks.
+func (c *Cluster) BackupDir() string { return filepath.Join(c.opts.Dir, "backup") }
+
+// BackupConfigPath is the pgBackRest config archive_command names.
+func (c *Cluster) BackupConfigPath() string { return filepath.Join(c.BackupDir(), "pgbackrest.conf") }
+
+// Backups reports whether the cluster archives its WAL with pgBackRest: it
+// was made with Options.Backups.
+func (c *Cluster) Backups() bool { return c.st.Backups }
+
+// Password is the superuser's password.
+func (c *Cluster) Password() string { return c.password }
+
+// ArchiveCommand is an archive_command running pgBackRest's archive-push,
+// quoted for postgresql.conf (unquoted, the spaces in it end the value)
+// and its paths for the shell that runs it. The config path must be
+// absolute: the archiver runs it from the data dir.
+func ArchiveCommand(program, config, stanza string) string {
+	cmd := fmt.Sprintf("%s --config=%s --stanza=%s archive-push %%p", shellQuote(program), shellQuote(config), shellQuote(stanza))
+	return "'" + strings.ReplaceAll(cmd, "'", "''") + "'"
+}
+
+// shellQuote quotes s for /bin/sh unless it is made of characters the
+// shell takes literally.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-=") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // Name returns the cluster name.
@@ -468,6 +524,14 @@ func (c *Cluster) writeConf(dir string, port int) error {
 	}
 	if c.opts.Fast {
 		settings["fsync"] = "off"
+	}
+	if c.st.Backups {
+		// On a standby archive_mode=on archives nothing until it is promoted.
+		settings["archive_mode"] = "on"
+		settings["archive_command"] = ArchiveCommand(c.pgbackrest, c.BackupConfigPath(), c.opts.Name)
+		// A quiet cluster still ships its WAL within a minute: the most a
+		// restore can lose (RPO) is bounded by this.
+		settings["archive_timeout"] = "60s"
 	}
 	settings["port"] = strconv.Itoa(port)
 	keys := make([]string, 0, len(settings))

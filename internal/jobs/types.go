@@ -17,7 +17,8 @@ const (
 	Prewarm        Type = "cluster.prewarm"  // load the hot sets of one node (prewarm)
 	ClusterDrain   Type = "cluster.drain"    // move a draining cluster's tenants away (placement)
 	Rebalance      Type = "fleet.rebalance"  // run a rebalance's planned moves (placement)
+	ClusterBackup  Type = "cluster.backup"   // take one pgBackRest backup of a cluster (backup)
 )
 
 // Types are the job types, the ones List's filter takes.
-var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance}
+var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance, ClusterBackup}

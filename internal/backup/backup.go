@@ -1,0 +1,238 @@
+// Package backup owns pgBackRest for the managed clusters that `pgtenant up`
+// makes: per cluster a stanza named after it, its config file, a posix
+// repository under the cluster directory, WAL archiving (archive-push,
+// async) and full, differential and incremental backups, and what
+// `pgbackrest info` says about them. It never reconfigures PostgreSQL
+// itself: internal/fleet writes archive_command (Options.Backups) so that a
+// cluster archives from its creation, pointing at ConfigPath.
+package backup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/fleet"
+)
+
+// InstallHint says how to get pgBackRest.
+const InstallHint = "apt-get install -y pgbackrest"
+
+// ErrNoPgBackRest is returned when the pgbackrest program is not found.
+var ErrNoPgBackRest = errors.New("pgbackrest is not installed (" + InstallHint + ")")
+
+// ErrNotConfigured is returned for a cluster that pgtenant does not back
+// up: one that `pgtenant up` made before pgbackrest was installed, or one
+// registered from outside.
+var ErrNotConfigured = errors.New("no backups configured: pgtenant backs up the clusters `pgtenant up` makes " +
+	"when pgbackrest is installed (" + InstallHint + ", then run up again); a cluster made before that, or " +
+	"registered with `cluster add`, has none")
+
+// Find returns the path of the pgbackrest program.
+func Find() (string, error) {
+	p, err := exec.LookPath("pgbackrest")
+	if err != nil {
+		return "", ErrNoPgBackRest
+	}
+	return p, nil
+}
+
+// Types of backup, as pgBackRest names them.
+const (
+	Full = "full"
+	Diff = "diff"
+	Incr = "incr"
+)
+
+// ValidType reports whether t is a backup type.
+func ValidType(t string) bool { return t == Full || t == Diff || t == Incr }
+
+// Stanza is pgBackRest set up for one managed cluster. Every file under Dir
+// belongs to the servers' OS user: the archiver runs archive-push as it.
+type Stanza struct {
+	Name    string // the stanza, the cluster's name
+	Dir     string // <cluster dir>/backup: config, repo, log, spool, lock
+	Program string // the pgbackrest program
+	Primary Node
+	Standby *Node // backups are taken from it when set
+
+	configPath string
+	password   string
+	user       fleet.OSUser
+}
+
+// Node is one server pgBackRest reads: its data dir and port.
+type Node struct {
+	Path string
+	Port int
+}
+
+// ConfigPath is the stanza's pgbackrest.conf. It is absolute: pgBackRest
+// resolves a relative --config against its own working directory, which is
+// the data dir when the archiver runs it.
+func (s *Stanza) ConfigPath() string { return s.configPath }
+
+// RepoPath is the posix repository.
+func (s *Stanza) RepoPath() string { return filepath.Join(s.Dir, "repo") }
+
+// ForCluster describes the stanza of a managed cluster that archives
+// (fleet.Options.Backups), taking backups from its first standby when it
+// has one and fromStandby. Nothing is written; Setup does.
+func ForCluster(fc *fleet.Cluster, fromStandby bool) (*Stanza, error) {
+	if !fc.Backups() {
+		return nil, fmt.Errorf("cluster %s: %w", fc.Name(), ErrNotConfigured)
+	}
+	prog, err := Find()
+	if err != nil {
+		return nil, err
+	}
+	user, err := fleet.ServerUser()
+	if err != nil {
+		return nil, err
+	}
+	s := &Stanza{Name: fc.Name(), Dir: fc.BackupDir(), Program: prog, configPath: fc.BackupConfigPath(),
+		password: fc.Password(), user: user,
+		Primary: Node{Path: fc.DataDir(fc.Primary().Name), Port: fc.Primary().Port}}
+	if sbs := fc.Standbys(); fromStandby && len(sbs) > 0 && sbs[0].Ready {
+		s.Standby = &Node{Path: fc.DataDir(sbs[0].Name), Port: sbs[0].Port}
+	}
+	return s, nil
+}
+
+// config is pgbackrest.conf. Retention is by time: full backups (and the
+// WAL they need) are expired once a newer full backup is older than
+// RetentionDays, so the recovery window always covers that many days.
+func (s *Stanza) config() string {
+	var b strings.Builder
+	b.WriteString("# Written by pgtenant (internal/backup); overwritten on every start.\n[global]\n")
+	kv := func(k, v string) { fmt.Fprintf(&b, "%s=%s\n", k, v) }
+	kv("repo1-path", s.RepoPath())
+	kv("repo1-retention-full-type", "time")
+	kv("repo1-retention-full", strconv.Itoa(RetentionDays))
+	kv("log-path", filepath.Join(s.Dir, "log"))
+	kv("lock-path", filepath.Join(s.Dir, "lock"))
+	kv("spool-path", filepath.Join(s.Dir, "spool"))
+	// Async: the archiver hands segments to a background pgbackrest that
+	// pushes several at once, so archive_command returns fast under load.
+	kv("archive-async", "y")
+	kv("compress-type", "lz4")
+	kv("start-fast", "y") // an asked-for backup starts now, not at the next checkpoint
+	kv("log-level-console", "warn")
+	kv("log-level-file", "info")
+	fmt.Fprintf(&b, "\n[%s]\n", s.Name)
+	kv("pg1-path", s.Primary.Path)
+	if s.Primary.Port != 0 { // 0: a cluster not made yet
+		kv("pg1-port", strconv.Itoa(s.Primary.Port))
+	}
+	kv("pg1-user", fleet.Superuser)
+	if s.Standby != nil {
+		kv("pg2-path", s.Standby.Path)
+		kv("pg2-port", strconv.Itoa(s.Standby.Port))
+		kv("pg2-user", fleet.Superuser)
+		kv("backup-standby", "y")
+	}
+	return b.String()
+}
+
+// RetentionDays is how many days of recovery window the repository keeps.
+const RetentionDays = 7
+
+// Prepare writes the config, the passfile and the directories, all owned
+// by the servers' OS user. `up` runs it before it starts a cluster being
+// made, so that the archiver finds the config from the first segment on
+// (ports are not known yet; archive-push does not need them), and Setup
+// again once it runs.
+func (s *Stanza) Prepare() error {
+	for _, d := range []string{s.Dir, s.RepoPath(), filepath.Join(s.Dir, "log"), filepath.Join(s.Dir, "lock"), filepath.Join(s.Dir, "spool")} {
+		if _, err := os.Stat(d); err == nil {
+			continue // owned when made; not walked again (the repository grows large)
+		}
+		if err := os.MkdirAll(d, 0o750); err != nil {
+			return fmt.Errorf("backup dirs: %w", err)
+		}
+		if err := s.user.Own(d); err != nil {
+			return fmt.Errorf("give %s to the server user: %w", d, err)
+		}
+	}
+	// libpq reads the password from the passfile; PGPASSWORD would show in
+	// the process's environment.
+	pass := fmt.Sprintf("127.0.0.1:*:*:%s:%s\n", fleet.Superuser, s.password)
+	for path, body := range map[string]string{s.ConfigPath(): s.config(), s.passFile(): pass} {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		if err := s.user.Own(path); err != nil {
+			return fmt.Errorf("give %s to the server user: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// Setup runs Prepare and creates the stanza (stanza-create is idempotent:
+// a second run finds it there).
+func (s *Stanza) Setup(ctx context.Context) error {
+	if err := s.Prepare(); err != nil {
+		return err
+	}
+	_, err := s.run(ctx, "stanza-create")
+	return err
+}
+
+func (s *Stanza) passFile() string { return filepath.Join(s.Dir, "pgpass") }
+
+// Backup takes a backup of type typ (full, diff, incr) and returns once
+// pgBackRest has finished it (and expired what retention lets go).
+func (s *Stanza) Backup(ctx context.Context, typ string) error {
+	if !ValidType(typ) {
+		return fmt.Errorf("backup type %q: want full, diff or incr", typ)
+	}
+	_, err := s.run(ctx, "--type="+typ, "backup")
+	return err
+}
+
+// run runs a pgbackrest command as the servers' OS user. pgBackRest
+// reaches PostgreSQL through libpq: the managed servers listen on TCP only,
+// so PGHOST points it at the loopback address (pg1-socket-path takes a
+// directory, not a host).
+func (s *Stanza) run(ctx context.Context, args ...string) ([]byte, error) {
+	all := append([]string{"--config=" + s.ConfigPath(), "--stanza=" + s.Name}, args...)
+	cmd := s.user.Command(s.Program, all...)
+	cmd.Dir = s.Dir
+	cmd.Env = append(cmd.Env, "PGHOST=127.0.0.1", "PGPASSFILE="+s.passFile(), "PGSSLMODE=disable")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("pgbackrest %s: %w", args[len(args)-1], err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// SIGTERM lets pgBackRest stop its local processes and release its
+		// lock; a backup it leaves half-made is resumed or cleaned by the next.
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case err = <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			err = <-done
+		}
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		msg := strings.TrimSpace(errb.String() + "\n" + out.String())
+		return out.Bytes(), fmt.Errorf("pgbackrest %s: %w: %s", args[len(args)-1], err, msg)
+	}
+	return out.Bytes(), nil
+}

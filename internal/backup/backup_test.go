@@ -1,0 +1,174 @@
+package backup_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/fleet"
+)
+
+// startCluster makes a small managed cluster in a temp dir, archiving when
+// backups is set; it is stopped and removed when the test ends.
+func startCluster(t *testing.T, ctx context.Context, standbys int, backups bool) *fleet.Cluster {
+	t.Helper()
+	if backups {
+		if _, err := backup.Find(); err != nil {
+			t.Skip(err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "pgtest-backup-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The postgres OS user (when we are root) must traverse the temp dir.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "bk"), Name: "bk", Standbys: standbys, Fast: true, Backups: backups,
+		Settings: map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = fc.Stop(sctx)
+	})
+	if err := fc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return fc
+}
+
+func exec(t *testing.T, ctx context.Context, dsn, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBackup_StanzaArchiveFullDiff walks a cluster's backups through their
+// first steps: the stanza is made, a WAL switch reaches the repository, a
+// full then a differential backup are listed in order with their times,
+// and the recovery window runs from the full backup to the newest WAL.
+func TestBackup_StanzaArchiveFullDiff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	fc := startCluster(t, ctx, 1, true)
+	st, err := backup.ForCluster(fc, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Setup twice is harmless (up runs it on every start).
+	if err := st.Setup(ctx); err != nil {
+		t.Fatalf("second Setup: %v", err)
+	}
+
+	// A WAL switch reaches the repository.
+	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE TABLE marker (v int); INSERT INTO marker SELECT generate_series(1, 1000)`)
+	var seg string
+	conn, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.QueryRow(ctx, `SELECT pg_walfile_name(pg_switch_wal())`).Scan(&seg); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx)
+	waitFor(t, ctx, func() bool {
+		m, _ := filepath.Glob(filepath.Join(st.RepoPath(), "archive", "bk", "*", seg[:16], seg+"-*"))
+		return len(m) == 1
+	})
+
+	before := time.Now().Add(-time.Second).Truncate(time.Second)
+	if err := st.Backup(ctx, backup.Full); err != nil {
+		t.Fatal(err)
+	}
+	exec(t, ctx, fc.PrimaryDSN("postgres"), `INSERT INTO marker SELECT generate_series(1, 1000)`)
+	if err := st.Backup(ctx, backup.Diff); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().Add(time.Second)
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(info.Backups), 2; got != want {
+		t.Fatalf("backups = %+v, want %d", info.Backups, want)
+	}
+	full, diff := info.Backups[0], info.Backups[1]
+	if full.Type != backup.Full || diff.Type != backup.Diff {
+		t.Errorf("types = %s, %s, want full, diff", full.Type, diff.Type)
+	}
+	if diff.Prior != full.Label {
+		t.Errorf("diff prior = %q, want %q", diff.Prior, full.Label)
+	}
+	for _, b := range info.Backups {
+		if b.Start.Before(before) || b.Stop.After(after) || b.Stop.Before(b.Start) {
+			t.Errorf("backup %s ran %v..%v, want within %v..%v", b.Label, b.Start, b.Stop, before, after)
+		}
+		if b.Size <= 0 || b.RepoSize <= 0 || b.LSNStart == "" || b.LSNStop == "" || b.WALStart == "" {
+			t.Errorf("backup %+v: sizes, LSNs and WAL must be set", b)
+		}
+	}
+	if info.Status != "ok" || info.Running {
+		t.Errorf("status = %q running=%v, want ok and not running", info.Status, info.Running)
+	}
+	if info.ArchiveMin == "" || info.ArchiveMax < diff.WALStop {
+		t.Errorf("archive %s..%s, want up to at least the diff's %s", info.ArchiveMin, info.ArchiveMax, diff.WALStop)
+	}
+	w := info.Window
+	if w == nil {
+		t.Fatal("no recovery window after two backups")
+	}
+	if !w.Earliest.Equal(full.Stop) || w.Latest.Before(diff.Stop) || w.Latest.After(after) {
+		t.Errorf("window = %v..%v, want %v..(>= %v, <= %v)", w.Earliest, w.Latest, full.Stop, diff.Stop, after)
+	}
+	// The cluster keeps archiving when opened again without the option:
+	// it was made so.
+	again, err := fleet.Open(fleet.Options{Dir: filepath.Dir(st.Dir), Name: "bk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Backups() {
+		t.Error("a cluster made with backups, opened again without the option: Backups() = false")
+	}
+
+	logs, _ := filepath.Glob(filepath.Join(st.Dir, "log", "bk-backup.log"))
+	if len(logs) == 1 {
+		b, _ := os.ReadFile(logs[0])
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, "standby") {
+				t.Log(l)
+			}
+		}
+	}
+	t.Logf("standby=%v full %s (%d bytes, %v) diff %s (%v)", st.Standby != nil, full.Label, full.Size, full.Stop.Sub(full.Start), diff.Label, diff.Stop.Sub(diff.Start))
+}
+
+func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("timed out waiting")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}

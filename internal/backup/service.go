@@ -1,0 +1,232 @@
+package backup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+)
+
+// ErrBusy is returned when a backup of the cluster is already queued or
+// running: pgBackRest takes one backup of a stanza at a time.
+var ErrBusy = errors.New("a backup of this cluster is already in progress")
+
+// BusyError names the job that holds the cluster.
+type BusyError struct {
+	Cluster string
+	Job     jobs.Job
+	Type    string
+}
+
+func (e *BusyError) Error() string {
+	return fmt.Sprintf("cluster %s: a backup (%s) is already %s as job %d; wait for it with `pgtenant job show %d --wait`, then ask again",
+		e.Cluster, e.Type, e.Job.State, e.Job.ID, e.Job.ID)
+}
+
+func (e *BusyError) Unwrap() error { return ErrBusy }
+
+// Args of a backup job.
+type Args struct {
+	Cluster string `json:"cluster"`
+	Type    string `json:"type"` // full, diff, incr
+	// Request tells a new job from one already holding the cluster's key.
+	Request string `json:"request"`
+}
+
+// Service takes backups as durable jobs and reads the repositories of the
+// clusters it backs up (Stanzas, by cluster name).
+type Service struct {
+	Store   *catalog.Store
+	Runner  *jobs.Runner
+	Stanzas map[string]*Stanza
+	Logger  *slog.Logger
+}
+
+// Stanza returns a cluster's stanza, ErrNotConfigured for a cluster that is
+// not backed up.
+func (s *Service) Stanza(cluster string) (*Stanza, error) {
+	st, ok := s.Stanzas[cluster]
+	if !ok {
+		return nil, fmt.Errorf("cluster %s: %w", cluster, ErrNotConfigured)
+	}
+	return st, nil
+}
+
+// ClusterBackups is what one cluster's repository holds.
+type ClusterBackups struct {
+	Cluster string `json:"cluster"`
+	// FromStandby: backups are read from a standby.
+	FromStandby bool `json:"from_standby"`
+	Info
+}
+
+// List reads the repository of one cluster, or of every cluster backed up
+// when cluster is "".
+func (s *Service) List(ctx context.Context, cluster string) ([]ClusterBackups, error) {
+	names := []string{cluster}
+	if cluster == "" {
+		if names = s.clusters(); len(names) == 0 {
+			return nil, ErrNotConfigured
+		}
+	}
+	out := []ClusterBackups{}
+	for _, n := range names {
+		st, err := s.Stanza(n)
+		if err != nil {
+			return nil, err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", n, err)
+		}
+		out = append(out, ClusterBackups{Cluster: n, FromStandby: st.Standby != nil, Info: info})
+	}
+	return out, nil
+}
+
+// Window returns a cluster's recovery window (nil before its first backup).
+func (s *Service) Window(ctx context.Context, cluster string) (*Window, error) {
+	st, err := s.Stanza(cluster)
+	if err != nil {
+		return nil, err
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return info.Window, nil
+}
+
+func (s *Service) clusters() []string {
+	names := make([]string, 0, len(s.Stanzas))
+	for n := range s.Stanzas {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Now starts a backup of one cluster, or of every cluster backed up when
+// cluster is "". A cluster whose backup is already queued or running
+// answers a *BusyError naming that job: a second backup is refused, not
+// queued behind the first.
+func (s *Service) Now(ctx context.Context, cluster, typ string) ([]jobs.Job, error) {
+	if !ValidType(typ) {
+		return nil, fmt.Errorf("backup type %q: want full, diff or incr", typ)
+	}
+	names := []string{cluster}
+	if cluster == "" {
+		names = s.clusters()
+		if len(names) == 0 {
+			return nil, ErrNotConfigured
+		}
+	}
+	var out []jobs.Job
+	for _, n := range names {
+		if _, err := s.Stanza(n); err != nil {
+			return out, err
+		}
+		j, err := s.enqueue(ctx, Args{Cluster: n, Type: typ})
+		if err != nil {
+			return out, err
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}
+
+func (s *Service) enqueue(ctx context.Context, a Args) (jobs.Job, error) {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	a.Request = hex.EncodeToString(b)
+	// One key per cluster: at most one unfinished backup job each.
+	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), jobs.Spec{Type: jobs.ClusterBackup, Key: "backup:" + a.Cluster,
+		TargetKind: "cluster", Target: a.Cluster, Cluster: a.Cluster, Args: a, MaxAttempts: 3})
+	if err != nil {
+		return jobs.Job{}, err
+	}
+	var got Args
+	if err := json.Unmarshal(j.Args, &got); err != nil {
+		return jobs.Job{}, fmt.Errorf("job %d: %w", j.ID, err)
+	}
+	if got.Request != a.Request {
+		return j, &BusyError{Cluster: a.Cluster, Job: j, Type: got.Type}
+	}
+	return j, nil
+}
+
+// EnsureFirst starts a full backup of each cluster whose repository holds
+// none yet (a cluster just made): its recovery window starts there.
+func (s *Service) EnsureFirst(ctx context.Context) error {
+	var errs []error
+	for _, n := range s.clusters() {
+		info, err := s.Stanzas[n].Info(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cluster %s: %w", n, err))
+			continue
+		}
+		if len(info.Backups) > 0 {
+			continue
+		}
+		if _, err := s.enqueue(ctx, Args{Cluster: n, Type: Full}); err != nil && !errors.Is(err, ErrBusy) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// progressEvery is how often a running backup's job shows it is alive.
+const progressEvery = 2 * time.Second
+
+// Handler is the handler of jobs.ClusterBackup: one step that runs pgbackrest backup.
+// Run again after a crash, pgBackRest resumes or discards the half-made
+// backup it finds.
+func (s *Service) Handler() jobs.Handler {
+	return jobs.Handler{Steps: func(j *jobs.Job) ([]jobs.Step, error) {
+		var a Args
+		if err := j.DecodeArgs(&a); err != nil {
+			return nil, err
+		}
+		return []jobs.Step{{Name: "backup", Doing: a.Type + " backup", Run: func(ctx context.Context, r *jobs.Run) error {
+			return s.backup(ctx, r, a)
+		}}}, nil
+	}}
+}
+
+func (s *Service) backup(ctx context.Context, r *jobs.Run, a Args) error {
+	st, err := s.Stanza(a.Cluster)
+	if err != nil {
+		return jobs.Permanent(err)
+	}
+	from := "primary"
+	if st.Standby != nil {
+		from = "standby"
+	}
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- st.Backup(ctx, a.Type) }()
+	tick := time.NewTicker(progressEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+			if s.Logger != nil {
+				s.Logger.Info("backup done", "cluster", a.Cluster, "type", a.Type, "seconds", time.Since(start).Seconds())
+			}
+			return nil
+		case <-tick.C:
+			r.Note(ctx, fmt.Sprintf("%s backup from the %s: %s", a.Type, from, time.Since(start).Round(time.Second)))
+		}
+	}
+}
