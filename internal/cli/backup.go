@@ -64,10 +64,8 @@ refused, naming the job to wait for. With --wait, a progress line until it ends.
 				return err
 			}
 			if wait {
-				for i, j := range js {
-					if js[i], err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
-						return err
-					}
+				if js, err = g.waitJobs(cmd.Context(), c, js); err != nil {
+					return err
 				}
 			}
 			return g.print(js, func(w io.Writer) { jobTable(w, js) })

@@ -36,10 +36,8 @@ standbys. The daemon does this by itself after a restart, a failover or a resume
 				return err
 			}
 			if wait {
-				for i, j := range js {
-					if js[i], err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
-						return err
-					}
+				if js, err = g.waitJobs(cmd.Context(), c, js); err != nil {
+					return err
 				}
 			}
 			return g.print(js, func(w io.Writer) {

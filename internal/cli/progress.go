@@ -77,3 +77,15 @@ func (g *globals) waitJob(ctx context.Context, c *api.Client, id int64) (jobs.Jo
 	}
 	return j, nil
 }
+
+// waitJobs waits for each of js in turn (waitJob) and returns them as they
+// ended.
+func (g *globals) waitJobs(ctx context.Context, c *api.Client, js []jobs.Job) ([]jobs.Job, error) {
+	for i, j := range js {
+		var err error
+		if js[i], err = g.waitJob(ctx, c, j.ID); err != nil {
+			return js, err
+		}
+	}
+	return js, nil
+}
