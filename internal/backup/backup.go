@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/fleet"
@@ -62,6 +63,9 @@ type Stanza struct {
 	Program string // the pgbackrest program
 	Primary Node
 	Standby *Node // backups are taken from it when set
+	// Retention is the recovery window kept, whole days (backups.retention;
+	// 0: RetentionDays).
+	Retention time.Duration
 
 	configPath string
 	password   string
@@ -108,14 +112,14 @@ func ForCluster(fc *fleet.Cluster, fromStandby bool) (*Stanza, error) {
 
 // config is pgbackrest.conf. Retention is by time: full backups (and the
 // WAL they need) are expired once a newer full backup is older than
-// RetentionDays, so the recovery window always covers that many days.
+// RetentionDays(), so the recovery window always covers that many days.
 func (s *Stanza) config() string {
 	var b strings.Builder
 	b.WriteString("# Written by pgtenant (internal/backup); overwritten on every start.\n[global]\n")
 	kv := func(k, v string) { fmt.Fprintf(&b, "%s=%s\n", k, v) }
 	kv("repo1-path", s.RepoPath())
 	kv("repo1-retention-full-type", "time")
-	kv("repo1-retention-full", strconv.Itoa(RetentionDays))
+	kv("repo1-retention-full", strconv.Itoa(s.RetentionDays()))
 	kv("log-path", filepath.Join(s.Dir, "log"))
 	kv("lock-path", filepath.Join(s.Dir, "lock"))
 	kv("spool-path", filepath.Join(s.Dir, "spool"))
@@ -141,8 +145,19 @@ func (s *Stanza) config() string {
 	return b.String()
 }
 
-// RetentionDays is how many days of recovery window the repository keeps.
+// RetentionDays is the default recovery window the repository keeps, in days.
 const RetentionDays = 7
+
+// RetentionDays is how many days of recovery window the repository keeps:
+// Retention rounded up to whole days (pgBackRest counts time-based
+// retention in days), RetentionDays when unset.
+func (s *Stanza) RetentionDays() int {
+	if s.Retention <= 0 {
+		return RetentionDays
+	}
+	day := 24 * time.Hour
+	return int((s.Retention + day - 1) / day)
+}
 
 // Prepare writes the config, the passfile and the directories, all owned
 // by the servers' OS user. `up` runs it before it starts a cluster being
@@ -190,10 +205,32 @@ func (s *Stanza) passFile() string { return filepath.Join(s.Dir, "pgpass") }
 // Backup takes a backup of type typ (full, diff, incr) and returns once
 // pgBackRest has finished it (and expired what retention lets go).
 func (s *Stanza) Backup(ctx context.Context, typ string) error {
+	return s.BackupStarted(ctx, typ, nil)
+}
+
+// startedLine is what pgBackRest (2.45) logs at info once the backup's
+// start (pg_backup_start, with its immediate checkpoint) has returned.
+const startedLine = "backup start archive = "
+
+// BackupStarted is Backup that calls started (when not nil) once the
+// backup's start checkpoint on the primary is done and pgBackRest copies
+// files; at the latest when the backup ends.
+func (s *Stanza) BackupStarted(ctx context.Context, typ string, started func()) error {
 	if !ValidType(typ) {
 		return fmt.Errorf("backup type %q: want full, diff or incr", typ)
 	}
-	_, err := s.run(ctx, "--type="+typ, "backup")
+	if started == nil {
+		_, err := s.run(ctx, "--type="+typ, "backup")
+		return err
+	}
+	var once sync.Once
+	call := func() { once.Do(started) }
+	defer call()
+	_, err := s.runLines(ctx, func(line string) {
+		if strings.Contains(line, startedLine) {
+			call()
+		}
+	}, "--log-level-console=info", "--type="+typ, "backup")
 	return err
 }
 
@@ -202,12 +239,21 @@ func (s *Stanza) Backup(ctx context.Context, typ string) error {
 // so PGHOST points it at the loopback address (pg1-socket-path takes a
 // directory, not a host).
 func (s *Stanza) run(ctx context.Context, args ...string) ([]byte, error) {
+	return s.runLines(ctx, nil, args...)
+}
+
+// runLines is run calling onLine (when not nil) with each line of
+// standard output as it comes.
+func (s *Stanza) runLines(ctx context.Context, onLine func(string), args ...string) ([]byte, error) {
 	all := append([]string{"--config=" + s.ConfigPath(), "--stanza=" + s.Name}, args...)
 	cmd := s.user.Command(s.Program, all...)
 	cmd.Dir = s.Dir
 	cmd.Env = append(cmd.Env, "PGHOST=127.0.0.1", "PGPASSFILE="+s.passFile(), "PGSSLMODE=disable")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
+	if onLine != nil {
+		cmd.Stdout = &lineWriter{buf: &out, fn: onLine}
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("pgbackrest %s: %w", args[len(args)-1], err)
 	}
@@ -235,4 +281,25 @@ func (s *Stanza) run(ctx context.Context, args ...string) ([]byte, error) {
 		return out.Bytes(), fmt.Errorf("pgbackrest %s: %w: %s", args[len(args)-1], err, msg)
 	}
 	return out.Bytes(), nil
+}
+
+// lineWriter keeps what is written in buf and calls fn with each complete
+// line. exec.Cmd copies a pipe into it from one goroutine.
+type lineWriter struct {
+	buf  *bytes.Buffer
+	fn   func(string)
+	part []byte
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.buf.Write(p)
+	w.part = append(w.part, p...)
+	for {
+		i := bytes.IndexByte(w.part, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.fn(string(w.part[:i]))
+		w.part = w.part[i+1:]
+	}
 }

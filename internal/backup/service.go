@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
@@ -47,7 +49,25 @@ type Service struct {
 	Store   *catalog.Store
 	Runner  *jobs.Runner
 	Stanzas map[string]*Stanza
-	Logger  *slog.Logger
+	// Clusters reach the primaries (pg_stat_archiver, the current WAL
+	// position) for the metrics and doctor; nil: those are not read.
+	Clusters *cluster.Registry
+	// Schedule is the backups section: the schedule and retention.
+	Schedule config.BackupsConfig
+	Logger   *slog.Logger
+}
+
+// Configure gives every stanza the configured retention and rewrites its
+// config (`up` wrote it before the configuration was read).
+func (s *Service) Configure() error {
+	for _, n := range s.clusters() {
+		st := s.Stanzas[n]
+		st.Retention = s.Schedule.Retention.D()
+		if err := st.Prepare(); err != nil {
+			return fmt.Errorf("cluster %s: %w", n, err)
+		}
+	}
+	return nil
 }
 
 // Stanza returns a cluster's stanza, ErrNotConfigured for a cluster that is
@@ -210,9 +230,20 @@ func (s *Service) backup(ctx context.Context, r *jobs.Run, a Args) error {
 	if st.Standby != nil {
 		from = "standby"
 	}
+	// Paced as a heavy step: the backup's start runs pg_backup_start on the
+	// primary with an immediate checkpoint (start-fast), which is what
+	// jobs.Heavy is for; it waits while the standby's replay lag is over
+	// budget or a forced checkpoint runs, and takes a heavy DDL slot. The
+	// slot is given back once that checkpoint is done (pgBackRest says so
+	// at info level): holding it for the copy, which can take hours, would
+	// stall every FILE_COPY create and DROP DATABASE on the cluster.
+	release, err := r.Pace(ctx, a.Cluster, jobs.Heavy)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	done := make(chan error, 1)
-	go func() { done <- st.Backup(ctx, a.Type) }()
+	go func() { done <- st.BackupStarted(ctx, a.Type, release) }()
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
 	for {

@@ -25,6 +25,12 @@ import (
 // given stanzas; it stops when the test ends.
 func startDaemon(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza) *api.Client {
 	t.Helper()
+	return startDaemonWith(t, fc, catalogDB, stanzas, nil)
+}
+
+// startDaemonWith is startDaemon with the configuration changed by mod.
+func startDaemonWith(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza, mod func(*config.Config)) *api.Client {
+	t.Helper()
 	cfg := config.Default()
 	cfg.Listen = "127.0.0.1:0"
 	cfg.Catalog.DSN = fc.PrimaryDSN(catalogDB)
@@ -35,6 +41,9 @@ func startDaemon(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[
 	cfg.Prewarm.CaptureInterval = 0
 	cfg.Prewarm.WatchInterval = 0
 	cfg.Metrics.Interval = 0
+	if mod != nil {
+		mod(&cfg)
+	}
 	managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
 	for _, s := range fc.Standbys() {
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))

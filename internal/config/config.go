@@ -72,6 +72,25 @@ type Config struct {
 	Analytics AnalyticsConfig `yaml:"analytics"`
 	// Move tunes the moves that drain and rebalance start.
 	Move MoveConfig `yaml:"move"`
+	// Backups schedules the pgBackRest backups of managed clusters and
+	// sets how long their recovery window reaches back (internal/backup).
+	Backups BackupsConfig `yaml:"backups"`
+}
+
+// BackupsConfig schedules backups and sets their retention (README,
+// "Backups").
+type BackupsConfig struct {
+	// FullEvery: a full backup is taken when the newest full is this old.
+	FullEvery Duration `yaml:"full_every"`
+	// DiffEvery: otherwise a differential backup (what changed since the
+	// last full) when the newest backup of any type is this old (0 = none).
+	DiffEvery Duration `yaml:"diff_every"`
+	// Retention is the recovery window kept, in whole days: pgBackRest
+	// expires a full backup (with its diffs and WAL) once a newer full is
+	// older than this.
+	Retention Duration `yaml:"retention"`
+	// CheckInterval is how often the schedule is looked at.
+	CheckInterval Duration `yaml:"check_interval"`
 }
 
 // MoveConfig tunes drains and rebalances (internal/placement).
@@ -503,6 +522,11 @@ func Default() Config {
 		Analytics: AnalyticsConfig{MemoryLimit: 256 << 20, Threads: 1, StatementTimeout: Duration(30 * time.Second),
 			FlushInterval: Duration(200 * time.Millisecond), BatchRows: 50000, Lease: Duration(30 * time.Second), PollInterval: Duration(time.Second)},
 		Move: MoveConfig{MaxConcurrentPerCluster: 1},
+		// A weekly full and a daily diff: a restore reads one full, at most
+		// one diff and at most a day of WAL, and the cluster is read whole
+		// once a week only (README, "Backups").
+		Backups: BackupsConfig{FullEvery: Duration(7 * 24 * time.Hour), DiffEvery: Duration(24 * time.Hour),
+			Retention: Duration(7 * 24 * time.Hour), CheckInterval: Duration(time.Minute)},
 	}
 }
 
@@ -844,6 +868,20 @@ func (c Config) Validate() error {
 	}
 	if c.Migrate.RetryBackoff.D() <= 0 {
 		bad("migrate.retry_backoff", "must be positive")
+	}
+	if c.Backups.FullEvery.D() < time.Minute {
+		bad("backups.full_every", "must be at least 1m, e.g. 7d")
+	}
+	if d := c.Backups.DiffEvery.D(); d < 0 || (d > 0 && d < time.Minute) {
+		bad("backups.diff_every", "must be 0 (no differential backups) or at least 1m, e.g. 1d")
+	} else if d >= c.Backups.FullEvery.D() && c.Backups.FullEvery.D() > 0 {
+		bad("backups.diff_every", "%s is not below backups.full_every %s: every backup would be a full one (set 0 for none)", c.Backups.DiffEvery, c.Backups.FullEvery)
+	}
+	if r := c.Backups.Retention.D(); r < 24*time.Hour || r%(24*time.Hour) != 0 {
+		bad("backups.retention", "must be whole days, at least 1d, e.g. 7d (pgBackRest keeps time-based retention in days)")
+	}
+	if c.Backups.CheckInterval.D() < time.Second {
+		bad("backups.check_interval", "must be at least 1s")
 	}
 	return errors.Join(errs...)
 }

@@ -98,6 +98,9 @@ type Daemon struct {
 	// analytics runs the tenants' columnar mirrors this daemon owns and
 	// serves them on the analytics port.
 	analytics *analytics.Service
+	// backups takes the scheduled backups of the stanzas this daemon holds
+	// (none: it only waits).
+	backups *backup.Scheduler
 }
 
 // analyticsDir is where the mirrors' DuckDB files live: analytics.dir, or
@@ -207,10 +210,18 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
 	d.runner.Register(jobs.Rebalance, plc.RebalanceHandler())
-	bk := &backup.Service{Store: store, Runner: d.runner, Stanzas: opts.Backups, Logger: log.With("component", "backup")}
+	bk := &backup.Service{Store: store, Runner: d.runner, Stanzas: opts.Backups, Clusters: d.clusters, Schedule: cfg.Backups,
+		Logger: log.With("component", "backup")}
+	d.backups = &backup.Scheduler{S: bk}
+	reg.MustRegister(backup.NewCollector(bk))
 	// Only the daemon that holds the stanzas (up's) runs backups: another
 	// daemon on the same catalog would claim the jobs and fail them.
 	if len(opts.Backups) > 0 {
+		// The stanzas' retention follows backups.retention.
+		if err := bk.Configure(); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("write the stanzas' config (backups.retention): %w", err)
+		}
 		d.runner.Register(jobs.ClusterBackup, bk.Handler())
 		// A cluster just made gets its first full backup: its recovery
 		// window starts there. Not fatal; `backup list` says more.
@@ -231,7 +242,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(tenants)
 	d.capper = &quota.Capper{Store: store, Clusters: d.clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: log}
 	d.capper.Register(reg)
-	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers}
+	doc := &doctor.Doctor{Store: store, Clusters: d.clusters, Config: cfg, Logger: log, Poolers: d.poolers, Backups: bk}
 
 	d.console = &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
@@ -462,7 +473,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console, d.analytics} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console, d.analytics, d.backups} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

@@ -89,6 +89,33 @@ type Facts struct {
 	StatsTempFS    string // file system type of stats_temp_directory (servers before 15)
 
 	Pooler *PoolerFacts // the cluster's PgBouncer, nil without one
+	Backup *BackupFacts // the cluster's pgBackRest stanza, nil when it has none
+}
+
+// BackupFacts are what the backup checks look at: the repository
+// (pgbackrest info), the primary's archiver (pg_stat_archiver), the
+// repository's file system and the schedule (backups.*).
+type BackupFacts struct {
+	Now     time.Time
+	InfoErr string    // the repository could not be read
+	Backups int       // backups in the repository
+	Newest  time.Time // stop of the newest backup (zero: none)
+	Running bool      // a backup holds pgBackRest's lock
+
+	ArchiverErr    string // pg_stat_archiver could not be read
+	ArchiveFailing bool
+	FailedCount    int64
+	LastFailedWAL  string
+	LastFailedAt   time.Time
+	LastArchivedAt time.Time // zero: nothing archived yet
+
+	RepoPath  string
+	DiskErr   string
+	DiskFree  int64
+	DiskTotal int64
+
+	FullEvery time.Duration // backups.full_every
+	DiffEvery time.Duration // backups.diff_every (0: none)
 }
 
 // PoolerFacts are what the pooler check looks at.
@@ -138,6 +165,9 @@ func Checks(f Facts) []Check {
 	out = append(out, replication(f), analyticsSlots(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
 	if f.Pooler != nil {
 		out = append(out, poolerCheck(f))
+	}
+	if f.Backup != nil {
+		out = append(out, archiving(*f.Backup), backupAge(f.Cluster, *f.Backup), backupDisk(*f.Backup))
 	}
 	return out
 }
@@ -632,3 +662,102 @@ func statsTemp(f Facts) Check {
 }
 
 func human(n int64) string { return config.ByteSize(n).Human() }
+
+// archiving: the primary's archive_command succeeds.
+func archiving(b BackupFacts) Check {
+	c := Check{Name: "archiving", Want: "the last archive attempt succeeded",
+		Why: "While archive_command fails, no WAL reaches the repository: the recovery window stops growing " +
+			"(a restore or rewind cannot reach past the last archived segment) and the WAL piles up in pg_wal until the disk is full."}
+	switch {
+	case b.ArchiverErr != "":
+		c.Status, c.Got = Unknown, "pg_stat_archiver could not be read: "+b.ArchiverErr
+	case b.ArchiveFailing:
+		c.Status = Fail
+		c.Got = fmt.Sprintf("archiving %s failed at %s (%d failures since the statistics were reset)",
+			b.LastFailedWAL, b.LastFailedAt.UTC().Format(time.DateTime), b.FailedCount)
+		if !b.LastArchivedAt.IsZero() {
+			c.Got += "; last success " + b.LastArchivedAt.UTC().Format(time.DateTime)
+		}
+		c.Fix = "read the cause in the server log and in the stanza's log/ (<cluster dir>/backup/log/*-archive-push-async.log): " +
+			"a full repository disk, a changed archive_command, pgbackrest removed; once fixed the archiver retries by itself"
+	default:
+		c.Status, c.Got = OK, "archiving works"
+		if !b.LastArchivedAt.IsZero() {
+			c.Got += "; last segment archived " + b.LastArchivedAt.UTC().Format(time.DateTime)
+		}
+	}
+	return c
+}
+
+// backupAge: the newest backup is no older than twice the schedule.
+func backupAge(clusterName string, b BackupFacts) Check {
+	every, what := b.FullEvery, "backups.full_every"
+	if b.DiffEvery > 0 {
+		every, what = b.DiffEvery, "backups.diff_every"
+	}
+	c := Check{Name: "backup_age", Want: fmt.Sprintf("a backup within twice the schedule (%s, %s %s)", span(2*every), what, span(every)),
+		Why: "A restore starts from the newest backup and replays WAL from there: the older it is, the longer a restore or " +
+			"rewind takes and the more archived WAL it depends on. No backup within twice the schedule means the scheduled ones fail."}
+	fix := "look at the last cluster.backup jobs (`pgtenant job list --type cluster.backup`) and their errors, " +
+		"then take one with `pgtenant backup now --cluster " + clusterName + " --wait`"
+	switch {
+	case b.InfoErr != "":
+		c.Status, c.Got, c.Fix = Unknown, "the repository could not be read: "+b.InfoErr, "run `pgtenant backup list` for the cause"
+	case b.Backups == 0 && b.Running:
+		c.Status, c.Got = OK, "no backup yet; the first one is running"
+	case b.Backups == 0:
+		c.Status, c.Got, c.Fix = Warn, "no backup in the repository: nothing to restore from", fix
+	default:
+		age := b.Now.Sub(b.Newest)
+		c.Got = fmt.Sprintf("newest backup stopped %s ago (%s)", span(age), b.Newest.UTC().Format(time.DateTime))
+		c.Status = OK
+		if age > 2*every {
+			c.Status, c.Fix = Warn, fix
+		}
+	}
+	return c
+}
+
+// backupDisk: room left on the repository's file system.
+func backupDisk(b BackupFacts) Check {
+	c := Check{Name: "backup_disk", Want: "more than 10% free",
+		Why: "A full repository disk fails every backup and every archive-push: archiving stops, WAL piles up " +
+			"on the primary, and when the repository shares the data disk, the cluster stops too."}
+	if b.DiskErr != "" {
+		c.Status, c.Got = Unknown, b.DiskErr
+		return c
+	}
+	pct := float64(b.DiskFree) / float64(max(b.DiskTotal, 1)) * 100
+	c.Got = fmt.Sprintf("%s free of %s (%.0f%%) under %s", human(b.DiskFree), human(b.DiskTotal), pct, b.RepoPath)
+	switch {
+	case pct < 5:
+		c.Status = Fail
+	case pct < 10:
+		c.Status = Warn
+	default:
+		c.Status = OK
+	}
+	if c.Status != OK {
+		c.Fix = "add disk, or shorten backups.retention (fewer full backups and less WAL kept; takes effect at the next backup's expire)"
+	}
+	return c
+}
+
+// span prints a duration as an operator reads it: 14d, 1d12h, 1m30s.
+func span(d time.Duration) string {
+	d = d.Round(time.Second)
+	var b strings.Builder
+	for _, u := range []struct {
+		n    time.Duration
+		unit string
+	}{{24 * time.Hour, "d"}, {time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}} {
+		if d >= u.n {
+			fmt.Fprintf(&b, "%d%s", d/u.n, u.unit)
+			d %= u.n
+		}
+	}
+	if b.Len() == 0 {
+		return "0s"
+	}
+	return b.String()
+}

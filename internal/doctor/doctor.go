@@ -25,6 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -41,6 +42,9 @@ type Doctor struct {
 	// Poolers, when a cluster has one, adds the pooler check (and makes
 	// the connections check count each tenant's max_db_connections).
 	Poolers *pooler.Set
+	// Backups, for the clusters it backs up, adds the archiving, backup
+	// age and backup disk checks.
+	Backups *backup.Service
 }
 
 // Report is one examination.
@@ -173,6 +177,7 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 	if front != nil {
 		f.Pooler = d.poolerFacts(front, f.TenantsByTier)
 	}
+	f.Backup = backupFacts(ctx, d.Backups, cl.Name())
 	return f, nil
 }
 

@@ -1,0 +1,93 @@
+package backup
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Collector exports each backed-up cluster's backups on /metrics: the age
+// of its newest backup of each type, the archive lag, the repository's
+// size and whether archiving is failing. Each scrape runs `pgbackrest
+// info` and one query on the primary per cluster; the repository's size
+// is walked at most once a minute.
+type Collector struct {
+	s     *Service
+	sizes sizeCache
+
+	up, age, lag, failing, failures, size, running *prometheus.Desc
+}
+
+// NewCollector returns the backups collector of s. Without stanzas it
+// exports nothing (it describes its series all the same).
+func NewCollector(s *Service) *Collector {
+	c := []string{"cluster"}
+	return &Collector{s: s,
+		up: prometheus.NewDesc("pgtenant_backup_up",
+			"1 if the cluster's pgBackRest repository could be read (pgbackrest info), 0 if not.", c, nil),
+		age: prometheus.NewDesc("pgtenant_backup_last_age_seconds",
+			"Seconds since the newest backup of each type (full, diff, incr) of the cluster stopped.", []string{"cluster", "type"}, nil),
+		lag: prometheus.NewDesc("pgtenant_backup_archive_lag_bytes",
+			"WAL bytes written on the primary past the end of the newest segment in the repository (pg_current_wal_lsn against pgbackrest info's newest archived segment): what a lost primary would lose.", c, nil),
+		failing: prometheus.NewDesc("pgtenant_backup_archive_failing",
+			"1 if the primary's last archive attempt failed (pg_stat_archiver: last_failed_time newer than last_archived_time).", c, nil),
+		failures: prometheus.NewDesc("pgtenant_backup_archive_failures_total",
+			"Failed archive_command runs on the primary since its statistics were reset (pg_stat_archiver.failed_count).", c, nil),
+		size: prometheus.NewDesc("pgtenant_backup_repository_size_bytes",
+			"Bytes the cluster's repository takes on disk: backups and archived WAL (walked again at each new or expired backup, else at most once a minute).", c, nil),
+		running: prometheus.NewDesc("pgtenant_backup_running",
+			"1 while a backup of the cluster holds pgBackRest's lock.", c, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.up, c.age, c.lag, c.failing, c.failures, c.size, c.running} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	now := time.Now()
+	for _, n := range c.s.clusters() {
+		st := c.s.Stanzas[n]
+		info, err := st.Info(ctx)
+		if err != nil {
+			gauge(c.up, 0, n)
+			continue
+		}
+		gauge(c.up, 1, n)
+		if size, err := c.sizes.get(st, info); err == nil {
+			gauge(c.size, float64(size), n)
+		}
+		gauge(c.running, b2f(info.Running), n)
+		for _, typ := range []string{Full, Diff, Incr} {
+			if b := newest(info, typ); b != nil {
+				gauge(c.age, now.Sub(b.Stop).Seconds(), n, typ)
+			}
+		}
+		a, err := c.s.Archiver(ctx, n)
+		if err != nil {
+			continue // the primary is down: the cluster collector says so
+		}
+		gauge(c.failing, b2f(a.Failing()), n)
+		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(a.FailedCount), n)
+		if lag, ok := ArchiveLag(info, a); ok {
+			gauge(c.lag, float64(lag), n)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
