@@ -13,6 +13,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -59,7 +60,7 @@ func statusOf(err error) (int, string) {
 		return http.StatusNotFound, "not_found"
 	case errors.Is(err, catalog.ErrConflict), errors.Is(err, jobs.ErrWrongState):
 		return http.StatusConflict, "conflict"
-	case errors.Is(err, cluster.ErrUnavailable):
+	case errors.Is(err, cluster.ErrUnavailable), errors.Is(err, pooler.ErrFrontDoorDown):
 		return http.StatusServiceUnavailable, "unavailable"
 	case errors.Is(err, provision.ErrNoCapacity):
 		return http.StatusServiceUnavailable, "no_capacity"

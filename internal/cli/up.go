@@ -64,7 +64,7 @@ type nodeInfo struct {
 func newUpCmd(g *globals) *cobra.Command {
 	var listen, cfgPath string
 	var standbys, maxRestarts, clusters int
-	var withPooler bool
+	var withPooler, allowFewer bool
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local fleet (clusters of a primary + standbys) and the daemon, in the foreground",
@@ -75,8 +75,11 @@ loopback port of its own; --pooler=false: none) and the pgtenant daemon. With
 --clusters N, N clusters: local, local2, local3, … each with its standbys and its
 PgBouncer, under DATA_DIR/local, DATA_DIR/local2, …; the catalog lives on local.
 Ctrl-C stops the daemon and the poolers, then each cluster's primary, then its
-standbys. Running it again restarts what is there (a smaller --clusters leaves the
-other clusters' files alone and their tenants unreachable).
+standbys. Running it again restarts what is there: without --clusters, every
+cluster the data dir has (a line says so); a --clusters smaller than that is
+refused, naming the clusters it would leave down, unless --allow-fewer says to
+leave them down (their tenants are unreachable until an up starts them again;
+the other clusters' tenants and front doors are not affected).
 
 While it runs, up restarts a server of the cluster that dies (checked every 2 s;
 backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
@@ -96,12 +99,14 @@ As root, PostgreSQL runs as the postgres OS user.`,
 			if cmd.Flags().Changed("listen") || cfgPath == "" {
 				cfg.Listen = listen
 			}
-			return runUp(cmd.Context(), g, cfg, upOptions{standbys: standbys, maxRestarts: maxRestarts, pooler: withPooler, clusters: clusters})
+			return runUp(cmd.Context(), g, cfg, upOptions{standbys: standbys, maxRestarts: maxRestarts, pooler: withPooler, clusters: clusters,
+				clustersSet: cmd.Flags().Changed("clusters"), allowFewer: allowFewer})
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
 	cmd.Flags().IntVar(&standbys, "standbys", 1, "streaming standbys of each local cluster")
-	cmd.Flags().IntVar(&clusters, "clusters", 1, "managed clusters to run: local, local2, … (1 to 8)")
+	cmd.Flags().IntVar(&clusters, "clusters", 1, "managed clusters to run: local, local2, … (1 to 8); default: as many as the data dir has, at least 1")
+	cmd.Flags().BoolVar(&allowFewer, "allow-fewer", false, "start fewer --clusters than the data dir has: the others stay down, and their tenants unreachable")
 	cmd.Flags().IntVar(&maxRestarts, "max-restarts", 5, "failed restart attempts in a row after which up gives up on a server that died; 0: never restart")
 	cmd.Flags().BoolVar(&withPooler, "pooler", true, "run a PgBouncer in front of each cluster: tenants' DSNs point at it")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
@@ -111,6 +116,47 @@ As root, PostgreSQL runs as the postgres OS user.`,
 type upOptions struct {
 	standbys, maxRestarts, clusters int
 	pooler                          bool
+	// clustersSet: --clusters was given; allowFewer: --allow-fewer.
+	clustersSet, allowFewer bool
+}
+
+// dataDirClusters returns the clusters a data dir has: ClusterName(0) up to
+// the last one whose directory holds a cluster (its fleet state file), or
+// none for a new data dir.
+func dataDirClusters(dir string) []string {
+	n := 0
+	for i := range 8 {
+		if _, err := os.Stat(filepath.Join(dir, ClusterName(i), "cluster.json")); err == nil {
+			n = i + 1
+		}
+	}
+	names := make([]string, n)
+	for i := range n {
+		names[i] = ClusterName(i)
+	}
+	return names
+}
+
+// clusterCount is how many clusters up starts on a data dir that has the
+// clusters in have. A cluster is never dropped silently: tenants live on it,
+// and some may still be fronted by another cluster's pooler (moved there).
+// Without --clusters, up starts them all; a smaller --clusters is refused
+// unless --allow-fewer says to leave the others down. The note is the line
+// up prints about it, "" when there is nothing to say.
+func clusterCount(dir string, have []string, o upOptions) (n int, note string, err error) {
+	if len(have) <= o.clusters {
+		return o.clusters, "", nil
+	}
+	left := strings.Join(have[o.clusters:], ", ")
+	switch {
+	case !o.clustersSet:
+		return len(have), fmt.Sprintf("this data dir has %d clusters (%s): starting them all (--clusters %d)", len(have), strings.Join(have, ", "), len(have)), nil
+	case o.allowFewer:
+		return o.clusters, fmt.Sprintf("--allow-fewer: leaving %s down: their tenants are unreachable until an up starts them (plain `pgtenant up` starts all %d)", left, len(have)), nil
+	}
+	return 0, "", fmt.Errorf("%s has %d clusters (%s): --clusters %d would leave %s down and their tenants unreachable; "+
+		"run `pgtenant up` (it starts every cluster a data dir has) or `pgtenant up --clusters %d`, or add --allow-fewer to leave %s down on purpose",
+		dir, len(have), strings.Join(have, ", "), o.clusters, left, len(have), left)
 }
 
 // ClusterName is the name of up's i-th cluster (0-based): local, local2, local3, …
@@ -144,6 +190,14 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		return err
 	}
 	defer unlock()
+	n, note, err := clusterCount(dir, dataDirClusters(dir), o)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		fmt.Fprintln(g.stderr, note)
+	}
+	o.clusters = n
 
 	var fcs []*fleet.Cluster
 	// The clusters are stopped with a context of their own: ctx is already

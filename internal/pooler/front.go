@@ -248,6 +248,16 @@ func (f *Front) Poke() {
 	}
 }
 
+// serving reports whether the pooler serves now: its last sync worked and
+// its process runs.
+func (f *Front) serving() bool {
+	f.init()
+	f.mu.Lock()
+	ok := f.snap.Up && f.snap.LastError == "" && !f.snap.At.IsZero()
+	f.mu.Unlock()
+	return ok && f.Proc.Running()
+}
+
 // Snapshot returns what the last sync saw.
 func (f *Front) Snapshot() Snapshot {
 	f.init()

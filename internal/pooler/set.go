@@ -2,6 +2,7 @@ package pooler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -84,6 +85,62 @@ func (s *Set) Sync(ctx context.Context, clusterName, why string) {
 	}
 }
 
+// ErrFrontDoorDown says a cluster's front door (its PgBouncer) does not
+// serve: the API answers 503 unavailable with the error's own message (not
+// the one of a database that does not answer: the database may be fine).
+var ErrFrontDoorDown = errors.New("front door down")
+
+// Serving returns nil when the cluster's front door serves: it has no
+// pooler (tenants connect directly), or its PgBouncer runs and its last
+// sync worked. Otherwise it asks for a sync and waits for it, at most wait;
+// still not serving, the error wraps ErrFrontDoorDown and says why.
+// A create asks before it creates anything, so that it never answers
+// success with a DSN whose front door is down.
+func (s *Set) Serving(ctx context.Context, clusterName string, wait time.Duration) error {
+	f := s.Get(clusterName)
+	if f == nil || f.serving() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if err := f.Sync(ctx); err != nil || !f.serving() {
+		if err == nil {
+			err = errors.New("its PgBouncer does not run")
+		}
+		return fmt.Errorf("%w: the PgBouncer of cluster %s, which its tenants connect through, is not serving: %v", ErrFrontDoorDown, clusterName, err)
+	}
+	return nil
+}
+
+// Await is Sync for a caller that answers with the tenant's pooler DSN: it
+// returns the error instead of logging it (wrapping ErrFrontDoorDown),
+// so that the caller does not hand out a DSN the pooler does not serve.
+func (s *Set) Await(ctx context.Context, clusterName string) error {
+	f := s.Get(clusterName)
+	if f == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.SyncTimeout)
+	defer cancel()
+	if err := f.Sync(ctx); err != nil {
+		return fmt.Errorf("%w: the PgBouncer of cluster %s did not take the change: %v", ErrFrontDoorDown, clusterName, err)
+	}
+	return nil
+}
+
+// Down lists the clusters whose front door does not serve now (its last
+// sync failed or its PgBouncer does not run): read from memory and the pid
+// file, placement asks on every create.
+func (s *Set) Down() []string {
+	var out []string
+	for _, f := range s.All() {
+		if !f.serving() {
+			out = append(out, f.Cluster)
+		}
+	}
+	return out
+}
+
 // Poke asks the cluster's pooler for a sync without waiting.
 func (s *Set) Poke(clusterName string) {
 	if f := s.Get(clusterName); f != nil {
@@ -124,6 +181,13 @@ func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn,
 // verifiers of their roles in pg_authid, which the admin (a superuser) of
 // the cluster each lives on reads: a tenant moved to another cluster keeps
 // its entry here, pointed at that cluster.
+//
+// A fault stays in its cluster: a cluster a tenant lives on that is missing
+// from the registry, down or slow (remoteWait) fails none of the entries of
+// the others. Its tenants keep the verifiers last read from it (their entry
+// stays, and their clients get the server's error, not "login
+// rejected"), or are left out with why when none was read yet; the pooler
+// renders, starts and serves its other tenants either way.
 type CatalogSource struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
@@ -131,10 +195,16 @@ type CatalogSource struct {
 	Logger   *slog.Logger
 }
 
+// remoteWait bounds the read of one cluster's verifiers during a sync, so
+// that a cluster that does not answer delays its neighbours' front door by
+// this much at most.
+const remoteWait = 3 * time.Second
+
 // For returns the Source of one cluster.
 func (c CatalogSource) For(clusterName string) Source {
 	var mu sync.Mutex // a sync and a reconcile's Compare may read at once
 	warned := map[string]string{}
+	known := map[string]string{} // role → the verifier last read, for a cluster that does not answer now
 	return func(ctx context.Context) ([]Entry, map[string]string, error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -152,17 +222,33 @@ func (c CatalogSource) For(clusterName string) Source {
 		}
 		verifiers := map[string]string{}
 		servers := map[string]*cluster.Cluster{}
+		unreachable := map[string]string{} // cluster → why its verifiers were not read
 		for name, roles := range byCluster {
 			cl, err := c.Clusters.Get(name)
-			if err != nil {
-				return nil, nil, err
+			if err == nil {
+				servers[name] = cl
+				rctx, cancel := context.WithTimeout(ctx, remoteWait)
+				var vs map[string]string
+				vs, err = Verifiers(rctx, cl, roles)
+				cancel()
+				if err == nil {
+					maps.Copy(verifiers, vs)
+					continue
+				}
 			}
-			servers[name] = cl
-			vs, err := Verifiers(ctx, cl, roles)
-			if err != nil {
-				return nil, nil, err
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
 			}
-			maps.Copy(verifiers, vs)
+			unreachable[name] = err.Error()
+			if warned[name] != "down" {
+				c.Logger.Warn("a cluster's tenants keep their last pooler entries: their cluster did not answer", "component", "pooler",
+					"cluster", clusterName, "tenant_cluster", name, "tenants", len(roles), "err", err)
+			}
+			for _, role := range roles {
+				if v, ok := known[role]; ok {
+					verifiers[role] = v
+				}
+			}
 		}
 		entries := make([]Entry, 0, len(ts))
 		skipped := map[string]string{}
@@ -171,7 +257,10 @@ func (c CatalogSource) For(clusterName string) Source {
 			v := verifiers[role]
 			if !ValidVerifier(v) {
 				why := "its role has no SCRAM-SHA-256 password (changed by the tenant itself?): rotate it with `pgtenant tenant password " + t.ID + "`"
-				if v == "" {
+				switch {
+				case unreachable[t.Cluster] != "":
+					why = "its cluster " + t.Cluster + " did not answer (" + unreachable[t.Cluster] + "): back in the pooler once it does"
+				case v == "":
 					why = "its role has no password or is missing on the cluster"
 				}
 				skipped[role] = why
@@ -188,7 +277,12 @@ func (c CatalogSource) For(clusterName string) Source {
 			e := Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
 				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended}
 			if t.Cluster != clusterName {
-				e.Host, e.Port = servers[t.Cluster].Host(), int(servers[t.Cluster].Port())
+				host, port, ok := c.server(servers, t.Cluster)
+				if !ok {
+					skipped[role] = "its cluster " + t.Cluster + " is not registered with this daemon"
+					continue
+				}
+				e.Host, e.Port = host, port
 			}
 			entries = append(entries, e)
 		}
@@ -196,8 +290,26 @@ func (c CatalogSource) For(clusterName string) Source {
 		for k, v := range skipped {
 			warned[k] = v
 		}
+		for name := range unreachable {
+			warned[name] = "down"
+		}
+		// Only the verifiers of tenants this pooler still fronts are kept.
+		clear(known)
+		for _, e := range entries {
+			known[e.Name] = e.Verifier
+		}
 		return entries, skipped, nil
 	}
+}
+
+// server is where the entries of a tenant living on another cluster point:
+// that cluster's primary, from the registry.
+func (c CatalogSource) server(servers map[string]*cluster.Cluster, name string) (string, int, bool) {
+	cl := servers[name]
+	if cl == nil {
+		return "", 0, false
+	}
+	return cl.Host(), int(cl.Port()), true
 }
 
 // Verifiers reads the stored passwords of roles from pg_authid

@@ -179,7 +179,16 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 		}
 		p.fleet, p.at = f, time.Now()
 	}
-	chosen, err := p.fleet.Place(name, tier, 0)
+	// A cluster that does not answer (the monitor's last probe failed) or
+	// whose front door does not serve takes no new tenant while another
+	// admits it: a fault stays in its cluster, and creates go elsewhere.
+	chosen, err := "", errors.New("no cluster")
+	if down := s.down(); name == "" && len(down) > 0 {
+		chosen, err = p.fleet.Place(name, tier, 0, down...)
+	}
+	if err != nil {
+		chosen, err = p.fleet.Place(name, tier, 0)
+	}
 	if err != nil {
 		if name != "" && errors.Is(err, ErrNoCapacity) {
 			err = fmt.Errorf("%w (the tenant was asked for on cluster %s: choose another, or none)", err, name)
@@ -188,6 +197,19 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 	}
 	p.fleet.Add(chosen, tier, 0, 1)
 	return s.Clusters.Get(chosen)
+}
+
+// down lists the clusters placement avoids when it has a choice: those
+// whose last probe failed and those whose front door does not serve (both
+// read from memory).
+func (s *Service) down() []string {
+	out := s.Poolers.Down()
+	for _, cl := range s.Clusters.All() {
+		if _, err := cl.LastProbeResult(); err != nil {
+			out = append(out, cl.Name())
+		}
+	}
+	return out
 }
 
 // share is what a tenant of a tier holds of a cluster's connections: its

@@ -113,6 +113,12 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	if err != nil {
 		return Created{}, err
 	}
+	// The tenant's front door must serve before anything is created: a
+	// create never answers success with a DSN that does not work, and a
+	// refusal here leaves nothing behind (the client retries).
+	if err := s.Poolers.Serving(ctx, cl.Name(), frontDoorWait); err != nil {
+		return Created{}, fmt.Errorf("%w; no tenant was created: retry in a moment, or on another cluster", err)
+	}
 	version, err := s.version(ctx, req.Template, cl.Name())
 	if err != nil {
 		return Created{}, err
@@ -128,9 +134,8 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	t, err := s.claim(ctx, cl, want, password, verifier)
 	if err == nil {
 		s.Pool.Poke()
-		s.Poolers.Sync(ctx, cl.Name(), "create "+t.ID)
 		out := Created{Tenant: t, Password: password, Path: "pool"}
-		out.DSN, out.Direct = s.Poolers.DSNs(cl, t, password)
+		s.answer(ctx, cl, t, password, s.Poolers.Await(ctx, cl.Name()), &out)
 		return out, nil
 	}
 	if errors.Is(err, catalog.ErrConflict) && req.ExternalID != "" {
@@ -188,12 +193,10 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 		return Created{}, err
 	}
 	out := Created{Tenant: t, Existing: true}
-	out.DSN, out.Direct = s.Poolers.DSNs(cl, t, "")
 	password, err := s.Credentials.Recall(ctx, t.ID)
 	switch {
 	case err == nil:
 		out.Password = password
-		out.DSN, out.Direct = s.Poolers.DSNs(cl, t, password)
 	case errors.Is(err, credentials.ErrNotKept):
 		out.Note = fmt.Sprintf("created earlier with this external id; %v. Rotate it to get a new one: `pgtenant tenant password %s`", err, t.ID)
 	case errors.Is(err, credentials.ErrCannotOpen):
@@ -203,6 +206,7 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 	default:
 		return Created{}, err
 	}
+	s.answer(ctx, cl, t, out.Password, s.Poolers.Serving(ctx, t.FrontCluster(), frontDoorWait), &out)
 	if t.State == catalog.StateProvisioning {
 		js, err := jobs.List(ctx, s.Store.Pool(), jobs.Filter{Type: jobs.TenantBuild, TargetKind: "tenant", Target: t.ID, Limit: 1})
 		if err != nil {
@@ -385,9 +389,35 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 	if err != nil {
 		return Created{}, err
 	}
-	s.Poolers.Sync(ctx, cl.Name(), "create "+t.ID)
 	out.Tenant = t
+	s.answer(ctx, cl, t, password, s.Poolers.Await(ctx, cl.Name()), &out)
 	return out, nil
+}
+
+// frontDoorWait bounds how long a create waits for its cluster's front
+// door to serve (a PgBouncer being restarted comes back within a second or
+// two) before it answers 503 unavailable without creating anything.
+const frontDoorWait = 5 * time.Second
+
+// answer sets a tenant's DSNs: its front door's when it serves (front nil),
+// else the direct DSN to the primary with a note saying so. That happens
+// only when the front door stopped serving after the create was admitted
+// (Serving), the tenant made already: answering 503 then would leave the
+// client a tenant it cannot reach and whose password it never got, while
+// the direct DSN works now; the pooler's DSN (tenant show) works once the
+// front door serves again.
+func (s *Service) answer(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, password string, front error, out *Created) {
+	out.DSN, out.Direct = s.Poolers.DSNs(cl, t, password)
+	if front == nil || out.DSN == out.Direct {
+		return
+	}
+	s.Logger.WarnContext(ctx, "answered a tenant's direct DSN: its front door is not serving", "tenant", t.ID, "cluster", t.FrontCluster(), "err", front)
+	out.DSN = out.Direct
+	note := fmt.Sprintf("dsn is the direct DSN to the primary: %v; the tenant's pooler DSN (`pgtenant tenant show %s`) works once it serves again", front, t.ID)
+	if out.Note != "" {
+		note = out.Note + " " + note
+	}
+	out.Note = note
 }
 
 // coldPriority is the job priority of a cold create's build (spare builds
