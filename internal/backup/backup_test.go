@@ -16,12 +16,12 @@ import (
 
 // startCluster makes a small managed cluster in a temp dir, archiving when
 // backups is set; it is stopped and removed when the test ends.
-func startCluster(t *testing.T, ctx context.Context, standbys int, backups bool) *fleet.Cluster {
+// backedUp starts a small cluster that archives from its creation, with
+// its stanza set up (as up does).
+func backedUp(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *backup.Stanza) {
 	t.Helper()
-	if backups {
-		if _, err := backup.Find(); err != nil {
-			t.Skip(err)
-		}
+	if _, err := backup.Find(); err != nil {
+		t.Skip(err)
 	}
 	dir, err := os.MkdirTemp("", "pgtest-backup-")
 	if err != nil {
@@ -32,7 +32,7 @@ func startCluster(t *testing.T, ctx context.Context, standbys int, backups bool)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "bk"), Name: "bk", Standbys: standbys, Fast: true, Backups: backups,
+	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "bk"), Name: "bk", Standbys: standbys, Fast: true, Backups: true,
 		Settings: map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}})
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +45,14 @@ func startCluster(t *testing.T, ctx context.Context, standbys int, backups bool)
 	if err := fc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return fc
+	st, err := backup.ForCluster(fc, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return fc, st
 }
 
 func exec(t *testing.T, ctx context.Context, dsn, sql string) {
@@ -67,14 +74,7 @@ func exec(t *testing.T, ctx context.Context, dsn, sql string) {
 func TestBackup_StanzaArchiveFullDiff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fc := startCluster(t, ctx, 1, true)
-	st, err := backup.ForCluster(fc, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fc, st := backedUp(t, ctx, 1)
 	// Setup twice is harmless (up runs it on every start).
 	if err := st.Setup(ctx); err != nil {
 		t.Fatalf("second Setup: %v", err)

@@ -54,14 +54,7 @@ func TestDue(t *testing.T) {
 func TestSchedule_DiffWhenDueFullWhenDue_NeverTwoAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fc := startCluster(t, ctx, 0, true)
-	st, err := backup.ForCluster(fc, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fc, st := backedUp(t, ctx, 0)
 	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	const fullEvery, diffEvery = 40 * time.Second, 10 * time.Second
 	c := startDaemonWith(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, func(cfg *config.Config) {

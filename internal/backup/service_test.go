@@ -86,14 +86,7 @@ func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Jo
 func TestBackup_NowListWindowThroughAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fc := startCluster(t, ctx, 1, true)
-	st, err := backup.ForCluster(fc, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
+	fc, st := backedUp(t, ctx, 1)
 	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	c := startDaemon(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st})
 

@@ -109,11 +109,7 @@ func doctorCheck(t *testing.T, ctx context.Context, d *doctor.Doctor, clusterNam
 func TestBackup_MetricsDoctorRetention(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fc := startCluster(t, ctx, 0, true)
-	st, err := backup.ForCluster(fc, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fc, st := backedUp(t, ctx, 0)
 	name := fc.Name()
 	primary := fc.PrimaryDSN("postgres")
 	exec(t, ctx, primary, `CREATE DATABASE catalog`)
