@@ -407,29 +407,8 @@ func TestR2Finding5_MirrorReadOnlyByConstruction(t *testing.T) {
 		t.Errorf("the mirror's file: %v %v", fi.Size(), err)
 	}
 	// The apply goes on.
-	heap, err := pgx.Connect(ctx, m.r.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer heap.Close(ctx)
-	var lsn string
-	if _, err := heap.Exec(ctx, `INSERT INTO items VALUES (7000, 1, 'after', NULL, NULL, NULL)`); err != nil {
-		t.Fatal(err)
-	}
-	if err := heap.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := analyticsConn(t, m.dsn, m.r.Password, pgx.QueryExecModeSimpleProtocol)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	var applied, name string
-	if err := conn.QueryRow(ctx, `WAIT FOR LSN '`+lsn+`'`).Scan(&applied); err != nil {
-		t.Fatal(err)
-	}
-	if err := conn.QueryRow(ctx, `SELECT name FROM items WHERE id = 7000`).Scan(&name); err != nil || name != "after" {
-		t.Errorf("the apply after the attempts: %q %v", name, err)
+	if got := writeThenRead(t, ctx, m, 7000, "after"); got != "after" {
+		t.Errorf("the apply after the attempts: %q", got)
 	}
 }
 
