@@ -268,6 +268,18 @@ func (c *Client) TenantAction(ctx context.Context, id, action string) (Lifecycle
 	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/"+action, nil, &out)
 }
 
+// RewindTenant starts taking a tenant back to a time and returns its job.
+func (c *Client) RewindTenant(ctx context.Context, id string, to time.Time) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/rewind", RewindTenantRequest{To: to}, &out)
+}
+
+// ForkTenant makes a new tenant holding a tenant's data as of a time.
+func (c *Client) ForkTenant(ctx context.Context, id string, req ForkTenantRequest) (CreateTenantResponse, error) {
+	var out CreateTenantResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/fork", req, &out)
+}
+
 // MoveTenant starts moving a tenant to cluster to and returns its job.
 func (c *Client) MoveTenant(ctx context.Context, id, to string) (jobs.Job, error) {
 	var out jobs.Job

@@ -76,6 +76,8 @@ var (
 		{method: "POST", path: "/v1/tenants/{id}/suspend", summary: "suspend a tenant: no logins, sessions ended", status: 200, response: LifecycleResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/resume", summary: "resume a suspended tenant", status: 200, response: LifecycleResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/move", summary: "move a tenant to another cluster (a job)", request: MoveTenantRequest{}, status: 202, response: jobs.Job{}},
+		{method: "POST", path: "/v1/tenants/{id}/rewind", summary: "take a tenant back to a time, in place, from its cluster's backup (a job)", request: RewindTenantRequest{}, status: 202, response: jobs.Job{}},
+		{method: "POST", path: "/v1/tenants/{id}/fork", summary: "make a new tenant holding a tenant's data as of a time (its credentials, and the job that copies the data)", request: ForkTenantRequest{}, status: 202, response: CreateTenantResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/password", summary: "rotate a tenant's password", request: RotatePasswordRequest{}, optionalBody: true, status: 200, response: RotatePasswordResponse{}},
 		{method: "GET", path: "/v1/jobs", summary: "list jobs, newest first", query: []param{
 			{"state", "string", "a state, or active"}, {"type", "string", "job type"},

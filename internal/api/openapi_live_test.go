@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
@@ -177,6 +178,12 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	}
 	if _, err := c.BackupNow(ctx, api.BackupRequest{Cluster: "local", Type: "diff"}); !errors.Is(err, catalog.ErrConflict) {
 		t.Errorf("backup now without backups: err = %v, want a conflict", err)
+	}
+	if _, err := c.RewindTenant(ctx, id, time.Now().Add(-time.Second)); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("rewind without backups: err = %v, want a conflict", err)
+	}
+	if _, err := c.ForkTenant(ctx, id, api.ForkTenantRequest{}); !errors.Is(err, catalog.ErrConflict) {
+		t.Errorf("fork without backups: err = %v, want a conflict", err)
 	}
 	_, err = c.DrainCluster(ctx, "local") // one cluster: its job finds nowhere to move the tenant
 	must(err)

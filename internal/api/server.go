@@ -119,6 +119,8 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
 	s.handle("POST /v1/tenants/{id}/password", s.rotatePassword)
 	s.handle("POST /v1/tenants/{id}/move", s.moveTenant)
+	s.handle("POST /v1/tenants/{id}/rewind", s.rewindTenant)
+	s.handle("POST /v1/tenants/{id}/fork", s.forkTenant)
 	s.handle("GET /v1/tenants/{id}/analytics", s.analyticsStatus)
 	s.handle("POST /v1/tenants/{id}/analytics", s.enableAnalytics)
 	s.handle("DELETE /v1/tenants/{id}/analytics", s.disableAnalytics)

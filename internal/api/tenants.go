@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -221,6 +222,52 @@ func (s *Server) rotatePassword(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, RotatePasswordResponse{Tenant: view, DSN: res.DSN, DirectDSN: res.Direct, Password: res.Password,
 		SessionsEnded: res.SessionsEnded, Note: res.Note})
+	return nil
+}
+
+func (s *Server) rewindTenant(w http.ResponseWriter, r *http.Request) error {
+	var req RewindTenantRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.To.IsZero() {
+		return invalid("to: the time to take the tenant back to is required (RFC 3339)")
+	}
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	j, err := s.Move.Rewind(r.Context(), t.ID, req.To)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, j)
+	return nil
+}
+
+func (s *Server) forkTenant(w http.ResponseWriter, r *http.Request) error {
+	var req ForkTenantRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	var at time.Time
+	if req.At != nil {
+		at = *req.At
+	}
+	c, j, err := s.Move.Fork(r.Context(), t.ID, at, req.Name, req.Tier)
+	if err != nil {
+		return err
+	}
+	dsn, direct, err := s.Provision.DSNs(c.Tenant)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN,
+		DirectDSN: c.Direct, Password: c.Password, Path: c.Path, Job: &j})
 	return nil
 }
 

@@ -120,6 +120,22 @@ type CreateTenantResponse struct {
 	Note      string    `json:"note,omitempty"`     // why a retry carries no password (window ended, another daemon's key)
 }
 
+// RewindTenantRequest asks POST /v1/tenants/{id}/rewind to take a tenant
+// back to a time, in place; the answer is its job (202).
+type RewindTenantRequest struct {
+	To time.Time `json:"to"`
+}
+
+// ForkTenantRequest asks POST /v1/tenants/{id}/fork for a new tenant
+// holding the tenant's data as of At (absent: now). The answer (202) is a
+// create's, the new tenant's credentials included, with the job that
+// copies the data; the new tenant is suspended until that job succeeds.
+type ForkTenantRequest struct {
+	At   *time.Time `json:"at,omitempty"`
+	Name *string    `json:"name,omitempty"`
+	Tier string     `json:"tier,omitempty"`
+}
+
 // MoveTenantRequest asks POST /v1/tenants/{id}/move to move a tenant to
 // another cluster; the answer is its job (202).
 type MoveTenantRequest struct {

@@ -229,6 +229,13 @@ func (s *Store) SetTenantState(ctx context.Context, q Querier, id string, state 
 	return nil
 }
 
+// SetTenantVersion records the template version a tenant's storage is at
+// (a fork or a rewind brings one back from a backup).
+func (s *Store) SetTenantVersion(ctx context.Context, q Querier, id string, version int) error {
+	_, err := q.Exec(ctx, `UPDATE tenants SET version = $2, updated_at = now() WHERE id = $1`, id, version)
+	return err
+}
+
 // DropTenant soft-deletes a tenant: dropped, remembering the state it had
 // (what a restore brings back), to be purged after retention. The caller
 // holds the row (LockTenant) and has checked its state.

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -301,7 +303,7 @@ makes a new password: if the answer is lost, rotate again.`,
 	}
 	password.Flags().BoolVar(&keepSessions, "keep-sessions", false, "leave the tenant's open sessions alone (default: end them on every node)")
 
-	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMoveCmd(g), newTenantMetricsCmd(g),
+	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))
@@ -358,6 +360,128 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	for _, e := range t.Events {
 		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), e.Kind+" "+string(e.Detail))
 	}
+}
+
+// parseWhen reads a point in time: RFC 3339 ("2026-12-02T08:15:00Z"), or a
+// duration before now ("5m ago", "-90s", "2h").
+func parseWhen(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, nil
+	}
+	d := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), "ago"))
+	if dur, err := time.ParseDuration(strings.TrimPrefix(d, "-")); err == nil && dur >= 0 {
+		return time.Now().Add(-dur), nil
+	}
+	return time.Time{}, fmt.Errorf("time %q: want RFC 3339 (2026-12-02T08:15:00Z) or a duration before now (5m ago)", s)
+}
+
+func newTenantRewindCmd(g *globals) *cobra.Command {
+	var to string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "rewind ID --to TIME",
+		Short: "Take a tenant back to a point in time, in place (same id, DSN and password)",
+		Long: `Take one tenant back to TIME without touching its neighbours. The cluster's
+backup (pgBackRest) is restored as of TIME into a scratch instance on a free port
+(only the tenant's database), the tenant is copied from there into a new tenant
+in its own role's session, and the two swap their storage while the tenant's pool
+is paused at the pooler: its clients see a pause, never a half-restored tenant.
+What the rewind replaced is kept as a dropped tenant (named in the "rewound"
+event, kept_as) for drop.retention: restore that tenant to get it back, or rewind
+again to the "replaced_at" of the event. TIME is RFC 3339 or a duration before now
+("5m ago"), and must be in the tenant's recovery window (tenant show). The
+scratch instance and its files are removed whatever happens. Needs backups on the
+tenant's cluster (docs/operations/backups.md). --wait follows the job.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			at, err := parseWhen(to)
+			if err != nil {
+				return err
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			j, err := c.RewindTenant(cmd.Context(), args[0], at)
+			if err != nil {
+				return err
+			}
+			if wait {
+				if j, err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
+					return err
+				}
+			}
+			return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", `the time to go back to: RFC 3339, or a duration before now ("5m ago") (required)`)
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the rewind with a progress bar")
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}
+
+func newTenantForkCmd(g *globals) *cobra.Command {
+	var at, name, tier string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "fork ID [--at TIME]",
+		Short: "Make a new tenant holding a tenant's data as of a time (now by default)",
+		Long: `Make a new tenant (new id, new password) on the same cluster holding the
+tenant's data as of TIME, or as of now: for staging copies, investigations and
+tests against real data. The data is read from the cluster's backup restored into
+a scratch instance, so the source never pauses, whatever its size, and the copy is
+consistent as of one instant. The answer is the new tenant's DSN and password,
+shown once, and the job that copies the data; the new tenant is suspended until
+the job has succeeded (its "forked" event records the source, the time and the
+template version). Needs backups on the tenant's cluster.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var req api.ForkTenantRequest
+			if at != "" {
+				t, err := parseWhen(at)
+				if err != nil {
+					return err
+				}
+				req.At = &t
+			}
+			if cmd.Flags().Changed("name") {
+				req.Name = &name
+			}
+			req.Tier = tier
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.ForkTenant(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if wait && res.Job != nil {
+				j, err := g.waitJob(cmd.Context(), c, res.Job.ID)
+				if err != nil {
+					return err
+				}
+				res.Job = &j
+				if t, err := c.Tenant(cmd.Context(), res.Tenant.ID); err == nil {
+					res.Tenant = t
+				}
+			}
+			return g.print(res, func(w io.Writer) {
+				row(w, "id", res.Tenant.ID)
+				row(w, "state", string(res.Tenant.State))
+				row(w, "dsn", res.DSN)
+				row(w, "password", res.Password)
+				if res.Job != nil {
+					row(w, "job", fmt.Sprintf("%d (%s)", res.Job.ID, res.Job.State))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&at, "at", "", `the time of the copy: RFC 3339, or a duration before now ("1h ago"); now when absent`)
+	cmd.Flags().StringVar(&name, "name", "", `the new tenant's name (default "fork of <source name>")`)
+	cmd.Flags().StringVar(&tier, "tier", "", "the new tenant's tier (default the source's)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the copy with a progress bar")
+	return cmd
 }
 
 func newTenantMoveCmd(g *globals) *cobra.Command {

@@ -205,7 +205,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	pur.Analytics = d.analytics
 	reg.MustRegister(analytics.NewCollector(d.analytics))
 
-	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Drop: cfg.Drop, Logger: log, Poolers: d.poolers}
+	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
+		Provision: prov, Lifecycle: pur}
 	d.runner.Register(jobs.TenantMove, mov.Handler())
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
@@ -213,6 +214,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	bk := &backup.Service{Store: store, Runner: d.runner, Stanzas: opts.Backups, Clusters: d.clusters, Schedule: cfg.Backups,
 		Logger: log.With("component", "backup")}
 	d.backups = &backup.Scheduler{S: bk}
+	mov.Backups = bk // forks and rewinds read the repositories
 	reg.MustRegister(backup.NewCollector(bk))
 	// Only the daemon that holds the stanzas (up's) runs backups: another
 	// daemon on the same catalog would claim the jobs and fail them.
@@ -223,6 +225,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 			return nil, fmt.Errorf("write the stanzas' config (backups.retention): %w", err)
 		}
 		d.runner.Register(jobs.ClusterBackup, bk.Handler())
+		d.runner.Register(jobs.TenantFork, mov.ForkHandler())
+		d.runner.Register(jobs.TenantRewind, mov.ForkHandler())
 		// A cluster just made gets its first full backup: its recovery
 		// window starts there. Not fatal; `backup list` says more.
 		if err := bk.EnsureFirst(ctx); err != nil {

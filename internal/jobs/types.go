@@ -18,7 +18,9 @@ const (
 	ClusterDrain   Type = "cluster.drain"    // move a draining cluster's tenants away (placement)
 	Rebalance      Type = "fleet.rebalance"  // run a rebalance's planned moves (placement)
 	ClusterBackup  Type = "cluster.backup"   // take one pgBackRest backup of a cluster (backup)
+	TenantFork     Type = "tenant.fork"      // copy a tenant as of a time into a new tenant (move)
+	TenantRewind   Type = "tenant.rewind"    // take a tenant back to a time, in place (move)
 )
 
 // Types are the job types, the ones List's filter takes.
-var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance, ClusterBackup}
+var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance, ClusterBackup, TenantFork, TenantRewind}

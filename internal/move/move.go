@@ -8,7 +8,11 @@
 // the pooler entry in one step before resuming. The source copy stays
 // locked for the drop retention, then the usual purge removes it.
 //
-// It owns the move job and the objects named pgt_move_<id> (publication,
+// It also copies a tenant as it was at a past instant (fork.go): into a new
+// tenant (a fork), or back into the tenant itself (a rewind), reading the
+// past from the cluster's backup restored into a scratch instance.
+//
+// It owns the move, fork and rewind jobs and the objects named pgt_move_<id> (publication,
 // slot, subscription, its role) and pgtenant_move.t_<id> (the sentinel
 // table); it never runs SQL that can set off tenant code in an admin
 // session (docs/SECURITY.md). Logical replication of its own lives here,
@@ -32,12 +36,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/templates"
@@ -99,6 +105,12 @@ type Service struct {
 	Drop     config.DropConfig // the source copy is kept for its retention, then dropped in batches
 	Logger   *slog.Logger
 	Poolers  *pooler.Set
+	// Backups, Provision and Lifecycle serve forks and rewinds (fork.go):
+	// the clusters' repositories, the making of the new tenant, and its
+	// suspend, resume and drop. Backups may be nil: no fork nor rewind.
+	Backups   *backup.Service
+	Provision *provision.Service
+	Lifecycle *purge.Service
 	// PauseTimeout bounds the wait for the tenant's pool to pause (in
 	// session mode, its clients must disconnect); SwitchTimeout the wait
 	// for the target to apply the source's last write while paused (at
@@ -498,48 +510,10 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 	if err != nil {
 		return err
 	}
-	agent := cluster.Ident(tenant.AgentRole(e.t.ID))
 	id := cluster.Ident(e.role)
 	if e.t.Mode == tenant.ModeDatabase {
-		exists, err := cluster.DatabaseExists(ctx, dadmin, e.role)
-		if err != nil {
+		if err := makeDatabase(ctx, r, e.dst, e.t, hasPrewarm(ctx, e.src, e.t.Database)); err != nil {
 			return err
-		}
-		if exists { // an interrupted restore: made again
-			e.dst.ClosePool(e.role)
-			if err := cluster.DropDatabase(ctx, dadmin, e.role); err != nil {
-				return err
-			}
-		}
-		release, err := r.PaceWALLog(ctx, m.a.To, 8<<20)
-		if err != nil {
-			return err
-		}
-		err = cluster.CreateDatabase(ctx, dadmin, e.role, "template0", "", cluster.WALLog)
-		release()
-		if err != nil {
-			return err
-		}
-		if _, err := dadmin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC; GRANT ALL ON DATABASE %[1]s TO %[1]s", id)); err != nil {
-			return cluster.Classify(err)
-		}
-		if err := sandbox.GrantConnect(ctx, dadmin, sandbox.TargetOf(e.t)); err != nil {
-			return err
-		}
-		conn, err := e.dst.Connect(ctx, e.role)
-		if err != nil {
-			return err
-		}
-		_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC;
-			ALTER SCHEMA public OWNER TO %[1]s;
-			CREATE SCHEMA IF NOT EXISTS %[3]s AUTHORIZATION %[2]s;
-			REVOKE ALL ON SCHEMA %[3]s FROM PUBLIC`, id, agent, cluster.Ident(tenant.MarkerSchema)))
-		if err == nil && hasPrewarm(ctx, e.src, e.t.Database) {
-			_, err = conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`)
-		}
-		conn.Close(context.WithoutCancel(ctx))
-		if err != nil {
-			return cluster.Classify(err)
 		}
 	} else {
 		if err := sandbox.GrantConnect(ctx, dadmin, sandbox.TargetOf(e.t)); err != nil {
@@ -620,6 +594,61 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 	return cluster.Classify(tx.Commit(ctx))
 }
 
+// makeDatabase makes a database tenant's storage on cl as provisioning
+// makes it, empty: admin-owned, its public schema the tenant's, the
+// marker schema its agent's (and pg_prewarm when the source has it). What
+// an interrupted attempt made is dropped first.
+func makeDatabase(ctx context.Context, r *jobs.Run, cl *cluster.Cluster, t catalog.Tenant, prewarm bool) error {
+	dadmin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	role := tenant.PhysicalName(t.ID)
+	agent := cluster.Ident(tenant.AgentRole(t.ID))
+	id := cluster.Ident(role)
+	exists, err := cluster.DatabaseExists(ctx, dadmin, role)
+	if err != nil {
+		return err
+	}
+	if exists { // an interrupted restore: made again
+		cl.ClosePool(role)
+		if err := cluster.DropDatabase(ctx, dadmin, role); err != nil {
+			return err
+		}
+	}
+	release, err := r.PaceWALLog(ctx, cl.Name(), 8<<20)
+	if err != nil {
+		return err
+	}
+	err = cluster.CreateDatabase(ctx, dadmin, role, "template0", "", cluster.WALLog)
+	release()
+	if err != nil {
+		return err
+	}
+	if _, err := dadmin.Exec(ctx, fmt.Sprintf("REVOKE ALL ON DATABASE %[1]s FROM PUBLIC; GRANT ALL ON DATABASE %[1]s TO %[1]s", id)); err != nil {
+		return cluster.Classify(err)
+	}
+	if err := sandbox.GrantConnect(ctx, dadmin, sandbox.TargetOf(t)); err != nil {
+		return err
+	}
+	conn, err := cl.Connect(ctx, role)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC;
+		ALTER SCHEMA public OWNER TO %[1]s;
+		CREATE SCHEMA IF NOT EXISTS %[3]s AUTHORIZATION %[2]s;
+		REVOKE ALL ON SCHEMA %[3]s FROM PUBLIC`, id, agent, cluster.Ident(tenant.MarkerSchema)))
+	if err == nil && prewarm {
+		_, err = conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`)
+	}
+	conn.Close(context.WithoutCancel(ctx))
+	if err != nil {
+		return cluster.Classify(err)
+	}
+	return nil
+}
+
 func hasPrewarm(ctx context.Context, cl *cluster.Cluster, db string) bool {
 	conn, err := cl.Connect(ctx, db)
 	if err != nil {
@@ -650,24 +679,35 @@ func readMarker(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) (str
 	return *c, cluster.Classify(err)
 }
 
-// dump runs pg_dump --schema-only of the tenant's scope on the source:
-// without owners (what the restore makes belongs to the tenant's role),
-// privileges, extensions (only plpgsql is named, which pg_dump never
-// dumps; the admin made the one pgtenant uses),
-// publications, subscriptions and security labels.
+// dump runs pg_dump --schema-only of the tenant's scope on the source.
 func (m *mover) dump(ctx context.Context, e *env) (string, error) {
-	bin, err := pgDump()
-	if err != nil {
-		return "", err
-	}
 	dsn, err := m.adminConnString(ctx, e.st.From, e.t.Database)
 	if err != nil {
 		return "", err
 	}
-	argv := []string{"--schema-only", "--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
-		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000"}
-	if e.t.Mode == tenant.ModeSchema {
-		argv = append(argv, "--schema="+e.role)
+	out, err := dumpSQL(ctx, dsn, e.t.Mode, e.role, "--schema-only")
+	if err != nil {
+		return "", fmt.Errorf("tenant %s on %s: %w", e.t.ID, e.st.From, err)
+	}
+	return out, nil
+}
+
+// dumpSQL runs pg_dump of a tenant's definitions (args say which: the
+// schema, or a section) on dsn: its schema (schema mode) or every schema
+// of its database but pgtenant's, without owners (what the restore makes
+// belongs to the tenant's role), privileges, extensions (only plpgsql is
+// named, which pg_dump never dumps; the admin made the one pgtenant uses),
+// publications, subscriptions and security labels. The result is SQL to
+// run as one batch.
+func dumpSQL(ctx context.Context, dsn string, mode tenant.Mode, schema string, args ...string) (string, error) {
+	bin, err := pgDump()
+	if err != nil {
+		return "", err
+	}
+	argv := append(args, "--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
+		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000")
+	if mode == tenant.ModeSchema {
+		argv = append(argv, "--schema="+schema)
 	} else {
 		argv = append(argv, "--exclude-schema="+tenant.MarkerSchema, "--exclude-schema="+SentinelSchema)
 	}
@@ -677,13 +717,13 @@ func (m *mover) dump(ctx context.Context, e *env) (string, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return "", fmt.Errorf("pg_dump of tenant %s on %s: %w: %s", e.t.ID, e.st.From, err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("pg_dump: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 	text := string(out)
-	if e.t.Mode == tenant.ModeSchema {
+	if mode == tenant.ModeSchema {
 		// The schema exists (made by the admin: the tenant may not create
 		// schemas in the shared database).
-		text = strings.Replace(text, "\nCREATE SCHEMA "+e.role+";\n", "\n", 1)
+		text = strings.Replace(text, "\nCREATE SCHEMA "+schema+";\n", "\n", 1)
 	}
 	// pg_dump (15.14 and later) brackets its output with \restrict and
 	// \unrestrict, which guard psql against meta-commands smuggled into
@@ -696,8 +736,7 @@ func (m *mover) dump(ctx context.Context, e *env) (string, error) {
 		}
 		lines = append(lines, line)
 	}
-	text = strings.Join(lines, "\n")
-	return text, nil
+	return strings.Join(lines, "\n"), nil
 }
 
 func pgDump() (string, error) {

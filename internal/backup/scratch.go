@@ -1,0 +1,229 @@
+package backup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/fleet"
+)
+
+// Scratch is a throwaway PostgreSQL instance restored from a stanza's
+// repository to a point in time, on a free loopback port: what a rewind
+// or a fork reads a tenant's past from. It never archives (its WAL would
+// go into the cluster's own archive as a new timeline) and nothing but
+// pgtenant connects to it. Remove stops it and deletes its files.
+type Scratch struct {
+	Dir  string
+	Port int
+
+	password string
+	user     fleet.OSUser
+	pgctl    string
+}
+
+// ScratchDir is where the scratch instance named name lives: beside the
+// repository, on the same disk.
+func (s *Stanza) ScratchDir(name string) string {
+	return filepath.Join(filepath.Dir(s.Dir), "scratch", name)
+}
+
+// ErrTargetNotReached is a restore whose archive ends before its target.
+var ErrTargetNotReached = errors.New("the archive ends before the time asked for")
+
+// Check makes the WAL written so far restorable: pgbackrest check switches
+// to a new segment and waits until the archive has the old one.
+func (s *Stanza) Check(ctx context.Context) error {
+	_, err := s.run(ctx, "check")
+	return err
+}
+
+// RestoreScratch restores the cluster as it was at target into the
+// scratch instance name (what an earlier attempt left there is removed
+// first), starts it and waits until recovery has reached target and the
+// instance is promoted. databases, when not empty, are the only ones
+// restored in full (pgBackRest's --db-include: the others are left as
+// empty files the instance cannot open, so only they may be read); when
+// the backup predates one of them, everything is restored.
+func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Time, databases []string) (*Scratch, error) {
+	bin, err := fleet.FindBinaries(15)
+	if err != nil {
+		return nil, err
+	}
+	sc := &Scratch{Dir: s.ScratchDir(name), password: s.password, user: s.user, pgctl: bin.Path("pg_ctl")}
+	if err := sc.Remove(ctx); err != nil {
+		return nil, err
+	}
+	args := []string{"--pg1-path=" + sc.Dir, "--type=time", "--target=" + target.UTC().Format("2006-01-02 15:04:05.999999+00"),
+		"--target-action=promote", "--archive-mode=off", "--log-level-console=warn"}
+	restore := func(include []string) error {
+		if err := sc.mkdir(); err != nil {
+			return err
+		}
+		a := append([]string(nil), args...)
+		for _, db := range include {
+			a = append(a, "--db-include="+db)
+		}
+		_, err := s.run(ctx, append(a, "restore")...)
+		return err
+	}
+	err = restore(databases)
+	if err != nil && len(databases) > 0 && strings.Contains(err.Error(), "does not exist") {
+		// A database made after the backup: pgBackRest refuses to include
+		// what the backup does not have; the WAL replay makes it.
+		if rerr := sc.Remove(ctx); rerr != nil {
+			return nil, rerr
+		}
+		err = restore(nil)
+	}
+	if err != nil {
+		return nil, errors.Join(err, sc.Remove(context.WithoutCancel(ctx)))
+	}
+	if err := sc.start(ctx); err != nil {
+		return nil, errors.Join(err, sc.Remove(context.WithoutCancel(ctx)))
+	}
+	return sc, nil
+}
+
+func (sc *Scratch) mkdir() error {
+	if err := os.MkdirAll(filepath.Dir(sc.Dir), 0o750); err != nil {
+		return err
+	}
+	if err := sc.user.Own(filepath.Dir(sc.Dir)); err != nil {
+		return err
+	}
+	if err := os.Mkdir(sc.Dir, 0o700); err != nil {
+		return err
+	}
+	return sc.user.Own(sc.Dir)
+}
+
+// start gives the restored data dir its own port and settings and starts
+// it; pg_ctl returns once recovery is over (hot_standby off: the instance
+// takes connections only once promoted).
+func (sc *Scratch) start(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	sc.Port = port
+	extra := fmt.Sprintf(`
+# pgtenant scratch instance: a restore read by a rewind or a fork, then removed.
+port = %d
+listen_addresses = '127.0.0.1'
+unix_socket_directories = ''
+hot_standby = off
+archive_mode = off
+shared_buffers = '128MB'
+cluster_name = 'pgtenant-scratch'
+shared_preload_libraries = ''
+`, port)
+	auto := filepath.Join(sc.Dir, "postgresql.auto.conf")
+	f, err := os.OpenFile(auto, os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("scratch config: %w", err)
+	}
+	_, err = f.WriteString(extra)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("scratch config: %w", err)
+	}
+	// Restored from a standby's backup: not a standby here.
+	_ = os.Remove(filepath.Join(sc.Dir, "standby.signal"))
+	logFile := filepath.Join(sc.Dir, "startup.log")
+	cmd := sc.user.Command(sc.pgctl, "start", "-D", sc.Dir, "-l", logFile, "-w", "-t", "3600")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		tail := tail(logFile)
+		if strings.Contains(tail, "before configured recovery target was reached") {
+			return fmt.Errorf("start the scratch instance: %w: %s", ErrTargetNotReached, tail)
+		}
+		return fmt.Errorf("start the scratch instance: %w: %s\n%s", err, strings.TrimSpace(string(out)), tail)
+	}
+	for {
+		conn, err := sc.Connect(ctx, "postgres")
+		if err == nil {
+			var recovering bool
+			err = conn.QueryRow(ctx, "SELECT pg_catalog.pg_is_in_recovery()").Scan(&recovering)
+			conn.Close(context.WithoutCancel(ctx))
+			if err == nil && !recovering {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func tail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// DSN is a superuser's connection string to database on the instance.
+func (sc *Scratch) DSN(database string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable application_name=pgtenant-scratch",
+		sc.Port, fleet.Superuser, quoteValue(sc.password), quoteValue(database))
+}
+
+// Connect opens a superuser session on database of the instance.
+func (sc *Scratch) Connect(ctx context.Context, database string) (*pgx.Conn, error) {
+	return pgx.Connect(ctx, sc.DSN(database))
+}
+
+func quoteValue(v string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+}
+
+// Remove stops the instance (immediate: nothing of it is kept) and
+// deletes its directory. Removing what is not there is not an error.
+func (sc *Scratch) Remove(ctx context.Context) error {
+	if _, err := os.Stat(sc.Dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(sc.Dir, "postmaster.pid")); err == nil {
+		cmd := sc.user.Command(sc.pgctl, "stop", "-D", sc.Dir, "-m", "immediate", "-w", "-t", "60")
+		if out, err := cmd.CombinedOutput(); err != nil && !strings.Contains(string(out), "is not running") &&
+			!strings.Contains(string(out), "does not exist") {
+			return fmt.Errorf("stop the scratch instance in %s: %w: %s", sc.Dir, err, strings.TrimSpace(string(out)))
+		}
+	}
+	if err := os.RemoveAll(sc.Dir); err != nil {
+		return fmt.Errorf("remove the scratch instance: %w", err)
+	}
+	return nil
+}
+
+// ScratchFor is the scratch instance name of a stanza, to remove what a
+// daemon killed during a restore left behind.
+func (s *Stanza) ScratchFor(name string) *Scratch {
+	bin, _ := fleet.FindBinaries(15)
+	return &Scratch{Dir: s.ScratchDir(name), password: s.password, user: s.user, pgctl: bin.Path("pg_ctl")}
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	_, p, _ := strings.Cut(l.Addr().String(), ":")
+	return strconv.Atoi(p)
+}
