@@ -94,6 +94,9 @@ func (s *Server) showTenant(w http.ResponseWriter, r *http.Request) error {
 		}
 		view.Analytics = &st
 	}
+	if rw, err := s.Move.Window(r.Context(), t); err == nil {
+		view.RecoveryWindow = rw // a cluster without backups has none: not an error
+	}
 	writeJSON(w, http.StatusOK, view)
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -106,6 +107,10 @@ type Tenant struct {
 	// Analytics is the tenant's columnar mirror (show only): its state
 	// and DSN (the tenant's own login, on the analytics port).
 	Analytics *analytics.Status `json:"analytics,omitempty"`
+	// RecoveryWindow is the times the tenant can be rewound or forked to
+	// (show only, when its cluster is backed up): from its creation, or its
+	// cluster's oldest backup, to the newest WAL archived.
+	RecoveryWindow *backup.Window `json:"recovery_window,omitempty"`
 }
 
 // CreateTenantResponse answers POST /v1/tenants.

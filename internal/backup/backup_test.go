@@ -11,49 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/backup/backuptest"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 )
-
-// startCluster makes a small managed cluster in a temp dir, archiving when
-// backups is set; it is stopped and removed when the test ends.
-// backedUp starts a small cluster that archives from its creation, with
-// its stanza set up (as up does).
-func backedUp(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *backup.Stanza) {
-	t.Helper()
-	if _, err := backup.Find(); err != nil {
-		t.Skip(err)
-	}
-	dir, err := os.MkdirTemp("", "pgtest-backup-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The postgres OS user (when we are root) must traverse the temp dir.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "bk"), Name: "bk", Standbys: standbys, Fast: true, Backups: true,
-		Settings: map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = fc.Stop(sctx)
-	})
-	if err := fc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	st, err := backup.ForCluster(fc, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return fc, st
-}
 
 func exec(t *testing.T, ctx context.Context, dsn, sql string) {
 	t.Helper()
@@ -74,7 +34,7 @@ func exec(t *testing.T, ctx context.Context, dsn, sql string) {
 func TestBackup_StanzaArchiveFullDiff(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fc, st := backedUp(t, ctx, 1)
+	fc, st := backuptest.Cluster(t, ctx, 1)
 	// Setup twice is harmless (up runs it on every start).
 	if err := st.Setup(ctx); err != nil {
 		t.Fatalf("second Setup: %v", err)

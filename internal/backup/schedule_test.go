@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/backup/backuptest"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
@@ -54,10 +55,10 @@ func TestDue(t *testing.T) {
 func TestSchedule_DiffWhenDueFullWhenDue_NeverTwoAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fc, st := backedUp(t, ctx, 0)
+	fc, st := backuptest.Cluster(t, ctx, 0)
 	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	const fullEvery, diffEvery = 40 * time.Second, 10 * time.Second
-	c := startDaemonWith(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, func(cfg *config.Config) {
+	c, _ := backuptest.Daemon(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, func(cfg *config.Config) {
 		cfg.Backups.FullEvery = config.Duration(fullEvery)
 		cfg.Backups.DiffEvery = config.Duration(diffEvery)
 		cfg.Backups.CheckInterval = config.Duration(500 * time.Millisecond)

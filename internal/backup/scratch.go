@@ -62,7 +62,11 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 	if err := sc.Remove(ctx); err != nil {
 		return nil, err
 	}
-	args := []string{"--pg1-path=" + sc.Dir, "--type=time", "--target=" + target.UTC().Format("2006-01-02 15:04:05.999999+00"),
+	// Its own spool and lock paths: a restore empties the spool's archive
+	// queue, where the live cluster's async archive-push writes the status
+	// of each segment it pushed (its archive_command then waited for a
+	// status that was gone, for archive-timeout, at every segment).
+	args := []string{"--pg1-path=" + sc.Dir, "--spool-path=" + sc.Dir + ".spool", "--lock-path=" + sc.Dir + ".lock", "--type=time", "--target=" + target.UTC().Format("2006-01-02 15:04:05.999999+00"),
 		"--target-action=promote", "--archive-mode=off", "--log-level-console=warn"}
 	restore := func(include []string) error {
 		if err := sc.mkdir(); err != nil {
@@ -87,7 +91,12 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 	if err != nil {
 		return nil, errors.Join(err, sc.Remove(context.WithoutCancel(ctx)))
 	}
-	if err := sc.start(ctx); err != nil {
+	// archive-get without async: an async one takes the stanza's archive
+	// lock, which the live cluster's async archive-push holds while it
+	// pushes, and waited up to archive-timeout (a minute) at each segment
+	// the recovery asked for.
+	get := fmt.Sprintf("%s --config=%s --stanza=%s --pg1-path=%s --no-archive-async archive-get %%f \"%%p\"", s.Program, s.ConfigPath(), s.Name, sc.Dir)
+	if err := sc.start(ctx, get); err != nil {
 		return nil, errors.Join(err, sc.Remove(context.WithoutCancel(ctx)))
 	}
 	return sc, nil
@@ -109,7 +118,7 @@ func (sc *Scratch) mkdir() error {
 // start gives the restored data dir its own port and settings and starts
 // it; pg_ctl returns once recovery is over (hot_standby off: the instance
 // takes connections only once promoted).
-func (sc *Scratch) start(ctx context.Context) error {
+func (sc *Scratch) start(ctx context.Context, restoreCommand string) error {
 	port, err := freePort()
 	if err != nil {
 		return err
@@ -125,7 +134,8 @@ archive_mode = off
 shared_buffers = '128MB'
 cluster_name = 'pgtenant-scratch'
 shared_preload_libraries = ''
-`, port)
+restore_command = '%s'
+`, port, strings.ReplaceAll(restoreCommand, "'", "''"))
 	auto := filepath.Join(sc.Dir, "postgresql.auto.conf")
 	f, err := os.OpenFile(auto, os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -194,9 +204,6 @@ func quoteValue(v string) string {
 // Remove stops the instance (immediate: nothing of it is kept) and
 // deletes its directory. Removing what is not there is not an error.
 func (sc *Scratch) Remove(ctx context.Context) error {
-	if _, err := os.Stat(sc.Dir); errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
 	if _, err := os.Stat(filepath.Join(sc.Dir, "postmaster.pid")); err == nil {
 		cmd := sc.user.Command(sc.pgctl, "stop", "-D", sc.Dir, "-m", "immediate", "-w", "-t", "60")
 		if out, err := cmd.CombinedOutput(); err != nil && !strings.Contains(string(out), "is not running") &&
@@ -204,8 +211,10 @@ func (sc *Scratch) Remove(ctx context.Context) error {
 			return fmt.Errorf("stop the scratch instance in %s: %w: %s", sc.Dir, err, strings.TrimSpace(string(out)))
 		}
 	}
-	if err := os.RemoveAll(sc.Dir); err != nil {
-		return fmt.Errorf("remove the scratch instance: %w", err)
+	for _, d := range []string{sc.Dir, sc.Dir + ".spool", sc.Dir + ".lock"} {
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("remove the scratch instance: %w", err)
+		}
 	}
 	return nil
 }

@@ -14,55 +14,17 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/backup/backuptest"
 	"github.com/pgtenant/pgtenant/internal/catalog"
-	"github.com/pgtenant/pgtenant/internal/config"
-	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
-// startDaemon runs a daemon whose catalog is on fc, managing fc, with the
-// given stanzas; it stops when the test ends.
+// startDaemon runs a daemon over fc with the given stanzas (backuptest.Daemon).
 func startDaemon(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza) *api.Client {
 	t.Helper()
-	return startDaemonWith(t, fc, catalogDB, stanzas, nil)
-}
-
-// startDaemonWith is startDaemon with the configuration changed by mod.
-func startDaemonWith(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza, mod func(*config.Config)) *api.Client {
-	t.Helper()
-	cfg := config.Default()
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Catalog.DSN = fc.PrimaryDSN(catalogDB)
-	cfg.TokenFile = filepath.Join(t.TempDir(), "token")
-	cfg.Jobs.Backoff = config.Duration(50 * time.Millisecond)
-	cfg.Reconcile.Interval = 0
-	cfg.Provision.DefaultPoolSize = 0
-	cfg.Prewarm.CaptureInterval = 0
-	cfg.Prewarm.WatchInterval = 0
-	cfg.Metrics.Interval = 0
-	if mod != nil {
-		mod(&cfg)
-	}
-	managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
-	for _, s := range fc.Standbys() {
-		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Backups: stanzas})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("daemon: %v", err)
-		}
-	})
-	return api.NewClient(d.URL(), d.Token())
+	c, _ := backuptest.Daemon(t, fc, catalogDB, stanzas, nil)
+	return c
 }
 
 func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Job {
@@ -86,7 +48,7 @@ func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Jo
 func TestBackup_NowListWindowThroughAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	fc, st := backedUp(t, ctx, 1)
+	fc, st := backuptest.Cluster(t, ctx, 1)
 	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	c := startDaemon(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st})
 

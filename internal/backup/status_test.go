@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/backup/backuptest"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -109,7 +110,7 @@ func doctorCheck(t *testing.T, ctx context.Context, d *doctor.Doctor, clusterNam
 func TestBackup_MetricsDoctorRetention(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	fc, st := backedUp(t, ctx, 0)
+	fc, st := backuptest.Cluster(t, ctx, 0)
 	name := fc.Name()
 	primary := fc.PrimaryDSN("postgres")
 	exec(t, ctx, primary, `CREATE DATABASE catalog`)

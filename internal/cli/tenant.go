@@ -357,6 +357,9 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 		row(w, "analytics", fmt.Sprintf("%s, applied %s, lag %s", a.State, a.AppliedLSN, humanBytes(a.LagBytes)))
 		row(w, "analytics_dsn", a.DSN)
 	}
+	if rw := t.RecoveryWindow; rw != nil {
+		row(w, "recovery_window", rw.Earliest.Format(time.RFC3339)+" to "+rw.Latest.Format(time.RFC3339)+" (tenant rewind, tenant fork)")
+	}
 	for _, e := range t.Events {
 		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), e.Kind+" "+string(e.Detail))
 	}

@@ -74,24 +74,18 @@ func (s *Service) checkPast(ctx context.Context, t catalog.Tenant, at time.Time,
 	if t.State != catalog.StateActive && t.State != catalog.StateSuspended {
 		return fmt.Errorf("%w: tenant %s is %s; only active or suspended tenants can be %s", catalog.ErrConflict, t.ID, t.State, what)
 	}
-	if s.Backups == nil {
-		return fmt.Errorf("%w: %w", catalog.ErrConflict, backup.ErrNotConfigured)
-	}
-	w, err := s.Backups.Window(ctx, t.Cluster)
+	w, err := s.Window(ctx, t)
 	if err != nil {
 		return fmt.Errorf("%w: %w", catalog.ErrConflict, err)
 	}
 	if w == nil {
 		return fmt.Errorf("%w: cluster %s has no backup yet (`pgtenant backup now --cluster %s --wait`)", catalog.ErrConflict, t.Cluster, t.Cluster)
 	}
-	from := w.Earliest
-	if t.CreatedAt.After(from) {
-		from = t.CreatedAt
-	}
+	// The archive reaches now once a rewind has archived the current WAL.
 	now := time.Now()
-	if at.Before(from) || at.After(now) {
+	if at.Before(w.Earliest) || at.After(now) {
 		return fmt.Errorf("%w: %w: %s is not in tenant %s's recovery window, %s to now (%s)", provision.ErrInvalid, ErrOutsideWindow,
-			at.UTC().Format(time.RFC3339), t.ID, from.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
+			at.UTC().Format(time.RFC3339), t.ID, w.Earliest.UTC().Format(time.RFC3339), now.UTC().Format(time.RFC3339))
 	}
 	var mirrored bool
 	if err := s.Store.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM analytics WHERE tenant = $1)`, t.ID).Scan(&mirrored); err != nil {
@@ -101,6 +95,28 @@ func (s *Service) checkPast(ctx context.Context, t catalog.Tenant, at time.Time,
 		return fmt.Errorf("%w: tenant %s has an analytics mirror, which follows its storage: disable it (`pgtenant analytics disable %s`), rewind, then enable it again", catalog.ErrConflict, t.ID, t.ID)
 	}
 	return nil
+}
+
+// Window is the times tenant t can be rewound or forked to: its cluster's
+// recovery window from the tenant's creation on (nil before the cluster's
+// first backup). Latest is the newest WAL archived; a rewind or fork
+// archives the current WAL first, so that it can go up to now.
+func (s *Service) Window(ctx context.Context, t catalog.Tenant) (*backup.Window, error) {
+	if s.Backups == nil {
+		return nil, backup.ErrNotConfigured
+	}
+	w, err := s.Backups.Window(ctx, t.Cluster)
+	if err != nil || w == nil {
+		return nil, err
+	}
+	out := *w
+	if t.CreatedAt.After(out.Earliest) {
+		out.Earliest = t.CreatedAt
+	}
+	if out.Latest.Before(out.Earliest) {
+		out.Latest = out.Earliest
+	}
+	return &out, nil
 }
 
 // Rewind starts taking tenant id back to at, in place.

@@ -1,9 +1,10 @@
-package backup_test
+package move_test
 
 import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -16,9 +17,12 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/backup/backuptest"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
-	"github.com/pgtenant/pgtenant/internal/fleet"
+	managed "github.com/pgtenant/pgtenant/internal/fleet"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -84,8 +88,9 @@ func sameSums(t *testing.T, what string, got, want map[string]string) {
 // TestRewindFork_BothModes: a tenant writes, notes TIME, then destroys its
 // data (DELETE, DROP TABLE, a dropped column, TRUNCATE). A rewind to TIME
 // brings every table back as it was (checksums over every column), in
-// place (same DSN and password), sequences not behind, while a neighbour
-// writing meanwhile loses nothing and sees no error; what the rewind
+// place (same pooler DSN and password: its pool paused for the swap),
+// sequences not behind, while a neighbour writing meanwhile through the
+// pooler loses nothing and sees no error; what the rewind
 // replaced is kept as a dropped tenant; a fork at TIME holds the same data
 // under new credentials; a TIME outside the tenant's window is refused
 // with the window named; no scratch instance is left. The tenant's own
@@ -93,17 +98,7 @@ func sameSums(t *testing.T, what string, got, want map[string]string) {
 func TestRewindFork_BothModes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	fc, st := backedUp(t, ctx, 1)
-	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
-	// A small test server: its tenants' connection limits may add up past it.
-	c := startDaemonWith(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, func(cfg *config.Config) {
-		cfg.Provision.ReservedConnections = 5
-		cfg.Provision.ConnectionOvercommit = 100
-	})
-	waitFor(t, ctx, func() bool {
-		info, err := st.Info(ctx)
-		return err == nil && len(info.Backups) > 0 && !info.Running
-	})
+	fc, st, c, _ := backedUpDaemon(t, ctx, true)
 	added, err := c.CreateTemplate(ctx, "shop", []templates.Upload{{Name: "0001_init.sql", Body: "CREATE TABLE settings (k text PRIMARY KEY, v text);"}})
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +113,7 @@ func TestRewindFork_BothModes(t *testing.T) {
 	}
 }
 
-func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *fleet.Cluster, st *backup.Stanza, mode tenant.Mode) {
+func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed.Cluster, st *backup.Stanza, mode tenant.Mode) {
 	mk := func() api.CreateTenantResponse {
 		r, err := c.CreateTenant(ctx, provision.Request{Template: "shop", Mode: mode})
 		if err != nil {
@@ -130,13 +125,13 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *fleet.C
 		return r
 	}
 	victim, neighbour := mk(), mk()
-	exec(t, ctx, victim.DSN, tenantSetup)
-	exec(t, ctx, neighbour.DSN, `CREATE TABLE events (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())`)
+	mustExec(t, ctx, victim.DSN, tenantSetup)
+	mustExec(t, ctx, neighbour.DSN, `CREATE TABLE events (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())`)
 	want := checksums(t, ctx, victim.DSN)
 	time.Sleep(1100 * time.Millisecond)
 	at := time.Now()
 	time.Sleep(1100 * time.Millisecond)
-	exec(t, ctx, victim.DSN, destroy)
+	mustExec(t, ctx, victim.DSN, destroy)
 	destroyed := checksums(t, ctx, victim.DSN)
 
 	// Outside the window: before the tenant existed, or in the future.
@@ -181,7 +176,7 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *fleet.C
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitJob(t, ctx, c, j.ID)
+	logSteps(t, "rewind", waitJob(t, ctx, c, j.ID))
 	close(stop)
 	wg.Wait()
 	if failed.Load() > 0 {
@@ -217,6 +212,9 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *fleet.C
 	if err != nil {
 		t.Fatal(err)
 	}
+	if rw := shown.RecoveryWindow; rw == nil || rw.Earliest.Before(shown.CreatedAt) || at.Before(rw.Earliest) || rw.Latest.Before(at) {
+		t.Errorf("tenant show's recovery window %+v: want from the tenant's creation (%s) to past %s", rw, shown.CreatedAt, at)
+	}
 	var kept string
 	for _, e := range shown.Events {
 		if e.Kind == "rewound" {
@@ -248,7 +246,7 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *fleet.C
 	if fork.Password == "" || fork.Tenant.ID == victim.Tenant.ID || fork.Job == nil {
 		t.Fatalf("fork answer: %+v", fork)
 	}
-	waitJob(t, ctx, c, fork.Job.ID)
+	logSteps(t, "fork", waitJob(t, ctx, c, fork.Job.ID))
 	forked, err := c.Tenant(ctx, fork.Tenant.ID)
 	if err != nil || forked.State != catalog.StateActive {
 		t.Fatalf("forked tenant: %v %s, want active", err, forked.State)
@@ -257,12 +255,82 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *fleet.C
 	if scratch, _ := filepath.Glob(st.ScratchDir("*")); len(scratch) > 0 {
 		t.Errorf("scratch instances left: %v", scratch)
 	}
-	if sup := superusers(t, ctx, fc); sup != fleet.Superuser {
-		t.Errorf("superusers after the rewind and fork: %s, want only %s", sup, fleet.Superuser)
+	if sup := superusers(t, ctx, fc); sup != managed.Superuser {
+		t.Errorf("superusers after the rewind and fork: %s, want only %s", sup, managed.Superuser)
 	}
 }
 
-func superusers(t *testing.T, ctx context.Context, fc *fleet.Cluster) string {
+// backedUpDaemon starts a cluster that archives, with a standby, and a
+// daemon over it holding its stanza (with a PgBouncer in front when
+// pooled), once its first full backup is done.
+func backedUpDaemon(t *testing.T, ctx context.Context, pooled bool) (*managed.Cluster, *backup.Stanza, *api.Client, func()) {
+	t.Helper()
+	fc, st := backuptest.Cluster(t, ctx, 1)
+	mustExec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
+	start := backuptest.Daemon
+	if pooled {
+		start = backuptest.DaemonPooled
+	}
+	c, stop := start(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, smallServer)
+	waitFor(t, ctx, func() bool {
+		info, err := st.Info(ctx)
+		return err == nil && len(info.Backups) > 0 && !info.Running
+	})
+	return fc, st, c, stop
+}
+
+// smallServer lets tenants' connection limits add up past a small test server's.
+func smallServer(cfg *config.Config) {
+	cfg.Provision.ReservedConnections = 5
+	cfg.Provision.ConnectionOvercommit = 100
+}
+
+func mustExec(t *testing.T, ctx context.Context, dsn, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatal("timed out waiting")
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Job {
+	t.Helper()
+	j, err := c.WaitJob(ctx, id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.State != jobs.Succeeded {
+		t.Fatalf("job %d %s: %s", j.ID, j.State, j.LastError)
+	}
+	return j
+}
+
+// logSteps records how long each step of a job took.
+func logSteps(t *testing.T, what string, j jobs.Job) {
+	t.Helper()
+	var b strings.Builder
+	for _, s := range j.Steps {
+		fmt.Fprintf(&b, " %s %s (attempt %d)", s.Step, s.FinishedAt.Sub(s.StartedAt).Round(time.Millisecond), s.Attempt)
+	}
+	t.Logf("%s: job %d:%s", what, j.ID, b.String())
+}
+
+func superusers(t *testing.T, ctx context.Context, fc *managed.Cluster) string {
 	t.Helper()
 	conn, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
 	if err != nil {
@@ -274,4 +342,103 @@ func superusers(t *testing.T, ctx context.Context, fc *fleet.Cluster) string {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestRewind_StopsAndResumes stops the daemon at points of a rewind (the
+// scratch instance restored; the swap's renames done, the owners not yet
+// exchanged) and starts another on the same catalog: the rewind finishes
+// with the data as it was at TIME. A rewind cancelled halfway leaves the
+// tenant as it was, the new tenant dropped, and no scratch instance.
+func TestRewind_StopsAndResumes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	fc, st, c, stop := backedUpDaemon(t, ctx, false)
+	added, err := c.CreateTemplate(ctx, "shop", []templates.Upload{{Name: "0001_init.sql", Body: "CREATE TABLE settings (k text PRIMARY KEY, v text);"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		waitJob(t, ctx, c, j.ID)
+	}
+	defer move.SetCrashHook(nil)
+	parent := t
+	for _, tc := range []struct {
+		point  string
+		mode   tenant.Mode
+		cancel bool
+	}{
+		{"copy:restored", tenant.ModeDatabase, false},
+		{"swap:renamed", tenant.ModeDatabase, false},
+		{"swap:renamed", tenant.ModeSchema, false},
+		{"copy:restored", tenant.ModeSchema, true},
+	} {
+		name := tc.point + "/" + string(tc.mode)
+		if tc.cancel {
+			name = "cancel at " + name
+		}
+		t.Run(name, func(t *testing.T) {
+			r, err := c.CreateTenant(ctx, provision.Request{Template: "shop", Mode: tc.mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Job != nil {
+				waitJob(t, ctx, c, r.Job.ID)
+			}
+			mustExec(t, ctx, r.DSN, tenantSetup)
+			want := checksums(t, ctx, r.DSN)
+			time.Sleep(1100 * time.Millisecond)
+			at := time.Now()
+			time.Sleep(1100 * time.Millisecond)
+			mustExec(t, ctx, r.DSN, destroy)
+			destroyed := checksums(t, ctx, r.DSN)
+
+			hit := make(chan struct{})
+			var once sync.Once
+			move.SetCrashHook(func(ctx context.Context, p string) error {
+				if p != tc.point {
+					return nil
+				}
+				once.Do(func() { close(hit) })
+				<-ctx.Done() // the daemon stops (or the job is cancelled) here
+				return ctx.Err()
+			})
+			j, err := c.RewindTenant(ctx, r.Tenant.ID, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-hit:
+			case <-ctx.Done():
+				t.Fatalf("the rewind never reached %s", tc.point)
+			}
+			move.SetCrashHook(nil)
+			if tc.cancel {
+				if _, err := c.CancelJob(ctx, j.ID); err != nil {
+					t.Fatal(err)
+				}
+				if j, err = c.WaitJob(ctx, j.ID, nil); err != nil || j.State != jobs.Cancelled {
+					t.Fatalf("cancelled rewind: %v %s", err, j.State)
+				}
+				sameSums(t, "after a cancelled rewind", checksums(t, ctx, r.DSN), destroyed)
+				all, err := c.Tenants(ctx, url.Values{"q": {"before its rewind"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, x := range all {
+					if x.State == catalog.StateActive || x.State == catalog.StateSuspended {
+						t.Errorf("the cancelled rewind's new tenant %s is %s, want dropped or purged", x.ID, x.State)
+					}
+				}
+			} else {
+				stop()
+				c, stop = backuptest.Daemon(parent, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, smallServer)
+				logSteps(t, "rewind resumed", waitJob(t, ctx, c, j.ID))
+				sameSums(t, "after the resumed rewind", checksums(t, ctx, r.DSN), want)
+				mustExec(t, ctx, r.DSN, `INSERT INTO orders (amount) VALUES (7)`)
+			}
+			if scratch, _ := filepath.Glob(st.ScratchDir("*")); len(scratch) > 0 {
+				t.Errorf("scratch instances left: %v", scratch)
+			}
+		})
+	}
 }

@@ -1,0 +1,119 @@
+// Package backuptest is the test harness of what needs backups: a small
+// managed cluster that archives from its creation with its stanza set up
+// (as `pgtenant up` makes one), and a daemon over it that holds the stanza.
+// Both are real (PostgreSQL, pgBackRest) and removed when the test ends.
+package backuptest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/backup"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/fleet"
+)
+
+// Cluster starts a small cluster with standbys that archives from its
+// creation, with its stanza set up. The test is skipped when pgBackRest is
+// not installed.
+func Cluster(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *backup.Stanza) {
+	t.Helper()
+	if _, err := backup.Find(); err != nil {
+		t.Skip(err)
+	}
+	dir, err := os.MkdirTemp("", "pgtest-backup-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The postgres OS user (when we are root) must traverse the temp dir.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "bk"), Name: "bk", Standbys: standbys, Fast: true, Backups: true,
+		Settings: map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = fc.Stop(sctx)
+	})
+	if err := fc.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := backup.ForCluster(fc, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return fc, st
+}
+
+// Daemon runs a daemon whose catalog is database catalogDB on fc, managing
+// fc, with the given stanzas and the configuration changed by mod (nil:
+// none). stop stops it (it stops when the test ends otherwise); another
+// Daemon on the same catalog then takes over its jobs.
+func Daemon(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza, mod func(*config.Config)) (c *api.Client, stop func()) {
+	t.Helper()
+	return start(t, fc, catalogDB, stanzas, mod, nil)
+}
+
+// DaemonPooled is Daemon with a PgBouncer in front of fc (stopped with the
+// daemon): tenants' DSNs go through it.
+func DaemonPooled(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza, mod func(*config.Config)) (c *api.Client, stop func()) {
+	t.Helper()
+	return start(t, fc, catalogDB, stanzas, mod, map[string]config.PoolerConfig{fc.Name(): daemontest.Pooler(t)})
+}
+
+func start(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza, mod func(*config.Config),
+	poolers map[string]config.PoolerConfig) (c *api.Client, stop func()) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Catalog.DSN = fc.PrimaryDSN(catalogDB)
+	cfg.TokenFile = filepath.Join(t.TempDir(), "token")
+	cfg.Jobs.Backoff = config.Duration(50 * time.Millisecond)
+	cfg.Reconcile.Interval = 0
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Prewarm.CaptureInterval = 0
+	cfg.Prewarm.WatchInterval = 0
+	cfg.Metrics.Interval = 0
+	if mod != nil {
+		mod(&cfg)
+	}
+	managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
+	for _, s := range fc.Standbys() {
+		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Backups: stanzas, Poolers: poolers})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return api.NewClient(d.URL(), d.Token()), stop
+}
