@@ -1,11 +1,15 @@
 package api
 
 import (
+	"context"
 	"net/http"
+	"net/url"
 	"regexp"
+	"strings"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/failover"
 )
 
 var clusterNameRE = regexp.MustCompile(`^[a-z][a-z0-9_]{0,30}$`)
@@ -69,15 +73,23 @@ func (s *Server) addCluster(w http.ResponseWriter, r *http.Request) error {
 	if existing, err := s.Store.GetCluster(r.Context(), req.Name); err == nil && existing.Kind == "managed" {
 		return invalid("cluster %q is managed by pgtenant up; it cannot be replaced by an external DSN", req.Name)
 	}
-	cl, err := cluster.New(req.Name, req.DSN, req.Standbys, s.Logger)
+	dsn, standbys := req.DSN, req.Standbys
+	if len(req.Patroni) > 0 {
+		var err error
+		if dsn, standbys, err = s.patroniTopology(r.Context(), &req); err != nil {
+			return err
+		}
+	}
+	cl, err := cluster.New(req.Name, dsn, standbys, s.Logger)
 	if err != nil {
 		return invalid("%v", err)
 	}
 	if _, err := cl.Probe(r.Context()); err != nil {
 		cl.Close()
-		return invalid("cannot reach cluster %s with that DSN: %s", req.Name, cluster.RedactError(err, req.DSN))
+		return invalid("cannot reach cluster %s with that DSN: %s", req.Name, cluster.RedactError(err, dsn))
 	}
-	if err := s.Store.UpsertCluster(r.Context(), catalog.Cluster{Name: req.Name, Kind: "external", DSN: req.DSN, StandbyDSNs: req.Standbys}); err != nil {
+	if err := s.Store.UpsertCluster(r.Context(), catalog.Cluster{Name: req.Name, Kind: "external", DSN: dsn, StandbyDSNs: standbys,
+		PatroniURLs: req.Patroni}); err != nil {
 		cl.Close()
 		return err
 	}
@@ -88,4 +100,26 @@ func (s *Server) addCluster(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusCreated, s.clusterView(r.Context(), c, nil))
 	return nil
+}
+
+// patroniTopology checks the Patroni endpoints of req (normalised in
+// place) and returns the DSN's leader and replicas: where pgtenant
+// connects until the leader changes.
+func (s *Server) patroniTopology(ctx context.Context, req *AddClusterRequest) (string, []string, error) {
+	if len(req.Standbys) > 0 {
+		return "", nil, invalid("standbys and patroni: give one; with patroni, the standbys are Patroni's replicas")
+	}
+	for i, raw := range req.Patroni {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || strings.Trim(u.Path, "/") != "" || u.RawQuery != "" || u.User != nil {
+			return "", nil, invalid("patroni endpoint %q: want the REST API's base URL, e.g. http://10.0.0.1:8008", raw)
+		}
+		req.Patroni[i] = u.Scheme + "://" + u.Host
+	}
+	dsn, standbys, err := failover.Topology(ctx, req.Patroni, req.DSN, nil)
+	if err != nil {
+		return "", nil, invalid("cannot read the leader of cluster %s from Patroni at %s: %s", req.Name, strings.Join(req.Patroni, ", "),
+			cluster.RedactError(err, req.DSN))
+	}
+	return dsn, standbys, nil
 }

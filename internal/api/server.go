@@ -305,7 +305,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // the standbys' current replay lag, not the monitor's last reading.
 func (s *Server) clusterView(ctx context.Context, c catalog.Cluster, loads map[string]map[string]catalog.Load) Cluster {
 	v := Cluster{Name: c.Name, Kind: c.Kind, DSN: cluster.RedactDSN(c.DSN), CreatedAt: c.CreatedAt, Standbys: []cluster.StandbyState{}, Status: "up",
-		Placement: c.Placement}
+		Placement: c.Placement, Patroni: c.PatroniURLs}
 	for _, l := range loads[c.Name] {
 		v.Tenants += l.Tenants
 		v.SizeBytes += l.SizeBytes

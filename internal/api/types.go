@@ -26,13 +26,16 @@ type ErrorDetail struct {
 
 // Cluster is a registered cluster as listed.
 type Cluster struct {
-	Name      string                 `json:"name"`
-	Kind      string                 `json:"kind"`   // managed or external
-	DSN       string                 `json:"dsn"`    // password redacted
-	Status    string                 `json:"status"` // up, down
-	Error     string                 `json:"error,omitempty"`
-	Standbys  []cluster.StandbyState `json:"standbys"`
-	CreatedAt time.Time              `json:"created_at"`
+	Name     string                 `json:"name"`
+	Kind     string                 `json:"kind"`   // managed or external
+	DSN      string                 `json:"dsn"`    // password redacted
+	Status   string                 `json:"status"` // up, down
+	Error    string                 `json:"error,omitempty"`
+	Standbys []cluster.StandbyState `json:"standbys"`
+	// Patroni are the REST APIs of the Patroni nodes that run the cluster,
+	// whose leader pgtenant follows; none: pgtenant connects to the DSN.
+	Patroni   []string  `json:"patroni,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 	// The placement policy set on it, and what it holds: tenants (not
 	// spares) and their sizes as last sampled.
 	catalog.Placement
@@ -51,6 +54,11 @@ type AddClusterRequest struct {
 	Name     string   `json:"name"`
 	DSN      string   `json:"dsn"`
 	Standbys []string `json:"standbys,omitempty"`
+	// Patroni are the REST APIs (http://host:port) of the Patroni nodes
+	// that run the cluster: pgtenant connects to their leader, with the
+	// DSN's role, password, database and options, and follows it on a
+	// failover. The standbys are then Patroni's replicas (no Standbys).
+	Patroni []string `json:"patroni,omitempty"`
 }
 
 // Health is /healthz.

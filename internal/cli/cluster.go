@@ -17,7 +17,7 @@ func newClusterCmd(g *globals) *cobra.Command {
 	cmd := &cobra.Command{Use: "cluster", Short: "Register and inspect PostgreSQL clusters"}
 
 	var dsn string
-	var standbys []string
+	var standbys, patroniURLs []string
 	add := &cobra.Command{
 		Use:   "add NAME --dsn DSN",
 		Short: "Register an external cluster by the admin DSN of its primary",
@@ -30,7 +30,7 @@ The password is stored in the catalog and never printed.`,
 			if err != nil {
 				return err
 			}
-			out, err := c.AddCluster(cmd.Context(), api.AddClusterRequest{Name: args[0], DSN: dsn, Standbys: standbys})
+			out, err := c.AddCluster(cmd.Context(), api.AddClusterRequest{Name: args[0], DSN: dsn, Standbys: standbys, Patroni: patroniURLs})
 			if err != nil {
 				return err
 			}
@@ -39,6 +39,8 @@ The password is stored in the catalog and never printed.`,
 	}
 	add.Flags().StringVar(&dsn, "dsn", "", "admin DSN of the primary, e.g. postgres://admin:PASSWORD@host:5432/postgres (required)")
 	add.Flags().StringSliceVar(&standbys, "standby", nil, "DSN of a standby (repeatable); a listed standby that is not streaming counts as down")
+	add.Flags().StringSliceVar(&patroniURLs, "patroni", nil, "REST API of the cluster's Patroni nodes, e.g. http://10.0.0.1:8008,http://10.0.0.2:8008: "+
+		"pgtenant connects to their leader with the DSN's role, password and database, and follows it on a failover")
 	_ = add.MarkFlagRequired("dsn")
 
 	list := &cobra.Command{
@@ -110,6 +112,9 @@ func clusterDetail(w io.Writer, d api.ClusterDetail) {
 	row(w, "name", d.Name)
 	row(w, "kind", d.Kind)
 	row(w, "dsn", d.DSN)
+	if len(d.Patroni) > 0 {
+		row(w, "patroni", strings.Join(d.Patroni, ", ")) // the DSN follows their leader
+	}
 	row(w, "status", d.Status)
 	row(w, "draining", d.Draining)
 	row(w, "tenants", fmt.Sprintf("%d (%s)", d.Tenants, humanBytes(d.SizeBytes)))

@@ -75,10 +75,22 @@ type Config struct {
 	// Backups schedules the pgBackRest backups of managed clusters and
 	// sets how long their recovery window reaches back (internal/backup).
 	Backups BackupsConfig `yaml:"backups"`
+	// Failover tunes how the daemon follows the leader of clusters that
+	// Patroni runs (internal/failover).
+	Failover FailoverConfig `yaml:"failover"`
 }
 
-// BackupsConfig schedules backups and sets their retention (README,
-// "Backups").
+// FailoverConfig tunes the following of Patroni leaders (docs/operations/failover.md).
+type FailoverConfig struct {
+	// CheckInterval is how often each cluster registered with Patroni
+	// endpoints is asked for its members (default 1 s; 0 = never follow).
+	// A new leader is served through the same DSNs at most this long after
+	// Patroni promotes it; each check is one small HTTP request to a
+	// Patroni node and one to the leader, which Patroni answers from memory.
+	CheckInterval Duration `yaml:"check_interval"`
+}
+
+// BackupsConfig schedules backups and sets their retention (docs/operations/backups.md).
 type BackupsConfig struct {
 	// FullEvery: a full backup is taken when the newest full is this old.
 	FullEvery Duration `yaml:"full_every"`
@@ -512,6 +524,7 @@ func Default() Config {
 		Drop: DropConfig{Retention: Duration(7 * 24 * time.Hour), BatchRelations: 200, CheckInterval: Duration(time.Minute),
 			PurgedRetention: Duration(30 * 24 * time.Hour)},
 		Reconcile: ReconcileConfig{Interval: Duration(5 * time.Minute)},
+		Failover:  FailoverConfig{CheckInterval: Duration(time.Second)},
 		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second),
 			NoTransactionLockTimeout: Duration(time.Minute), Retries: 5,
 			RetryBackoff: Duration(200 * time.Millisecond)},
@@ -882,6 +895,9 @@ func (c Config) Validate() error {
 	}
 	if c.Backups.CheckInterval.D() < time.Second {
 		bad("backups.check_interval", "must be at least 1s")
+	}
+	if i := c.Failover.CheckInterval.D(); i < 0 || (i > 0 && i < 100*time.Millisecond) {
+		bad("failover.check_interval", "must be 0 (do not follow Patroni leaders) or at least 100ms, e.g. 1s")
 	}
 	return errors.Join(errs...)
 }

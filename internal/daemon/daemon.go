@@ -30,6 +30,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/console"
 	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/doctor"
+	"github.com/pgtenant/pgtenant/internal/failover"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -101,6 +102,9 @@ type Daemon struct {
 	// backups takes the scheduled backups of the stanzas this daemon holds
 	// (none: it only waits).
 	backups *backup.Scheduler
+	// follower re-points the registry, the catalog and the poolers at the
+	// leader of each cluster Patroni runs.
+	follower *failover.Follower
 }
 
 // analyticsDir is where the mirrors' DuckDB files live: analytics.dir, or
@@ -168,6 +172,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(metrics.NewTemplateCollector(store))
 	reg.MustRegister(opts.Collectors...)
 	reg.MustRegister(pooler.NewCollector(d.poolers))
+	d.follower = failover.New(store, d.clusters, d.poolers, cfg.Failover.CheckInterval.D(), log)
+	reg.MustRegister(d.follower.Collectors()...)
 	d.monitor = &cluster.Monitor{Clusters: d.clusters, Interval: 5 * time.Second, Logger: log}
 
 	pacer := jobs.NewPacer(d.clusters, cfg.PacerFor, store.Pool(), log, reg)
@@ -477,7 +483,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if d.metricsHTTP != nil {
 		g.Go(func() error { return d.serve("metrics http", d.metricsHTTP, d.metricsListener) })
 	}
-	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console, d.analytics, d.backups} {
+	for _, w := range []interface{ Run(context.Context) error }{syncClusters{d}, d.monitor, d.runner, d.pool, d.recLoop, d.retain, d.watcher, d.collector, d.capper, d.creds, d.poolers, d.console, d.analytics, d.backups, d.follower} {
 		g.Go(func() error { return w.Run(workCtx) })
 	}
 	g.Go(func() error {

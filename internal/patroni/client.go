@@ -39,8 +39,9 @@ type Member struct {
 	Lag int64 `json:"-"`
 }
 
-// baseURL is the root of the member's REST API.
-func (m Member) baseURL() string { return strings.TrimSuffix(m.APIURL, "/patroni") }
+// BaseURL is the root of the member's REST API (http://host:port), as
+// Client.Check takes it.
+func (m Member) BaseURL() string { return strings.TrimSuffix(m.APIURL, "/patroni") }
 
 // Client talks to the REST APIs of a cluster's Patroni nodes. Any node
 // answers for the whole cluster (it reads the store); the client tries the
@@ -178,7 +179,7 @@ func (c *Client) post(ctx context.Context, action string, req map[string]string,
 	if ms, err := c.Members(ctx); err == nil {
 		for _, m := range ms {
 			if m.Name == via && m.APIURL != "" {
-				urls = append([]string{m.baseURL()}, urls...)
+				urls = append([]string{m.BaseURL()}, urls...)
 			}
 		}
 	}

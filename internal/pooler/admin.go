@@ -36,13 +36,18 @@ func DialAdmin(ctx context.Context, addr, user, password string) (*Admin, error)
 // Close ends the session.
 func (a *Admin) Close() { _ = a.conn.Close(context.Background()) }
 
-// Command runs a console command: RELOAD, or one of PAUSE, RESUME,
-// DISABLE, ENABLE, KILL on the entry db (a name pgtenant made; anything
-// else is refused before it reaches the console).
+// Command runs a console command: RELOAD, RECONNECT (of db, or of every
+// entry with db ""), or one of PAUSE, RESUME, DISABLE, ENABLE, KILL on the
+// entry db (a name pgtenant made; anything else is refused before it
+// reaches the console).
 func (a *Admin) Command(ctx context.Context, cmd, db string) error {
 	switch cmd {
 	case "RELOAD":
 		db = ""
+	case "RECONNECT":
+		if db != "" && !nameRE.MatchString(db) {
+			return fmt.Errorf("pooler %s: bad database name %q", cmd, db)
+		}
 	case "PAUSE", "RESUME", "DISABLE", "ENABLE", "KILL":
 		if !nameRE.MatchString(db) {
 			return fmt.Errorf("pooler %s: bad database name %q", cmd, db)

@@ -54,6 +54,9 @@ type Front struct {
 	OnRestart func(outcome string)
 	// OnReload, when set, is called after each RELOAD.
 	OnReload func()
+	// fixedServer: the pooler block names its server (pooler.server, a
+	// proxy of the operator's), which Repoint leaves alone.
+	fixedServer bool
 
 	once     sync.Once
 	kick     chan struct{}
@@ -236,6 +239,31 @@ func (f *Front) Sync(ctx context.Context) error {
 	}
 }
 
+// Repoint sends the entries of the pooler's own cluster to a new primary
+// (a Patroni failover): their host and port are rewritten and reloaded,
+// then RECONNECT closes every server connection once released, so that no
+// session goes on with the old primary (PgBouncer reconnects on a changed
+// entry by itself; RECONNECT also covers one it kept unchanged). It
+// reports false, doing nothing, when the pooler block names its own
+// server (pooler.server): the operator's proxy follows the primary then.
+func (f *Front) Repoint(ctx context.Context, host string, port int) (bool, error) {
+	f.init()
+	if f.fixedServer {
+		return false, nil
+	}
+	f.mu.Lock()
+	f.Settings.ServerHost, f.Settings.ServerPort = host, port
+	f.mu.Unlock()
+	if err := f.Sync(ctx); err != nil {
+		return true, err
+	}
+	if err := f.command(ctx, "RECONNECT", ""); err != nil {
+		return true, err
+	}
+	f.Logger.Info("pooler re-pointed", "server", Addr(host, port))
+	return true, nil
+}
+
 // Poke asks for a sync without waiting for it.
 func (f *Front) Poke() {
 	f.init()
@@ -280,7 +308,9 @@ func (f *Front) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	f.mu.Lock() // Repoint changes the server
 	s := f.Settings
+	f.mu.Unlock()
 	s.AdminVerifier = AdminVerifier(password, f.Proc.Dir)
 	files, err := Render(f.Proc.Dir, s, entries)
 	if err != nil {

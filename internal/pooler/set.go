@@ -361,7 +361,7 @@ func NewFront(cl *cluster.Cluster, pc config.PoolerConfig, src Source, stopOnExi
 		serverHost = h
 		serverPort, _ = strconv.Atoi(p)
 	}
-	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host,
+	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host, fixedServer: pc.Server != "",
 		Settings: Settings{ListenHost: host, ListenPort: port, ServerHost: serverHost, ServerPort: serverPort,
 			MaxClientConn: pc.MaxClientConn, ServerIdleTimeout: pc.ServerIdleTimeout.D(), QueryWaitTimeout: pc.QueryWaitTimeout.D()},
 		Coalesce: pc.Coalesce.D(), SyncInterval: pc.SyncInterval.D(), StopOnExit: stopOnExit, Logger: log}, nil

@@ -159,6 +159,22 @@ func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, poole
 	return d, client(t, d, cfg), stop
 }
 
+// StartOptions runs a daemon with opts (logging to the test when
+// opts.Logger is nil) and returns it with a client and a stop that waits
+// until it has stopped: for tests that give the daemon clusters or poolers
+// of their own (Managed, Poolers).
+func StartOptions(t testing.TB, opts daemon.Options) (d *daemon.Daemon, c *api.Client, stop func()) {
+	t.Helper()
+	if opts.Logger == nil {
+		opts.Logger = pgtest.Logger(t)
+	}
+	d, stop = run(t, opts)
+	return d, client(t, d, opts.Config), stop
+}
+
+// Managed is pg as `up` registers it: its primary's and standbys' DSNs.
+func Managed(pg *pgtest.Cluster) catalog.Cluster { return managed(pg) }
+
 func managed(pg *pgtest.Cluster) catalog.Cluster {
 	m := catalog.Cluster{Name: pg.Name(), DSN: pg.PrimaryDSN("postgres")}
 	for _, s := range pg.Standbys() {
