@@ -4,7 +4,7 @@ GO        ?= go
 BIN       := bin/pgtenant
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: build run test test-short lint bench
+.PHONY: build run test test-short lint bench docs
 
 build:
 	$(GO) build -o $(BIN) ./cmd/pgtenant
@@ -17,6 +17,11 @@ run: build
 # -p 2: two test packages at a time, each with its own PostgreSQL cluster(s).
 test:
 	$(GO) test -count=1 -p 2 -timeout 20m ./...
+
+# docs/cli.md is generated from the command tree (internal/cli/docs.go);
+# TestCLIDocs_UpToDate fails when it differs.
+docs: build
+	./$(BIN) gen-docs docs
 
 test-short:
 	$(GO) test -count=1 -short -p 2 -timeout 10m ./...

@@ -26,7 +26,7 @@ import (
 // themselves, so that a field is described exactly as encoding/json writes
 // it. TestOpenAPI_* check the table against the router (every route
 // described, nothing described that is not routed), the schemas against
-// answers of a real daemon, and the README's API table against the document.
+// answers of a real daemon, and docs/api.md's table against the document.
 
 // operation is one route as the document describes it.
 type operation struct {
@@ -44,7 +44,7 @@ type param struct{ name, typ, desc string }
 
 var (
 	limitParam = param{"limit", "integer", "at most this many"}
-	// operations is every /v1 route, in the README's order.
+	// operations is every /v1 route, in docs/api.md's order.
 	operations = []operation{
 		{method: "GET", path: "/v1/openapi.json", summary: "this document (no token needed)", status: 200, response: map[string]any{}, public: true},
 		{method: "GET", path: "/v1/clusters", summary: "list clusters, probed now", status: 200, response: []Cluster{}},

@@ -282,7 +282,7 @@ func (s *Server) moveTenant(w http.ResponseWriter, r *http.Request) error {
 	if req.To == "" {
 		return invalid("to: the cluster to move the tenant to is required")
 	}
-	// A drained cluster takes no tenant, moved or new (README, "Placement").
+	// A drained cluster takes no tenant, moved or new (docs/operations/placement.md).
 	if c, err := s.Store.GetCluster(r.Context(), req.To); err == nil && c.Draining {
 		return fmt.Errorf("%w: cluster %s is draining; undrain it first (`pgtenant cluster undrain %s`)", catalog.ErrConflict, req.To, req.To)
 	}

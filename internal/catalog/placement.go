@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Placement is the policy set on a cluster (README, "Placement"). Caps of
+// Placement is the policy set on a cluster (docs/operations/placement.md). Caps of
 // 0 are none.
 type Placement struct {
 	MaxTenants   int               `json:"max_tenants,omitempty"`

@@ -17,7 +17,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Short: "Benchmarks and soak tests, each on a throwaway local fleet (primary + standby)",
 		Long: `Each benchmark starts its own throwaway fleet (a primary and a streaming standby
 made from the local PostgreSQL binaries) under --dir, runs the alternatives side by
-side in one run on it, and prints a table (or JSON with -o json) with the issue's
+side in one run on it, and prints a table (or JSON with -o json) with its
 targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMARKS.md.`,
 	}
 	cmd.PersistentFlags().StringVar(&env.Dir, "dir", "", "work directory for the throwaway fleet (default: a new temp dir)")
@@ -65,7 +65,7 @@ func newBenchMoveCmd(g *globals, env *bench.Env) *cobra.Command {
 	opts := bench.MoveOptions{SizeMB: 1024, Clients: 8, Moves: 4}
 	c := &cobra.Command{
 		Use:   "move",
-		Short: "Issue 15: a database tenant of --size-mb written through its pooler DSN, moved --moves times between two clusters",
+		Short: "A database tenant of --size-mb written through its pooler DSN, moved --moves times between two clusters",
 		Long: `Two clusters (a primary and a streaming standby each, a PgBouncer in front of each)
 and one daemon: a database tenant loaded with --size-mb of rows, --clients clients
 running TPC-B-like transactions (an UPDATE and an INSERT of a numbered row) through its
@@ -101,7 +101,7 @@ func newBenchAnalyticsCmd(g *globals, env *bench.Env) *cobra.Command {
 	opts := bench.AnalyticsOptions{}
 	c := &cobra.Command{
 		Use:   "analytics",
-		Short: "Issue 16: the source document's table on the heap and in a tenant's DuckDB mirror: sizes, group-bys, PK lookups, upserts with the mirror off and on",
+		Short: "A 22-column table on the heap and in a tenant's DuckDB mirror: sizes, group-bys, PK lookups, upserts with the mirror off and on",
 		Long: `On one primary with a streaming standby: one database tenant with the source
 document's table (id int8 primary key, int1..int10 int, text1..text10 text, crt_time
 timestamp) of --rows rows. Heap: size, select int1 / text1, count(*) … group by 1, a
@@ -128,7 +128,7 @@ can be above it on the same cores). Exits non-zero if a target is not met.`,
 			return unmetTargets(table)
 		},
 	}
-	c.Flags().IntVar(&opts.Rows, "rows", 1_000_000, "rows of the table (the source document: 10,000,000)")
+	c.Flags().IntVar(&opts.Rows, "rows", 1_000_000, "rows of the table")
 	c.Flags().IntSliceVar(&opts.Clients, "clients", []int{8, 32}, "pgbench clients of the upsert runs")
 	c.Flags().DurationVar(&opts.Duration, "duration", 20*time.Second, "each pgbench run")
 	c.Flags().IntVar(&opts.Repeat, "repeat", 3, "runs of each query (the fastest counts)")
@@ -139,7 +139,7 @@ func newBenchPoolerCmd(g *globals, env *bench.Env) *cobra.Command {
 	opts := bench.PoolerOptions{Tenants: 1000, Idle: 3, Busy: 20, Duration: 15 * time.Second, Burst: 200}
 	c := &cobra.Command{
 		Use:   "pooler",
-		Short: "Issue 14: pgbench through the pooler vs direct, a burst of creates and its reloads, density (1,000 tenants × 3 idle clients + 20 busy on max_connections 100) and the leak check",
+		Short: "pgbench through the pooler vs direct, a burst of creates and its reloads, density (1,000 tenants × 3 idle clients + 20 busy on max_connections 100) and the leak check",
 		Long: `On one primary (max_connections 100) with a streaming standby and a PgBouncer run by
 pgtenant in front of it: (a) pgbench select-only and TPC-B-like on one database tenant,
 --busy clients for --duration, direct and through the pooler (throughput, p50, p95);
@@ -177,7 +177,7 @@ func newBenchBurstCmd(g *globals, env *bench.Env) *cobra.Command {
 	opts := bench.BurstOptions{Sample: 250 * time.Millisecond}
 	c := &cobra.Command{
 		Use:   "burst",
-		Short: "Issue 13: a burst of concurrent creates (mixed modes, with retries) against the default settings and a pool of 50",
+		Short: "A burst of concurrent creates (mixed modes, with retries) against the default settings and a pool of 50",
 		Long: `On one primary with a streaming standby, the same burst of --creates concurrent
 tenant creates through the API (both modes, --retries of them the same create again
 with an external id sent earlier in the burst) against (a) the shipped defaults and
@@ -227,7 +227,7 @@ func newBenchProvisionCmd(g *globals, env *bench.Env) *cobra.Command {
 	var opts bench.ProvisionOptions
 	c := &cobra.Command{
 		Use:   "provision",
-		Short: "Issue 4: SQL-replayed schema, cold WAL_LOG and FILE_COPY, and pool claims (both modes), for saas and wide",
+		Short: "SQL-replayed schema, cold WAL_LOG and FILE_COPY, and pool claims (both modes), for saas and wide",
 		Long: `For the saas template and the wide template (T copies), on one primary with a
 streaming standby: (a) schema tenants built by replaying the template SQL the way
 django-tenants and apartment do, (b) database tenants on pgtenant's cold path with
@@ -259,7 +259,7 @@ func newBenchDropCmd(g *globals, env *bench.Env) *cobra.Command {
 	var opts bench.DropOptions
 	c := &cobra.Command{
 		Use:   "drop",
-		Short: "Issue 5: monolithic DROP SCHEMA vs pgtenant's batched purge, DROP DATABASE, and many small drops, at max_locks_per_transaction=64",
+		Short: "Monolithic DROP SCHEMA vs pgtenant's batched purge, DROP DATABASE, and many small drops, at max_locks_per_transaction=64",
 		Long: `On one primary with a streaming standby, both at PostgreSQL's default
 max_locks_per_transaction=64, for the wide template at --copies and at --big-copies
 (T=200 gives about 20,400 relations per tenant): (a) one DROP SCHEMA ... CASCADE of a
@@ -306,7 +306,7 @@ func newBenchIdleIOCmd(g *globals, env *bench.Env) *cobra.Command {
 	opts := bench.IdleIOOptions{Window: time.Minute, Settle: 20 * time.Second, Rounds: 2}
 	c := &cobra.Command{
 		Use:   "idle-io",
-		Short: "Issue 8: disk writes and CPU of an idle fleet with the metrics collector off and on; pass and /metrics times at 1,000 and 10,000 tenants",
+		Short: "Disk writes and CPU of an idle fleet with the metrics collector off and on; pass and /metrics times at 1,000 and 10,000 tenants",
 		Long: `On one primary with a streaming standby holding --tenants database tenants and
 --schemas schema tenants of saas (spares built by the pool, claimed through the
 API), all idle: a window with the metrics collector (and statement cap checks)

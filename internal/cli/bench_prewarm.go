@@ -12,7 +12,7 @@ func newBenchPrewarmCmd(g *globals, env *bench.Env) *cobra.Command {
 	o := bench.PrewarmOptions{}
 	c := &cobra.Command{
 		Use:   "prewarm",
-		Short: "Issue 7: time for hot tenants to get back to a 99% hit ratio after a restart: none vs autoprewarm vs pgtenant",
+		Short: "Time for hot tenants to get back to a 99% hit ratio after a restart: none vs autoprewarm vs pgtenant",
 		Long: `Makes many tenants whose data is several times shared_buffers, runs a read
 workload on a few hot ones (after reading the others once, so that the cache
 holds mostly cold tenants' blocks, as on a busy fleet), then for each variant restarts the primary with the OS

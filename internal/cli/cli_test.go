@@ -236,13 +236,28 @@ func TestPrintUp_NextSteps(t *testing.T) {
 	}
 }
 
-// TestREADME_MetricsExist: every series the README names is one the
-// daemon (or up's supervisor) exports; a name ending in _ or _* is a
-// prefix some series has, and the per-tenant list names pgtenant_tenant_<name>.
-func TestREADME_MetricsExist(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+// TestDocs_MetricsExist: every series the README and the pages under docs/
+// name is one the daemon (or up's supervisor) exports; a name ending in _ or
+// _* is a prefix some series has, and docs/metrics.md's per-tenant list names
+// pgtenant_tenant_<name>. The pages about internals, security and the
+// benches name roles and schemas (pgtenant_pooler, pgtenant_move), not series.
+func TestDocs_MetricsExist(t *testing.T) {
+	pages, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
+	}
+	ops, _ := filepath.Glob("../../docs/operations/*.md")
+	var docs []byte
+	for _, p := range append(append([]string{"../../README.md"}, pages...), ops...) {
+		switch filepath.Base(p) {
+		case "ARCHITECTURE.md", "SECURITY.md", "BENCHMARKS.md", cliDocFile:
+			continue
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, b...)
 	}
 	e := startCLI(t)
 	exported := map[string]bool{}
@@ -268,25 +283,29 @@ func TestREADME_MetricsExist(t *testing.T) {
 	}
 	notMetrics := map[string]bool{"pgtenant_session": true} // the console's cookie
 	named := 0
-	for _, m := range regexp.MustCompile(`\bpgtenant_[a-z_]+\*?`).FindAllString(string(readme), -1) {
+	for _, m := range regexp.MustCompile(`\bpgtenant_[a-z_]+\*?`).FindAllString(string(docs), -1) {
 		if notMetrics[m] {
 			continue
 		}
 		named++
 		if p := strings.TrimSuffix(m, "*"); strings.HasSuffix(p, "_") {
 			if !hasPrefix(p) {
-				t.Errorf("README names series %s…, none is exported", p)
+				t.Errorf("the docs name series %s…, none is exported", p)
 			}
 		} else if !exported[m] {
-			t.Errorf("README names %s, which is not exported", m)
+			t.Errorf("the docs name %s, which is not exported", m)
 		}
 	}
 	// Per-tenant series: "`pgtenant_tenant_*{…}` (`size_bytes`, `connections{state}`, …) exist only".
-	s := string(readme)
+	metrics, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(metrics)
 	i := strings.Index(s, "Per-tenant series `pgtenant_tenant_*")
 	j := strings.Index(s[max(i, 0):], "exist only")
 	if i < 0 || j < 0 {
-		t.Fatal("README has no list of per-tenant series")
+		t.Fatal("docs/metrics.md has no list of per-tenant series")
 	}
 	for _, m := range regexp.MustCompile("`([a-z_]+)(\\{[^}]*\\})?`").FindAllStringSubmatch(s[i:i+j], -1) {
 		if m[1] == "pgtenant_tenant_" {
@@ -294,11 +313,11 @@ func TestREADME_MetricsExist(t *testing.T) {
 		}
 		named++
 		if !exported["pgtenant_tenant_"+m[1]] {
-			t.Errorf("README's per-tenant series %s: pgtenant_tenant_%s is not exported", m[1], m[1])
+			t.Errorf("docs/metrics.md's per-tenant series %s: pgtenant_tenant_%s is not exported", m[1], m[1])
 		}
 	}
 	if named < 30 {
-		t.Errorf("found %d metric names in the README, want the whole list (30+)", named)
+		t.Errorf("found %d metric names in the docs, want the whole list (30+)", named)
 	}
 }
 

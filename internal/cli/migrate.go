@@ -322,7 +322,7 @@ func newBenchMigrateCmd(g *globals, env *bench.Env) *cobra.Command {
 	var opts bench.MigrateOptions
 	c := &cobra.Command{
 		Use:   "migrate",
-		Short: "Issue 6: sequential per-tenant migration (django/Rails style) vs pgtenant's rollout, over schema and database tenants",
+		Short: "Sequential per-tenant migration (django/Rails style) vs pgtenant's rollout, over schema and database tenants",
 		Long: `On one primary with a streaming standby: --schemas schema tenants and --databases
 database tenants of saas (claimed from spare pools built first), each with --rows
 users. Then one new version (a column with a default, a table with a foreign key,

@@ -20,7 +20,7 @@ func newClusterSetCmd(g *globals) *cobra.Command {
 	var labels, remove []string
 	cmd := &cobra.Command{
 		Use:   "set NAME [--max-tenants N] [--max-size SIZE] [--label k=v] [--remove-label k]",
-		Short: "Set a cluster's placement caps and labels (README, \"Placement\")",
+		Short: "Set a cluster's placement caps and labels (docs/operations/placement.md)",
 		Long: `Set the placement policy of a cluster, stored in the catalog for every daemon:
 --max-tenants and --max-size (e.g. 500GB, from the sizes the metrics collector
 stores) cap what placement and moves put there (0 removes a cap); --label k=v

@@ -42,7 +42,16 @@ func newRoot(stdout, stderr io.Writer) *cobra.Command {
 Tenants are provisioned from versioned templates in milliseconds, as a database or a
 schema, and dropped, restored and upgraded without stalling the standby.
 
-Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
+Start a local fleet with 'pgtenant up'; other commands talk to its API.
+
+Every client command accepts -o json, --server URL (env PGTENANT_SERVER; an
+https:// URL for a daemon with tls_cert_file) and reads the API token from
+PGTENANT_TOKEN or, failing that, from DATA_DIR/token (--data-dir, env
+PGTENANT_DATA_DIR). --ca-file FILE (env PGTENANT_CA_FILE) trusts the PEM
+certificates in FILE instead of the system's, for a daemon with a self-signed or
+private-CA certificate. A daemon that does not answer (not running, wrong
+--server) is the error "pgtenant server unreachable at URL: ..."; every error
+exits with status 1.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -56,15 +65,23 @@ Start a local fleet with 'pgtenant up'; other commands talk to its API.`,
 	root.SetErr(stderr)
 	pf := root.PersistentFlags()
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
-	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", "http://127.0.0.1:8080"), "pgtenant API address (env PGTENANT_SERVER)")
+	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", defaultServer), "pgtenant API address (env PGTENANT_SERVER)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("PGTENANT_CA_FILE"), "PEM file of the CA (or self-signed certificate) to trust for an https:// --server, instead of the system's (env PGTENANT_CA_FILE)")
-	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", ".pgtenant"), "`DIR` where pgtenant up keeps its fleet; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset (env PGTENANT_DATA_DIR)")
+	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", defaultDataDir), "`DIR` where pgtenant up keeps its fleet; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset (env PGTENANT_DATA_DIR)")
 
 	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newMigrateCmd(g), newRolloutCmd(g), newPrewarmCmd(g), newBenchCmd(g))
 	root.AddCommand(newDoctorCmd(g), newAnalyticsCmd(g), newRebalanceCmd(g))
 	root.AddCommand(newBackupCmd(g))
+	root.AddCommand(newGenDocsCmd(g))
 	return root
 }
+
+// The built-in defaults of --server and --data-dir (the environment may
+// override them; docs/cli.md shows these).
+const (
+	defaultServer  = "http://127.0.0.1:8080"
+	defaultDataDir = ".pgtenant"
+)
 
 func envOr(name, def string) string {
 	if v := os.Getenv(name); v != "" {

@@ -16,8 +16,13 @@ func newServeCmd(g *globals) *cobra.Command {
 		Use:   "serve --config FILE",
 		Short: "Run the daemon against the clusters in a config file",
 		Long: `Run the pgtenant daemon (API, jobs, metrics, console) against configured
-clusters. See README.md, "Configuration", for the file format. Several daemons
-may share one catalog.`,
+clusters. See docs/configuration.md for the file format. Several daemons
+may share one catalog: give them all the same credentials.key_file (without it,
+each generates its own next to its token file and warns that it did).
+
+A cluster with a pooler: block gets a PgBouncer that this daemon runs on its
+host; it keeps running when the daemon stops (tenants keep their connections
+across a daemon restart) and the next start adopts it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			cfg, err := config.Load(path)

@@ -166,7 +166,7 @@ type PrewarmConfig struct {
 
 // CredentialsConfig keeps the password of a tenant created with an external
 // id for a while, sealed, so that a retried create (its answer was lost)
-// gets it again (README, "tenant create"; docs/SECURITY.md, "Credentials").
+// gets it again (docs/operations/tenants.md; docs/SECURITY.md, "Credentials").
 type CredentialsConfig struct {
 	// RetryWindow: a create retried with the same external id within this
 	// long gets the same answer, password included; then the sealed copy is
@@ -191,7 +191,7 @@ type ClusterConfig struct {
 	Standbys []string     `yaml:"standbys"` // optional standby DSNs: a missing one counts as down
 	Pacer    *PacerConfig `yaml:"pacer"`    // overrides the global pacer
 	// Pooler is the PgBouncer in front of the cluster that this daemon
-	// runs on its host (README, "Connections"); nil: tenants connect to
+	// runs on its host (docs/connections.md); nil: tenants connect to
 	// the server directly.
 	Pooler *PoolerConfig `yaml:"pooler"`
 }
@@ -281,7 +281,7 @@ type JobsConfig struct {
 // Tier is a set of limits applied to a tenant's role. The timeouts and
 // work_mem are role defaults a tenant can SET away; the capper
 // (internal/quota) holds it to the timeouts from outside and puts back the
-// role defaults it changes (README, "Tiers").
+// role defaults it changes (docs/tiers.md).
 type Tier struct {
 	ConnectionLimit                 int      `yaml:"connection_limit"`
 	StatementTimeout                Duration `yaml:"statement_timeout"`
@@ -309,7 +309,7 @@ type Tier struct {
 	// PoolMode is session (a client keeps its server connection: every
 	// feature works) or transaction (a server connection per transaction:
 	// many clients on few backends; PgBouncer 1.18 cannot carry
-	// protocol-level prepared statements, README "Connections").
+	// protocol-level prepared statements, docs/connections.md).
 	PoolMode string `yaml:"pool_mode"`
 	// PoolSize is the server connections the tenant's pool opens.
 	PoolSize int `yaml:"pool_size"`
@@ -319,7 +319,7 @@ type Tier struct {
 	MaxDBConnections int `yaml:"max_db_connections"`
 	// Placement is shared (the default) or dedicated: a tenant of a
 	// dedicated tier is placed only on a cluster that holds no other
-	// tenant, and no other tenant is placed beside it (README, "Placement").
+	// tenant, and no other tenant is placed beside it (docs/operations/placement.md).
 	Placement string `yaml:"placement"`
 	// ClusterLabel (k=v) places the tier's tenants only on clusters with
 	// that label (`pgtenant cluster set NAME --label k=v`).
@@ -376,7 +376,7 @@ type ProvisionConfig struct {
 	// BatchLocks bounds the locks one build transaction holds (and so its commit record).
 	BatchLocks int `yaml:"batch_locks"`
 	// WALLogMaxSize: CREATE DATABASE uses STRATEGY WAL_LOG for templates up to
-	// this size and FILE_COPY above it (see README, "Creating databases").
+	// this size and FILE_COPY above it (docs/provisioning.md, "Creating databases").
 	WALLogMaxSize ByteSize `yaml:"wal_log_max_size"`
 	// DefaultPoolSize is the spare count for pools not listed in Pools.
 	DefaultPoolSize int `yaml:"default_pool_size"`
@@ -391,7 +391,7 @@ type ProvisionConfig struct {
 	// MaxPoolSize is how far a pool grows with demand: its target is its
 	// recent creates × PoolDemandFactor, at least its configured size and at
 	// most this. A pool configured at or above it, or at 0, does not grow;
-	// 0 turns growth off (README, "Spare pools").
+	// 0 turns growth off (docs/provisioning.md, "Spare pools").
 	MaxPoolSize int `yaml:"max_pool_size"`
 	// PoolDemandWindow: a pool's recent creates (pool claims and cold
 	// creates; a retry makes no tenant) are those within this window
@@ -420,7 +420,7 @@ type ProvisionConfig struct {
 	// reserved_connections − migrate.per_cluster) × this. 1 (the default) promises every tenant
 	// its whole limit whatever its neighbours do; 4 admits four times as
 	// many, mostly idle, tenants at the risk that busy neighbours fill the
-	// server; 0 turns admission off (README, "Connections").
+	// server; 0 turns admission off (docs/connections.md).
 	ConnectionOvercommit float64 `yaml:"connection_overcommit"`
 }
 
@@ -537,7 +537,7 @@ func Default() Config {
 		Move: MoveConfig{MaxConcurrentPerCluster: 1},
 		// A weekly full and a daily diff: a restore reads one full, at most
 		// one diff and at most a day of WAL, and the cluster is read whole
-		// once a week only (README, "Backups").
+		// once a week only (docs/operations/backups.md).
 		Backups: BackupsConfig{FullEvery: Duration(7 * 24 * time.Hour), DiffEvery: Duration(24 * time.Hour),
 			Retention: Duration(7 * 24 * time.Hour), CheckInterval: Duration(time.Minute)},
 	}

@@ -125,17 +125,16 @@ func TestParse_Errors(t *testing.T) {
 	}
 }
 
-// TestParse_READMEExample keeps the README's configuration example true: it
-// parses, and it sets what it says it sets.
-// TestParse_READMEExample parses every ```yaml block of the README; the
-// first is the configuration reference, checked field by field.
-func TestParse_READMEExample(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+// configDoc is the configuration reference: every key, its default and why.
+const configDoc = "../../docs/configuration.md"
+
+// yamlBlocks returns the ```yaml blocks of the markdown file at path.
+func yamlBlocks(t *testing.T, path string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("CATALOG_PASSWORD", "x")
-	t.Setenv("C1_PASSWORD", "y")
 	var blocks []string
 	for rest := string(raw); ; {
 		var block string
@@ -144,40 +143,50 @@ func TestParse_READMEExample(t *testing.T) {
 			break
 		}
 		if block, rest, ok = strings.Cut(rest, "```"); !ok {
-			t.Fatal("README.md has an unterminated ```yaml block")
+			t.Fatalf("%s has an unterminated ```yaml block", path)
 		}
 		blocks = append(blocks, block)
 	}
 	if len(blocks) == 0 {
-		t.Fatal("README.md has no ```yaml block")
+		t.Fatalf("%s has no ```yaml block", path)
 	}
+	return blocks
+}
+
+// TestParse_ConfigurationDocExample keeps docs/configuration.md true: every
+// ```yaml block parses, and the first, the reference, sets what it says it
+// sets.
+func TestParse_ConfigurationDocExample(t *testing.T) {
+	t.Setenv("CATALOG_PASSWORD", "x")
+	t.Setenv("C1_PASSWORD", "y")
+	blocks := yamlBlocks(t, configDoc)
 	for i, b := range blocks {
 		if _, err := config.Parse([]byte(b)); err != nil {
-			t.Errorf("README yaml block %d: %v", i+1, err)
+			t.Errorf("docs/configuration.md yaml block %d: %v", i+1, err)
 		}
 	}
 	cfg, err := config.Parse([]byte(blocks[0]))
 	if err != nil {
-		t.Fatalf("README example: %v", err)
+		t.Fatalf("docs/configuration.md example: %v", err)
 	}
 	if len(cfg.Clusters) != 1 || len(cfg.Clusters[0].Standbys) != 1 || !strings.HasSuffix(cfg.Clusters[0].Standbys[0], "?sslmode=require") {
-		t.Errorf("README example's cluster = %+v, want one standby DSN with ?sslmode=require", cfg.Clusters)
+		t.Errorf("the example's cluster = %+v, want one standby DSN with ?sslmode=require", cfg.Clusters)
 	}
 	if p := cfg.PacerFor("c1"); p.MaxReplayLag != 32<<20 || p.HeavyDDLSlots != 1 || p.WALLogSlots != 4 || !p.WaitForCheckpoint {
 		t.Errorf("c1's pacer = %+v, want the global pacer with max_replay_lag 32MB", p)
 	}
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.MetricsListen != "127.0.0.1:9187" || cfg.ConsoleSessionTTL.D() != 12*time.Hour {
-		t.Errorf("README example: tls %q %q, metrics_listen %q, console_session_ttl %v", cfg.TLSCertFile, cfg.TLSKeyFile, cfg.MetricsListen, cfg.ConsoleSessionTTL)
+		t.Errorf("the example: tls %q %q, metrics_listen %q, console_session_ttl %v", cfg.TLSCertFile, cfg.TLSKeyFile, cfg.MetricsListen, cfg.ConsoleSessionTTL)
 	}
 	if cfg.Credentials.RetryWindow.D() != 24*time.Hour || cfg.Credentials.KeyFile == "" {
-		t.Errorf("README example: credentials %+v, want retry_window 24h and a key_file", cfg.Credentials)
+		t.Errorf("the example: credentials %+v, want retry_window 24h and a key_file", cfg.Credentials)
 	}
 	if p := cfg.Provision; p.MaxPoolSize != 50 || p.PoolDemandWindow.D() != time.Minute || p.PoolDemandFactor != 1 ||
 		p.PoolIdleAfter.D() != 10*time.Minute || p.RefillParallel != 4 {
-		t.Errorf("README example's provision = %+v, want the demand-following defaults", p)
+		t.Errorf("the example's provision = %+v, want the demand-following defaults", p)
 	}
 	if len(cfg.Pools) != 2 || cfg.Tiers["small"].StorageQuota != 1<<30 || cfg.Prewarm.Beyond != "prefetch" {
-		t.Errorf("README example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
+		t.Errorf("the example parsed to pools %+v, small tier %+v, prewarm %+v", cfg.Pools, cfg.Tiers["small"], cfg.Prewarm)
 	}
 }
 

@@ -455,7 +455,7 @@ func (d *Daemon) MetricsAddr() string {
 func (d *Daemon) Token() string { return d.token }
 
 // Metrics is the registry of every series /metrics serves: its Describe
-// lists them all, with or without samples (the README's names are checked
+// lists them all, with or without samples (the docs' names are checked
 // against it).
 func (d *Daemon) Metrics() *prometheus.Registry { return d.metrics }
 

@@ -102,7 +102,7 @@ func DefaultSettings() map[string]string {
 		"unix_socket_directories": "''", // TCP only: no clash over /var/run/postgresql, no path-length limit
 		// Admission (provision.connection_overcommit) gives each tenant its
 		// tier's whole connection limit: room for about 46 tenants of the
-		// default tier (README, "Connections"). The superuser reserve keeps pgtenant's admin sessions in
+		// default tier (docs/connections.md). The superuser reserve keeps pgtenant's admin sessions in
 		// when tenants use every other slot.
 		"max_connections":                "500",
 		"superuser_reserved_connections": "10",

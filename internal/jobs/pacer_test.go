@@ -225,7 +225,7 @@ func TestPacer_WaitsForStandbyReplayLag(t *testing.T) {
 
 // TestPacer_WaitsForADownStandby: with pacer.standby_down: wait, a heavy
 // step waits while a standby is down, and its job's progress line says so
-// (the README's "waiting: …" promise); with the default, proceed, it goes
+// (docs/jobs.md's "waiting: …" promise); with the default, proceed, it goes
 // ahead at once. A standby that is down is, as the primary sees it, a
 // physical replication slot that no walreceiver streams from: the test
 // makes one rather than stopping the package's standby, which the other

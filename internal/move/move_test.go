@@ -75,7 +75,7 @@ func connectDSN(ctx context.Context, dsn string) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Behind a transaction pool: the simple protocol (README).
+	// Behind a transaction pool: the simple protocol (docs/connections.md).
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	return pgx.ConnectConfig(ctx, cfg)
 }

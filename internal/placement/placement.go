@@ -1,6 +1,6 @@
 // Package placement drains clusters and rebalances the fleet: it plans
 // moves of tenants (internal/move) to the clusters the placement policy
-// chooses (provision.Fleet, tenant.Place; README, "Placement") and runs a
+// chooses (provision.Fleet, tenant.Place; docs/operations/placement.md) and runs a
 // plan as a durable job that starts the moves a few at a time per cluster
 // (move.max_concurrent_per_cluster) and follows them to the end.
 //

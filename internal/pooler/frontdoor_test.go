@@ -58,7 +58,7 @@ func connectDSN(ctx context.Context, dsn string) (*pgx.Conn, error) {
 		return nil, err
 	}
 	// Behind a transaction pool PgBouncer 1.18 cannot carry named
-	// prepared statements: clients use the simple protocol (README).
+	// prepared statements: clients use the simple protocol (docs/connections.md).
 	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
 	cfg.ConnectTimeout = 5 * time.Second
 	return pgx.ConnectConfig(ctx, cfg)

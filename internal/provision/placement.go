@@ -12,7 +12,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
-// ErrNoCapacity says no cluster admits the tenant (README, "Placement"):
+// ErrNoCapacity says no cluster admits the tenant (docs/operations/placement.md):
 // the error names each cluster's reason and the fix.
 var ErrNoCapacity = tenant.ErrNoCapacity
 
@@ -214,8 +214,8 @@ func (s *Service) down() []string {
 
 // share is what a tenant of a tier holds of a cluster's connections: its
 // connection_limit, or with a pooler in front of the cluster the server
-// connections its pool may open (max_db_connections; README,
-// "Connections"). An unlimited tier without a pooler may take them all.
+// connections its pool may open (max_db_connections;
+// docs/connections.md). An unlimited tier without a pooler may take them all.
 func (s *Service) share(clusterName, tierName string, maxConnections int) int {
 	tier := s.Tiers[tierName]
 	if s.Poolers.Get(clusterName) != nil {

@@ -14,7 +14,7 @@ import (
 var ErrNoCapacity = errors.New("no cluster admits this tenant")
 
 // Candidate is one cluster as placement sees it: its load and the policy
-// set on it (README, "Placement").
+// set on it (docs/operations/placement.md).
 type Candidate struct {
 	Name      string
 	Tenants   int   // tenants it holds (spares not counted)

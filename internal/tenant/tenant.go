@@ -276,7 +276,7 @@ func (c Connections) Admits(share int, overcommit float64) bool {
 }
 
 // CreateStrategy chooses CREATE DATABASE's strategy for a template of
-// templateSize bytes (see README, "Creating databases"):
+// templateSize bytes (docs/provisioning.md, "Creating databases"):
 //   - WAL_LOG copies the template through the WAL: the standby replays about
 //     templateSize bytes, but no checkpoint is forced;
 //   - FILE_COPY writes almost no WAL but forces two checkpoints, each of
