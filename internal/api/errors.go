@@ -23,6 +23,8 @@ import (
 var (
 	ErrInvalid      = errors.New("invalid request")
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrForbidden is a valid token without the scope a route needs.
+	ErrForbidden = errors.New("forbidden")
 )
 
 // invalid returns a 400 error with a message naming the bad input.
@@ -55,6 +57,8 @@ func statusOf(err error) (int, string) {
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized, "unauthorized"
+	case errors.Is(err, ErrForbidden):
+		return http.StatusForbidden, "forbidden"
 	case errors.Is(err, catalog.ErrNotFound), errors.Is(err, cluster.ErrUnknownCluster), errors.Is(err, jobs.ErrNotFound),
 		errors.Is(err, analytics.ErrDisabled):
 		return http.StatusNotFound, "not_found"
@@ -90,6 +94,8 @@ func (e *Error) Is(target error) bool {
 		return e.Code == "invalid"
 	case ErrUnauthorized:
 		return e.Code == "unauthorized"
+	case ErrForbidden:
+		return e.Code == "forbidden"
 	case cluster.ErrUnavailable:
 		return e.Code == "unavailable"
 	case provision.ErrNoCapacity:

@@ -101,6 +101,11 @@ var (
 		{method: "POST", path: "/v1/tenants/{id}/analytics", summary: "enable a tenant's analytics mirror", request: EnableAnalyticsRequest{}, optionalBody: true, status: 202, response: analytics.Status{}},
 		{method: "DELETE", path: "/v1/tenants/{id}/analytics", summary: "disable a tenant's analytics mirror (slot, publication and file dropped)", status: 202, response: analytics.Status{}},
 		{method: "GET", path: "/v1/doctor", summary: "the doctor's report", query: []param{{"cluster", "string", "one cluster (default all)"}}, status: 200, response: doctor.Report{}},
+		{method: "POST", path: "/v1/tokens", summary: "create a scoped API token (admin): the answer holds the token, shown this once", request: CreateTokenRequest{}, status: 201, response: CreateTokenResponse{}},
+		{method: "GET", path: "/v1/tokens", summary: "list scoped API tokens (never the tokens themselves)", status: 200, response: []Token{}},
+		{method: "DELETE", path: "/v1/tokens/{id}", summary: "revoke a scoped API token, at once (admin)", status: 200, response: Token{}},
+		{method: "GET", path: "/v1/audit", summary: "the audit log of mutating calls, newest first", query: []param{
+			{"since", "string", "a duration back from now such as 24h or 7d, or an RFC 3339 time"}, {"limit", "integer", "at most this many (default 100, at most 10000)"}}, status: 200, response: []AuditEntry{}},
 	}
 )
 
@@ -159,6 +164,8 @@ func buildOpenAPI() map[string]any {
 		}
 		if op.public {
 			o["security"] = []any{}
+		} else {
+			o["x-pgtenant-scope"] = string(scopeOf(op.method + " " + op.path))
 		}
 		item, _ := paths[op.path].(map[string]any)
 		if item == nil {
@@ -170,7 +177,7 @@ func buildOpenAPI() map[string]any {
 	return map[string]any{
 		"openapi": "3.1.0",
 		"info": map[string]any{"title": "pgtenant", "version": Version,
-			"description": "pgtenant's control-plane API. Every route but this document needs `Authorization: Bearer $PGTENANT_TOKEN`. A request body is exactly one JSON object with known fields."},
+			"description": "pgtenant's control-plane API. Every route but this document needs `Authorization: Bearer $PGTENANT_TOKEN`: the token file's admin token, or a scoped token (POST /v1/tokens). Each operation's x-pgtenant-scope is the scope it needs (read-only: any token; admin: every operation); a token without it gets 403. A request body is exactly one JSON object with known fields."},
 		"paths":    paths,
 		"security": []any{map[string]any{"token": []any{}}},
 		"components": map[string]any{

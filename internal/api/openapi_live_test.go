@@ -189,6 +189,14 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	must(err)
 	_, err = c.UndrainCluster(ctx, "local")
 	must(err)
+	tok, err := c.CreateToken(ctx, api.CreateTokenRequest{Name: "ci", Scope: api.ScopeReadOnly, ExpiresIn: "30d"})
+	must(err)
+	_, err = c.Tokens(ctx)
+	must(err)
+	_, err = c.RevokeToken(ctx, tok.Token.ID)
+	must(err)
+	_, err = c.Audit(ctx, url.Values{"since": {"1h"}, "limit": {"50"}})
+	must(err)
 
 	ops := map[string]bool{}
 	for _, x := range rec.seen {

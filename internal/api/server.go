@@ -5,7 +5,6 @@ package api
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -138,13 +137,74 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/rollouts/{id}/continue", s.continueRollout)
 	s.handle("POST /v1/rollouts/{id}/retry", s.retryRollout)
 	s.metricsRoutes()
-	s.mux.HandleFunc("GET /v1/", s.wrap(func(w http.ResponseWriter, r *http.Request) error {
+	s.handle("POST /v1/tokens", s.createToken)
+	s.handle("GET /v1/tokens", s.listTokens)
+	s.handle("DELETE /v1/tokens/{id}", s.revokeToken)
+	s.handle("GET /v1/audit", s.listAudit)
+	s.mux.HandleFunc("GET /v1/", s.wrap("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
 	}))
 	if d.Console != nil {
 		s.mux.Handle("/", d.Console)
 	}
 	return s
+}
+
+// routeScopes is the scope each mutating route needs (every GET route
+// needs read-only, which every token has; admin may call every route).
+// handle refuses to register a mutating route missing here.
+var routeScopes = map[string]Scope{
+	"POST /v1/clusters":                ScopeClusters,
+	"PATCH /v1/clusters/{name}":        ScopeClusters,
+	"POST /v1/clusters/{name}/drain":   ScopeClusters,
+	"POST /v1/clusters/{name}/undrain": ScopeClusters,
+	"POST /v1/rebalance":               ScopeClusters,
+	"POST /v1/tenants/{id}/move":       ScopeClusters, // placement
+	"POST /v1/backups":                 ScopeClusters,
+	"POST /v1/prewarm":                 ScopeClusters, // a cluster's or the fleet's caches
+	"POST /v1/prewarm/capture":         ScopeClusters,
+
+	"POST /v1/templates":                 ScopeTemplates,
+	"POST /v1/templates/{name}/versions": ScopeTemplates,
+	"DELETE /v1/templates/{name}":        ScopeTemplates,
+	"POST /v1/templates/{name}/rollouts": ScopeTemplates,
+	"POST /v1/rollouts/{id}/continue":    ScopeTemplates,
+	"POST /v1/rollouts/{id}/retry":       ScopeTemplates,
+
+	"POST /v1/tenants":                    ScopeTenants,
+	"DELETE /v1/tenants/{id}":             ScopeTenants,
+	"POST /v1/tenants/{id}/restore":       ScopeTenants,
+	"POST /v1/tenants/{id}/suspend":       ScopeTenants,
+	"POST /v1/tenants/{id}/resume":        ScopeTenants,
+	"POST /v1/tenants/{id}/password":      ScopeTenants,
+	"POST /v1/tenants/{id}/rewind":        ScopeTenants,
+	"POST /v1/tenants/{id}/fork":          ScopeTenants,
+	"POST /v1/tenants/{id}/analytics":     ScopeTenants,
+	"DELETE /v1/tenants/{id}/analytics":   ScopeTenants,
+	"POST /v1/tenants/{id}/prewarm":       ScopeTenants,
+	"PUT /v1/tenants/{id}/metrics/export": ScopeTenants,
+
+	// Jobs of every kind, repairs and the tokens themselves.
+	"POST /v1/jobs/{id}/cancel": ScopeAdmin,
+	"POST /v1/jobs/{id}/retry":  ScopeAdmin,
+	"POST /v1/reconcile":        ScopeAdmin,
+	"POST /v1/tokens":           ScopeAdmin,
+	"DELETE /v1/tokens/{id}":    ScopeAdmin,
+}
+
+// scopeOf is the scope a route needs; it panics on a mutating route
+// missing from routeScopes (a programming error, found by every test that
+// builds a Server).
+func scopeOf(pattern string) Scope {
+	method, _, _ := strings.Cut(pattern, " ")
+	if method == http.MethodGet || method == http.MethodHead {
+		return ScopeReadOnly
+	}
+	need, ok := routeScopes[pattern]
+	if !ok {
+		panic(fmt.Sprintf("api: route %s has no scope in routeScopes", pattern))
+	}
+	return need
 }
 
 // ServeHTTP sets the headers every answer carries, then routes.
@@ -190,49 +250,69 @@ func (s *Server) metrics() http.Handler {
 		return prom
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			refuse(w)
+		if _, err := s.authenticate(r); err != nil {
+			s.refuse(w, r, err)
 			return
 		}
 		prom.ServeHTTP(w, r)
 	})
 }
 
-// refuse answers a request without the right token.
-func refuse(w http.ResponseWriter) {
-	w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
-	writeError(w, fmt.Errorf("%w: missing or wrong bearer token; export PGTENANT_TOKEN (printed by `pgtenant up`, stored in the token file)", ErrUnauthorized))
+// refuse answers a request whose token could not be checked or is not
+// valid (err from authenticate: 401, or 503 when the catalog is down).
+func (s *Server) refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, ErrUnauthorized) {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="pgtenant"`)
+	}
+	s.writeErr(w, r, err)
 }
 
-// handle registers a /v1 route, wrapped with token auth and error mapping.
-// Each one must be described in openapi.go (TestOpenAPI_DescribesEveryRoute).
+// handle registers a /v1 route, wrapped with token auth, scope check,
+// audit (mutating routes) and error mapping. Each one must be described in
+// openapi.go (TestOpenAPI_DescribesEveryRoute); a mutating one needs its
+// scope in routeScopes.
 func (s *Server) handle(pattern string, h func(http.ResponseWriter, *http.Request) error) {
 	s.routes = append(s.routes, pattern)
-	s.mux.HandleFunc(pattern, s.wrap(h))
+	s.mux.HandleFunc(pattern, s.wrap(pattern, h))
 }
 
-// wrap adds token auth and error mapping to a handler.
-func (s *Server) wrap(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+// wrap adds token auth, the scope check, the audit of mutating calls and
+// error mapping to a handler.
+func (s *Server) wrap(pattern string, h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	need := scopeOf(pattern)
+	mutating := need != ScopeReadOnly
+	names := wildcards(pattern)
 	return func(w http.ResponseWriter, r *http.Request) {
-		if !s.authorized(r) {
-			refuse(w)
+		p, err := s.authenticate(r)
+		if mutating {
+			w = &auditWriter{ResponseWriter: w, record: func(status int) { s.audit(r, pattern, names, p, status) }}
+			defer func() {
+				if aw := w.(*auditWriter); !aw.done {
+					aw.WriteHeader(http.StatusOK) // the handler wrote nothing: net/http's 200
+				}
+			}()
+		}
+		if err != nil {
+			s.refuse(w, r, err)
+			return
+		}
+		if !p.scope.Allows(need) {
+			s.writeErr(w, r, forbidden(p, pattern, need))
 			return
 		}
 		if err := h(w, r); err != nil {
-			status, _ := statusOf(err)
-			// A bug; not what the client is told of an outage (503), which
-			// the workers' outage log reports once.
-			if status == http.StatusInternalServerError {
-				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			}
-			writeError(w, err)
+			s.writeErr(w, r, err)
 		}
 	}
 }
 
-func (s *Server) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && s.Token != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.Token)) == 1
+// writeErr answers with err, logging what is a bug (500; not an outage's
+// 503, which the workers' outage log reports once).
+func (s *Server) writeErr(w http.ResponseWriter, r *http.Request, err error) {
+	if status, _ := statusOf(err); status == http.StatusInternalServerError {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	writeError(w, err)
 }
 
 func writeError(w http.ResponseWriter, err error) {

@@ -3,7 +3,8 @@
 // query of the catalog's tables but two packages': clusters, templates and
 // their builds, tenants (and purged tenants' tombstones), events, rollouts,
 // metrics history and quotas, prewarm state (hot sets, last prewarms, node
-// lives), credentials and secrets. The jobs and job_steps tables' queries
+// lives), credentials and secrets, API tokens (their hashes) and the
+// append-only audit log. The jobs and job_steps tables' queries
 // live in internal/jobs, the analytics table's in internal/analytics.
 // Services group methods in one transaction by passing a pgx.Tx as the
 // Querier. It does not talk to tenant clusters.

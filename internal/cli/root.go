@@ -72,6 +72,7 @@ exits with status 1.`,
 	root.AddCommand(newUpCmd(g), newServeCmd(g), newClusterCmd(g), newTemplateCmd(g), newTenantCmd(g), newJobCmd(g), newReconcileCmd(g), newMigrateCmd(g), newRolloutCmd(g), newPrewarmCmd(g), newBenchCmd(g))
 	root.AddCommand(newDoctorCmd(g), newAnalyticsCmd(g), newRebalanceCmd(g))
 	root.AddCommand(newBackupCmd(g))
+	root.AddCommand(newTokenCmd(g), newAuditCmd(g))
 	root.AddCommand(newGenDocsCmd(g))
 	return root
 }
