@@ -58,6 +58,7 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchBurstCmd(g, env))
 	cmd.AddCommand(newBenchMoveCmd(g, env))
 	cmd.AddCommand(newBenchAnalyticsCmd(g, env))
+	cmd.AddCommand(newBenchRestoreCmd(g, env))
 	return cmd
 }
 
