@@ -4,18 +4,25 @@ GO        ?= go
 BIN       := bin/pgtenant
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: build run test test-short lint bench docs
+.PHONY: build run test test-short lint bench docs deps deps-test
+
+# Debian's packages the fleet and the tests need: installed with apt-get as
+# root, else named in one line to run (scripts/deps).
+deps:
+	@bash scripts/deps
+deps-test:
+	@bash scripts/deps test
 
 build:
 	$(GO) build -o $(BIN) ./cmd/pgtenant
 
 # ARGS go to `pgtenant up`: make run ARGS="--listen 127.0.0.1:9090 --data-dir /tmp/fleet"
 ARGS ?=
-run: build
+run: deps build
 	./$(BIN) up $(ARGS)
 
 # -p 2: two test packages at a time, each with its own PostgreSQL cluster(s).
-test:
+test: deps-test
 	$(GO) test -count=1 -p 2 -timeout 20m ./...
 
 # docs/cli.md is generated from the command tree (internal/cli/docs.go);
@@ -23,7 +30,7 @@ test:
 docs: build
 	./$(BIN) gen-docs docs
 
-test-short:
+test-short: deps-test
 	$(GO) test -count=1 -short -p 2 -timeout 10m ./...
 
 lint:
