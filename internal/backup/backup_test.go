@@ -15,18 +15,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/fleet"
 )
 
-func exec(t *testing.T, ctx context.Context, dsn, sql string) {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestBackup_StanzaArchiveFullDiff walks a cluster's backups through their
 // first steps: the stanza is made, a WAL switch reaches the repository, a
 // full then a differential backup are listed in order with their times,
@@ -41,7 +29,7 @@ func TestBackup_StanzaArchiveFullDiff(t *testing.T) {
 	}
 
 	// A WAL switch reaches the repository.
-	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE TABLE marker (v int); INSERT INTO marker SELECT generate_series(1, 1000)`)
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE TABLE marker (v int); INSERT INTO marker SELECT generate_series(1, 1000)`)
 	var seg string
 	conn, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
 	if err != nil {
@@ -60,7 +48,7 @@ func TestBackup_StanzaArchiveFullDiff(t *testing.T) {
 	if err := st.Backup(ctx, backup.Full); err != nil {
 		t.Fatal(err)
 	}
-	exec(t, ctx, fc.PrimaryDSN("postgres"), `INSERT INTO marker SELECT generate_series(1, 1000)`)
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `INSERT INTO marker SELECT generate_series(1, 1000)`)
 	if err := st.Backup(ctx, backup.Diff); err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func TestSchedule_DiffWhenDueFullWhenDue_NeverTwoAtOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	fc, st := backuptest.Cluster(t, ctx, 0)
-	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	const fullEvery, diffEvery = 40 * time.Second, 10 * time.Second
 	c, _ := backuptest.Daemon(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, func(cfg *config.Config) {
 		cfg.Backups.FullEvery = config.Duration(fullEvery)

@@ -49,7 +49,7 @@ func TestBackup_NowListWindowThroughAPI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	fc, st := backuptest.Cluster(t, ctx, 1)
-	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	c := startDaemon(t, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st})
 
 	// The daemon queued the new cluster's first full backup: a second one
@@ -81,7 +81,7 @@ func TestBackup_NowListWindowThroughAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJob(t, ctx, c, js[0].ID)
-	exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE TABLE after_full AS SELECT generate_series(1, 5000) AS v`)
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE TABLE after_full AS SELECT generate_series(1, 5000) AS v`)
 	js, err = c.BackupNow(ctx, api.BackupRequest{Cluster: fc.Name(), Type: backup.Diff})
 	if err != nil {
 		t.Fatal(err)

@@ -113,7 +113,7 @@ func TestBackup_MetricsDoctorRetention(t *testing.T) {
 	fc, st := backuptest.Cluster(t, ctx, 0)
 	name := fc.Name()
 	primary := fc.PrimaryDSN("postgres")
-	exec(t, ctx, primary, `CREATE DATABASE catalog`)
+	backuptest.Exec(t, ctx, primary, `CREATE DATABASE catalog`)
 	log := slog.New(slog.DiscardHandler)
 	store, err := catalog.Open(ctx, fc.PrimaryDSN("catalog"), log)
 	if err != nil {
@@ -230,11 +230,11 @@ func TestBackup_MetricsDoctorRetention(t *testing.T) {
 	}
 	setArchive := func(cmd string) {
 		t.Helper()
-		exec(t, ctx, primary, `ALTER SYSTEM SET archive_command = '`+strings.ReplaceAll(cmd, "'", "''")+`'`)
-		exec(t, ctx, primary, `SELECT pg_reload_conf()`)
+		backuptest.Exec(t, ctx, primary, `ALTER SYSTEM SET archive_command = '`+strings.ReplaceAll(cmd, "'", "''")+`'`)
+		backuptest.Exec(t, ctx, primary, `SELECT pg_reload_conf()`)
 	}
 	setArchive("false")
-	exec(t, ctx, primary, `CREATE TABLE churn AS SELECT generate_series(1, 1000) AS v`)
+	backuptest.Exec(t, ctx, primary, `CREATE TABLE churn AS SELECT generate_series(1, 1000) AS v`)
 	switchWAL(t, ctx, primary)
 	waitFor(t, ctx, func() bool {
 		a, err := svc.Archiver(ctx, name)
@@ -256,7 +256,7 @@ func TestBackup_MetricsDoctorRetention(t *testing.T) {
 
 	// Put back: the archiver retries and catches up.
 	setArchive(orig)
-	exec(t, ctx, primary, `SELECT pg_switch_wal()`)
+	backuptest.Exec(t, ctx, primary, `SELECT pg_switch_wal()`)
 	waitFor(t, ctx, func() bool {
 		a, err := svc.Archiver(ctx, name)
 		return err == nil && !a.Failing()

@@ -125,13 +125,13 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 		return r
 	}
 	victim, neighbour := mk(), mk()
-	mustExec(t, ctx, victim.DSN, tenantSetup)
-	mustExec(t, ctx, neighbour.DSN, `CREATE TABLE events (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())`)
+	backuptest.Exec(t, ctx, victim.DSN, tenantSetup)
+	backuptest.Exec(t, ctx, neighbour.DSN, `CREATE TABLE events (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())`)
 	want := checksums(t, ctx, victim.DSN)
 	time.Sleep(1100 * time.Millisecond)
 	at := time.Now()
 	time.Sleep(1100 * time.Millisecond)
-	mustExec(t, ctx, victim.DSN, destroy)
+	backuptest.Exec(t, ctx, victim.DSN, destroy)
 	destroyed := checksums(t, ctx, victim.DSN)
 
 	// Outside the window: before the tenant existed, or in the future.
@@ -266,7 +266,7 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 func backedUpDaemon(t *testing.T, ctx context.Context, pooled bool) (*managed.Cluster, *backup.Stanza, *api.Client, func()) {
 	t.Helper()
 	fc, st := backuptest.Cluster(t, ctx, 1)
-	mustExec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	start := backuptest.Daemon
 	if pooled {
 		start = backuptest.DaemonPooled
@@ -283,18 +283,6 @@ func backedUpDaemon(t *testing.T, ctx context.Context, pooled bool) (*managed.Cl
 func smallServer(cfg *config.Config) {
 	cfg.Provision.ReservedConnections = 5
 	cfg.Provision.ConnectionOvercommit = 100
-}
-
-func mustExec(t *testing.T, ctx context.Context, dsn, sql string) {
-	t.Helper()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
@@ -384,12 +372,12 @@ func TestRewind_StopsAndResumes(t *testing.T) {
 			if r.Job != nil {
 				waitJob(t, ctx, c, r.Job.ID)
 			}
-			mustExec(t, ctx, r.DSN, tenantSetup)
+			backuptest.Exec(t, ctx, r.DSN, tenantSetup)
 			want := checksums(t, ctx, r.DSN)
 			time.Sleep(1100 * time.Millisecond)
 			at := time.Now()
 			time.Sleep(1100 * time.Millisecond)
-			mustExec(t, ctx, r.DSN, destroy)
+			backuptest.Exec(t, ctx, r.DSN, destroy)
 			destroyed := checksums(t, ctx, r.DSN)
 
 			hit := make(chan struct{})
@@ -434,7 +422,7 @@ func TestRewind_StopsAndResumes(t *testing.T) {
 				c, stop = backuptest.Daemon(parent, fc, "catalog", map[string]*backup.Stanza{fc.Name(): st}, smallServer)
 				logSteps(t, "rewind resumed", waitJob(t, ctx, c, j.ID))
 				sameSums(t, "after the resumed rewind", checksums(t, ctx, r.DSN), want)
-				mustExec(t, ctx, r.DSN, `INSERT INTO orders (amount) VALUES (7)`)
+				backuptest.Exec(t, ctx, r.DSN, `INSERT INTO orders (amount) VALUES (7)`)
 			}
 			if scratch, _ := filepath.Glob(st.ScratchDir("*")); len(scratch) > 0 {
 				t.Errorf("scratch instances left: %v", scratch)

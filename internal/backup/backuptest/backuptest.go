@@ -8,9 +8,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/backup"
@@ -63,8 +64,8 @@ func Cluster(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *
 
 // Daemon runs a daemon whose catalog is database catalogDB on fc, managing
 // fc, with the given stanzas and the configuration changed by mod (nil:
-// none). stop stops it (it stops when the test ends otherwise); another
-// Daemon on the same catalog then takes over its jobs.
+// none), logging to the test. stop stops it (it stops when the test ends
+// otherwise); another Daemon on the same catalog then takes over its jobs.
 func Daemon(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string]*backup.Stanza, mod func(*config.Config)) (c *api.Client, stop func()) {
 	t.Helper()
 	return start(t, fc, catalogDB, stanzas, mod, nil)
@@ -97,23 +98,19 @@ func start(t *testing.T, fc *fleet.Cluster, catalogDB string, stanzas map[string
 	for _, s := range fc.Standbys() {
 		managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	d, err := daemon.New(ctx, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Backups: stanzas, Poolers: poolers})
+	_, c, stop = daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{managed}, Backups: stanzas, Poolers: poolers})
+	return c, stop
+}
+
+// Exec runs sql on dsn, failing the test on an error.
+func Exec(t *testing.T, ctx context.Context, dsn, sql string) {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		cancel()
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- d.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		})
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(stop)
-	return api.NewClient(d.URL(), d.Token()), stop
 }
