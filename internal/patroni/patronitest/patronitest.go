@@ -1,0 +1,258 @@
+// Package patronitest is the test harness for clusters under Patroni: a
+// one-member etcd and Patroni nodes started as real processes in a temp
+// dir (Start), waits on what Patroni and PostgreSQL report, and a client
+// that writes through a DSN while a test kills, switches or fails over
+// nodes (Writer). Everything it starts is stopped, killed if need be, when
+// the test ends.
+//
+// It drives the clusters only through internal/patroni and SQL: it never
+// runs pg_ctl on a node's data dir, and it does not touch a catalog, a
+// daemon or a pooler (following the leader is the tests' subject).
+package patronitest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/patroni"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+)
+
+// Options describe a test cluster.
+type Options struct {
+	Scope string // Patroni's scope, the cluster's name in etcd
+	Nodes int    // how many Patroni nodes, named n1, n2 …; 2 when 0
+	// Parameters are PostgreSQL parameters set over the harness's small
+	// servers' (a daemon's pools and a PgBouncer want more connections).
+	Parameters map[string]string
+	// Programs are what the test runs besides patroni and etcd (pgbouncer):
+	// the test is skipped without them, before anything starts.
+	Programs []string
+}
+
+// Cluster is one etcd and the Patroni nodes on it.
+type Cluster struct {
+	Passwords patroni.Passwords
+	Nodes     []*patroni.Node
+	URLs      []string // the nodes' REST APIs, as Nodes
+	Client    *patroni.Client
+}
+
+// packages are the Debian packages of the programs Start may need, for the
+// skip message.
+var packages = map[string]string{"patroni": "patroni", "etcd": "etcd-server", "pgbouncer": "pgbouncer"}
+
+// Start starts etcd and opts.Nodes Patroni nodes, and returns once the
+// first node leads and the others are started (not yet streaming: see
+// WaitLeaderAndSyncStandby). The test is skipped with -short or when a
+// program is missing. Cleanups stop the nodes, then etcd, so they run
+// before those of what the test starts later (a daemon following the
+// cluster stops first).
+func Start(t testing.TB, ctx context.Context, opts Options) *Cluster {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts etcd and Patroni nodes and waits out failovers")
+	}
+	for _, p := range append([]string{"patroni", "etcd"}, opts.Programs...) {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not installed: apt-get install %s (.ci/run does)", p, packages[p])
+		}
+	}
+	if _, err := os.Stat(filepath.Join(patroni.DefaultBinDir, "postgres")); err != nil {
+		t.Skip("no PostgreSQL 15 server: apt-get install postgresql-15 (.ci/run does)")
+	}
+	dir := pgtest.TempDir(t)
+	log := pgtest.Logger(t)
+
+	etcd, err := patroni.StartEtcd(ctx, patroni.EtcdOptions{Dir: filepath.Join(dir, "etcd"), Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		if err := etcd.Stop(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	pw, err := patroni.NewPasswords()
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := patroni.DefaultSettings()
+	// Small servers: the nodes share 2 cores with other tests. fsync off is
+	// safe here: the tests kill processes, never the machine.
+	settings.Parameters = map[string]string{"shared_buffers": "32MB", "max_connections": "50", "fsync": "off"}
+	for k, v := range opts.Parameters {
+		settings.Parameters[k] = v
+	}
+	c := &Cluster{Passwords: pw}
+	for i := range max(opts.Nodes, 2) {
+		name := "n" + strconv.Itoa(i+1)
+		n, err := patroni.NewNode(patroni.NodeOptions{
+			Cluster: opts.Scope, Name: name, Dir: filepath.Join(dir, name), Etcd: []string{etcd.Endpoint()},
+			Settings: settings, Passwords: pw, Logger: log,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Nodes = append(c.Nodes, n)
+		c.URLs = append(c.URLs, n.APIURL())
+	}
+	// Nodes stop before etcd (cleanups run last first): a Patroni without
+	// its store would demote and retry until killed.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, n := range c.Nodes {
+			wg.Go(func() {
+				if err := n.Stop(ctx); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			for _, n := range c.Nodes {
+				t.Logf("%s's patroni.log ends:\n%s", n.Name(), tail(Log(t, n), 4000))
+			}
+		}
+	})
+	// The first node bootstraps (initdb) before the others start, so that
+	// they make standbys instead of racing for the initialize key.
+	if err := c.Nodes[0].Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.Client = patroni.NewClient(c.URLs, nil)
+	wctx, wcancel := context.WithTimeout(ctx, 90*time.Second)
+	defer wcancel()
+	if _, err := c.Client.WaitLeader(wctx); err != nil {
+		t.Fatalf("first node bootstrapping: %v", err)
+	}
+	for _, n := range c.Nodes[1:] {
+		if err := n.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// Node is the node called name. Names come from Patroni's members, so a
+// name the cluster does not have is a bug in the test.
+func (c *Cluster) Node(name string) *patroni.Node {
+	for _, n := range c.Nodes {
+		if n.Name() == name {
+			return n
+		}
+	}
+	panic("patronitest: no node " + name)
+}
+
+// DSN is the clients' multi-host DSN: whichever node is read-write.
+func (c *Cluster) DSN() string {
+	var hosts, ports []string
+	for _, n := range c.Nodes {
+		hosts = append(hosts, "127.0.0.1")
+		ports = append(ports, strconv.Itoa(n.Port()))
+	}
+	return fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2 target_session_attrs=read-write",
+		strings.Join(hosts, ","), strings.Join(ports, ","), patroni.SuperuserName, c.Passwords.Superuser)
+}
+
+// NodeDSN is one node's DSN, primary or standby.
+func (c *Cluster) NodeDSN(name string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
+		c.Node(name).Port(), patroni.SuperuserName, c.Passwords.Superuser)
+}
+
+// WaitLeaderAndSyncStandby waits until the cluster has a running leader
+// (leader, when not "") and a running synchronous standby that streams,
+// less than 1 MiB behind (Patroni samples the positions once per loop):
+// only that standby is promoted after a node loss.
+func (c *Cluster) WaitLeaderAndSyncStandby(t testing.TB, ctx context.Context, leader string) (l, s patroni.Member) {
+	t.Helper()
+	var last string
+	WaitFor(t, ctx, 120*time.Second, "a leader and a streaming synchronous standby", func() bool {
+		ms, err := c.Client.Members(ctx)
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = fmt.Sprintf("%+v", ms)
+		l, s = patroni.Member{}, patroni.Member{}
+		for _, m := range ms {
+			switch {
+			case m.Role == patroni.RoleLeader && m.State == "running":
+				l = m
+			case m.Role == patroni.RoleSyncStandby && m.State == "running" && m.Lag >= 0 && m.Lag < 1<<20:
+				s = m
+			}
+		}
+		if l.Name == "" || s.Name == "" || (leader != "" && l.Name != leader) {
+			return false
+		}
+		// Patroni's view comes from the store; PostgreSQL's own says the
+		// standby streams and is synchronous.
+		conn, err := pgx.Connect(ctx, c.NodeDSN(l.Name))
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		defer conn.Close(ctx)
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming' AND sync_state = 'sync'`, s.Name).Scan(&n); err != nil {
+			last = err.Error()
+			return false
+		}
+		return n == 1
+	}, func() string { return last })
+	return l, s
+}
+
+// Log is n's patroni.log (what Patroni and its PostgreSQL said), or what
+// could be read of it.
+func Log(t testing.TB, n *patroni.Node) string {
+	b, err := os.ReadFile(n.LogPath())
+	if err != nil {
+		t.Logf("read %s: %v", n.LogPath(), err)
+	}
+	return string(b)
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// WaitFor polls cond every 200 ms for up to bound, failing the test with
+// what and state() when it never holds.
+func WaitFor(t testing.TB, ctx context.Context, bound time.Duration, what string, cond func() bool, state func() string) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			t.Fatalf("waited %v for %s; last: %s", bound, what, state())
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
