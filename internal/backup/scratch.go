@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 )
 
@@ -192,9 +193,12 @@ func (sc *Scratch) DSN(database string) string {
 		sc.Port, fleet.Superuser, quoteValue(sc.password), quoteValue(database))
 }
 
-// Connect opens a superuser session on database of the instance.
+// Connect opens a superuser session on database of the instance, with the
+// settings every pgtenant session pins (cluster.PinnedSettings): the
+// restored databases carry what their tenants set on them and on their
+// roles, and nothing of it may change how pgtenant's SQL resolves there.
 func (sc *Scratch) Connect(ctx context.Context, database string) (*pgx.Conn, error) {
-	return pgx.Connect(ctx, sc.DSN(database))
+	return cluster.ConnectDSN(ctx, sc.DSN(database), "")
 }
 
 func quoteValue(v string) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -533,7 +534,8 @@ func stepTimes(j jobs.Job) string {
 // whole cluster restored by pgBackRest as of target into a scratch
 // directory and started on a free port (no --db-include), the tenant
 // dumped out of it (pg_dump -Fc, its schema only in schema mode) and piped
-// into pg_restore into a new database on the live cluster, then the
+// into pg_restore, as the tenant's role, into a new database it owns on
+// the live cluster, then the
 // scratch instance stopped and removed.
 func manualRecipe(ctx context.Context, fc *fleet.Cluster, st *backup.Stanza, t api.CreateTenantResponse, target time.Time) (ManualRecipe, error) {
 	var m ManualRecipe
@@ -550,17 +552,27 @@ func manualRecipe(ctx context.Context, fc *fleet.Cluster, st *backup.Stanza, t a
 	if err != nil {
 		return m, err
 	}
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{newDB}.Sanitize())
+	// The copy is restored as the tenant's own role, into a database it
+	// owns: pg_restore replays the tenant's functions, defaults, CHECKs and
+	// index expressions, which must never run in a superuser's session.
+	role := tenant.PhysicalName(t.Tenant.ID)
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{newDB}.Sanitize()+" OWNER "+pgx.Identifier{role}.Sanitize())
 	admin.Close(context.Background())
 	if err != nil {
 		return m, err
 	}
-	dumpArgs := []string{"-Fc", "-d", sc.DSN(t.Tenant.Database)}
+	into, err := url.Parse(t.DirectDSN)
+	if err != nil {
+		return m, fmt.Errorf("the tenant's direct DSN: %w", err)
+	}
+	into.Path = "/" + newDB
+	// Extensions other than plpgsql are the admin's, not the tenant's to make.
+	dumpArgs := []string{"-Fc", "--extension=plpgsql", "-d", sc.DSN(t.Tenant.Database)}
 	if t.Tenant.Mode == tenant.ModeSchema {
 		dumpArgs = append(dumpArgs, "-n", tenant.PhysicalName(t.Tenant.ID))
 	}
 	dump := exec.CommandContext(ctx, fc.Binaries().Path("pg_dump"), dumpArgs...)
-	restore := exec.CommandContext(ctx, fc.Binaries().Path("pg_restore"), "--no-owner", "--no-acl", "--exit-on-error", "-d", fc.PrimaryDSN(newDB))
+	restore := exec.CommandContext(ctx, fc.Binaries().Path("pg_restore"), "--no-owner", "--no-acl", "--exit-on-error", "-d", into.String())
 	pipe, err := dump.StdoutPipe()
 	if err != nil {
 		return m, err
