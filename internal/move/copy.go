@@ -294,11 +294,14 @@ func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int6
 	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s) FROM STDIN WITH (FREEZE)", t.ident(), cols))
 	pr.CloseWithError(errors.New("the target's COPY ended")) // a writer still blocked gives up
 	out := <-done
-	if out.err != nil {
-		return 0, fmt.Errorf("read from the source: %w", out.err)
-	}
+	// The target's error first: when the source failed, the target's COPY
+	// ends with the source's error; when the target failed (a CHECK, a
+	// type), the source only says that the target stopped reading.
 	if err != nil {
 		return 0, fmt.Errorf("write to the target: %w", cluster.Classify(err))
+	}
+	if out.err != nil {
+		return 0, fmt.Errorf("read from the source: %w", out.err)
 	}
 	return tag.RowsAffected(), nil
 }
