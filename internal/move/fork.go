@@ -198,12 +198,12 @@ func (s *Service) ForkHandler() jobs.Handler {
 			f := &forker{s: s, a: a}
 			steps := []jobs.Step{
 				{Name: "target", Run: f.target, Doing: "making the tenant the copy goes into"},
-				{Name: "copy", Run: f.step("copy", f.copy), Doing: "restoring the backup into a scratch instance"},
+				{Name: "copy", Run: step("copy", f.load, f.copy), Doing: "restoring the backup into a scratch instance"},
 			}
 			if a.Rewind {
-				steps = append(steps, jobs.Step{Name: "swap", Run: f.step("swap", f.swap), Doing: "swapping the copy in under a pause"})
+				steps = append(steps, jobs.Step{Name: "swap", Run: step("swap", f.load, f.swap), Doing: "swapping the copy in under a pause"})
 			}
-			return append(steps, jobs.Step{Name: "finish", Run: f.step("finish", f.finish)}), nil
+			return append(steps, jobs.Step{Name: "finish", Run: step("finish", f.load, f.finish)}), nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {
 			var a copyArgs
@@ -254,19 +254,6 @@ func (f *forker) load(ctx context.Context, r *jobs.Run) (*fenv, error) {
 		return nil, jobs.Permanent(fmt.Errorf("tenant %s (cluster %s) and its copy %s (cluster %s) are on different clusters: the source moved", e.src.ID, e.src.Cluster, e.into.ID, e.into.Cluster))
 	}
 	return e, nil
-}
-
-func (f *forker) step(name string, fn func(context.Context, *jobs.Run, *fenv) error) func(context.Context, *jobs.Run) error {
-	return func(ctx context.Context, r *jobs.Run) error {
-		if err := crashPoint(ctx, name); err != nil {
-			return err
-		}
-		e, err := f.load(ctx, r)
-		if err != nil {
-			return err
-		}
-		return fn(ctx, r, e)
-	}
 }
 
 // target makes a rewind's new tenant: on the source's cluster, with its

@@ -197,12 +197,12 @@ func (s *Service) Handler() jobs.Handler {
 			m := &mover{s: s, a: a}
 			return []jobs.Step{
 				{Name: "check", Run: m.check},
-				{Name: "roles", Run: m.step("roles", m.roles)},
-				{Name: "schema", Run: m.step("schema", m.schema)},
-				{Name: "subscribe", Run: m.step("subscribe", m.subscribe)},
-				{Name: "copy", Run: m.step("copy", m.copy)},
-				{Name: "cutover", Run: m.step("cutover", m.cutover)},
-				{Name: "finish", Run: m.step("finish", m.finish)},
+				{Name: "roles", Run: step("roles", m.load, m.roles)},
+				{Name: "schema", Run: step("schema", m.load, m.schema)},
+				{Name: "subscribe", Run: step("subscribe", m.load, m.subscribe)},
+				{Name: "copy", Run: step("copy", m.load, m.copy)},
+				{Name: "cutover", Run: step("cutover", m.load, m.cutover)},
+				{Name: "finish", Run: step("finish", m.load, m.finish)},
 			}, nil
 		},
 		Cleanup: func(ctx context.Context, r *jobs.Run) error {
@@ -265,16 +265,18 @@ func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
 	return e, nil
 }
 
-func (m *mover) step(name string, f func(context.Context, *jobs.Run, *env) error) func(context.Context, *jobs.Run) error {
+// step makes fn a job step: the tests' crash point, then the job's state
+// loaded by load (a move's, a fork's) for fn.
+func step[E any](name string, load func(context.Context, *jobs.Run) (E, error), fn func(context.Context, *jobs.Run, E) error) func(context.Context, *jobs.Run) error {
 	return func(ctx context.Context, r *jobs.Run) error {
 		if err := crashPoint(ctx, name); err != nil {
 			return err
 		}
-		e, err := m.load(ctx, r)
+		e, err := load(ctx, r)
 		if err != nil {
 			return err
 		}
-		return f(ctx, r, e)
+		return fn(ctx, r, e)
 	}
 }
 
