@@ -142,6 +142,20 @@ func (c *Client) DrainCluster(ctx context.Context, name string) (jobs.Job, error
 	return out, c.Do(ctx, http.MethodPost, "/v1/clusters/"+url.PathEscape(name)+"/drain", nil, &out)
 }
 
+// Switchover starts a planned change of a Patroni cluster's leader
+// (its front door paused meanwhile) and returns its job.
+func (c *Client) Switchover(ctx context.Context, name string, req SwitchoverRequest) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, "/v1/clusters/"+url.PathEscape(name)+"/switchover", req, &out)
+}
+
+// Failover starts a forced change of a Patroni cluster's leader to req.To
+// and returns its job.
+func (c *Client) Failover(ctx context.Context, name string, req SwitchoverRequest) (jobs.Job, error) {
+	var out jobs.Job
+	return out, c.Do(ctx, http.MethodPost, "/v1/clusters/"+url.PathEscape(name)+"/failover", req, &out)
+}
+
 // UndrainCluster places tenants on a cluster again.
 func (c *Client) UndrainCluster(ctx context.Context, name string) (Cluster, error) {
 	var out Cluster

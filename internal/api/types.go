@@ -49,6 +49,14 @@ type ClusterDetail struct {
 	Info *cluster.Info `json:"info,omitempty"`
 }
 
+// SwitchoverRequest changes the leader of a cluster Patroni runs.
+type SwitchoverRequest struct {
+	// To is the member to promote. A switchover may leave it out (Patroni
+	// then promotes the synchronous standby, or the healthiest replica); a
+	// failover needs it.
+	To string `json:"to,omitempty"`
+}
+
 // AddClusterRequest registers an external cluster.
 type AddClusterRequest struct {
 	Name     string   `json:"name"`
