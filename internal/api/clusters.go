@@ -41,6 +41,13 @@ func (s *Server) showCluster(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	d := ClusterDetail{Cluster: s.clusterView(r.Context(), c, loads)}
+	if len(c.PatroniURLs) > 0 && s.Failover != nil {
+		ms, sync, err := s.Failover.Members(r.Context(), c)
+		if err != nil {
+			d.PatroniError = cluster.RedactError(err, c.DSN)
+		}
+		d.Members, d.SynchronousMode = ms, sync
+	}
 	if d.Status == "up" {
 		cl, err := s.Clusters.Get(c.Name)
 		if err != nil {
@@ -122,4 +129,27 @@ func (s *Server) patroniTopology(ctx context.Context, req *AddClusterRequest) (s
 			cluster.RedactError(err, req.DSN))
 	}
 	return dsn, standbys, nil
+}
+
+// switchoverCluster starts a planned change of a Patroni cluster's leader.
+func (s *Server) switchoverCluster(w http.ResponseWriter, r *http.Request) error {
+	return s.changeLeader(w, r, false)
+}
+
+// failoverCluster starts a forced change of a Patroni cluster's leader.
+func (s *Server) failoverCluster(w http.ResponseWriter, r *http.Request) error {
+	return s.changeLeader(w, r, true)
+}
+
+func (s *Server) changeLeader(w http.ResponseWriter, r *http.Request, force bool) error {
+	var req SwitchoverRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	j, err := s.Failover.Switchover(r.Context(), r.PathValue("name"), req.To, force)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, j)
+	return nil
 }

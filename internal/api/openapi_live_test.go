@@ -2,10 +2,10 @@ package api_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/pgtenant/pgtenant/internal/analytics"
 	"io"
 	"net/http"
 	"net/url"
@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/examples/templates"
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
@@ -189,6 +190,13 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	must(err)
 	_, err = c.UndrainCluster(ctx, "local")
 	must(err)
+	// local is not run by Patroni: both answer 400 saying so (internal/failover
+	// tests the switchover of a cluster that is).
+	for _, change := range []func(context.Context, string, api.SwitchoverRequest) (jobs.Job, error){c.Switchover, c.Failover} {
+		if _, err := change(ctx, "local", api.SwitchoverRequest{To: "n2"}); !errors.Is(err, api.ErrInvalid) {
+			t.Errorf("switchover of a cluster without Patroni: err = %v, want invalid", err)
+		}
+	}
 	tok, err := c.CreateToken(ctx, api.CreateTokenRequest{Name: "ci", Scope: api.ScopeReadOnly, ExpiresIn: "30d"})
 	must(err)
 	_, err = c.Tokens(ctx)

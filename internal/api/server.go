@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/doctor"
+	"github.com/pgtenant/pgtenant/internal/failover"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -55,6 +56,8 @@ type Deps struct {
 	Prewarm    *prewarm.Service
 	Move       *move.Service
 	Placement  *placement.Service
+	// Failover follows Patroni clusters' leaders and runs switchovers.
+	Failover *failover.Follower
 	// Analytics runs tenants' columnar mirrors; nil when not wired.
 	Analytics *analytics.Service
 	// Backups takes and lists the managed clusters' pgBackRest backups;
@@ -101,6 +104,8 @@ func NewServer(d Deps) *Server {
 	s.handle("PATCH /v1/clusters/{name}", s.setCluster)
 	s.handle("POST /v1/clusters/{name}/drain", s.drainCluster)
 	s.handle("POST /v1/clusters/{name}/undrain", s.undrainCluster)
+	s.handle("POST /v1/clusters/{name}/switchover", s.switchoverCluster)
+	s.handle("POST /v1/clusters/{name}/failover", s.failoverCluster)
 	s.handle("POST /v1/rebalance", s.rebalance)
 	s.handle("GET /v1/backups", s.listBackups)
 	s.handle("POST /v1/backups", s.startBackup)
@@ -154,15 +159,17 @@ func NewServer(d Deps) *Server {
 // needs read-only, which every token has; admin may call every route).
 // handle refuses to register a mutating route missing here.
 var routeScopes = map[string]Scope{
-	"POST /v1/clusters":                ScopeClusters,
-	"PATCH /v1/clusters/{name}":        ScopeClusters,
-	"POST /v1/clusters/{name}/drain":   ScopeClusters,
-	"POST /v1/clusters/{name}/undrain": ScopeClusters,
-	"POST /v1/rebalance":               ScopeClusters,
-	"POST /v1/tenants/{id}/move":       ScopeClusters, // placement
-	"POST /v1/backups":                 ScopeClusters,
-	"POST /v1/prewarm":                 ScopeClusters, // a cluster's or the fleet's caches
-	"POST /v1/prewarm/capture":         ScopeClusters,
+	"POST /v1/clusters":                   ScopeClusters,
+	"PATCH /v1/clusters/{name}":           ScopeClusters,
+	"POST /v1/clusters/{name}/drain":      ScopeClusters,
+	"POST /v1/clusters/{name}/undrain":    ScopeClusters,
+	"POST /v1/clusters/{name}/switchover": ScopeClusters,
+	"POST /v1/clusters/{name}/failover":   ScopeClusters,
+	"POST /v1/rebalance":                  ScopeClusters,
+	"POST /v1/tenants/{id}/move":          ScopeClusters, // placement
+	"POST /v1/backups":                    ScopeClusters,
+	"POST /v1/prewarm":                    ScopeClusters, // a cluster's or the fleet's caches
+	"POST /v1/prewarm/capture":            ScopeClusters,
 
 	"POST /v1/templates":                 ScopeTemplates,
 	"POST /v1/templates/{name}/versions": ScopeTemplates,

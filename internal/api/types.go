@@ -1,13 +1,14 @@
 package api
 
 import (
-	"github.com/pgtenant/pgtenant/internal/analytics"
 	"time"
 
+	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -47,6 +48,13 @@ type Cluster struct {
 type ClusterDetail struct {
 	Cluster
 	Info *cluster.Info `json:"info,omitempty"`
+	// Members are a Patroni cluster's nodes as Patroni sees them (role,
+	// state, timeline, lag), by name; SynchronousMode: a commit is
+	// acknowledged once the sync_standby has it. PatroniError: Patroni
+	// did not answer.
+	Members         []patroni.Member `json:"members,omitempty"`
+	SynchronousMode bool             `json:"synchronous_mode,omitempty"`
+	PatroniError    string           `json:"patroni_error,omitempty"`
 }
 
 // SwitchoverRequest changes the leader of a cluster Patroni runs.

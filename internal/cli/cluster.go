@@ -86,7 +86,8 @@ The password is stored in the catalog and never printed.`,
 			return g.print(d, func(w io.Writer) { clusterDetail(w, d); row(w, "recovery window", window) })
 		},
 	}
-	cmd.AddCommand(add, list, show, newClusterSetCmd(g), newClusterDrainCmd(g), newClusterUndrainCmd(g))
+	cmd.AddCommand(add, list, show, newClusterSetCmd(g), newClusterDrainCmd(g), newClusterUndrainCmd(g),
+		newClusterSwitchoverCmd(g), newClusterFailoverCmd(g))
 	return cmd
 }
 
@@ -122,6 +123,7 @@ func clusterDetail(w io.Writer, d api.ClusterDetail) {
 	if d.Error != "" {
 		row(w, "error", d.Error)
 	}
+	members(w, d)
 	if d.Info == nil {
 		return
 	}

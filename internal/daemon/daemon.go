@@ -197,6 +197,12 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.runner.Register(jobs.Rollout, mig.Handler())
 	warm := &prewarm.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Prewarm: cfg.Prewarm, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.Prewarm, warm.Handler())
+	d.follower.Runner = d.runner
+	d.follower.Prewarm = func(ctx context.Context, name string) error {
+		_, err := warm.PrewarmNodes(ctx, name, nil, "failover")
+		return err
+	}
+	d.runner.Register(jobs.ClusterSwitchover, d.follower.SwitchoverHandler())
 	d.watcher = &prewarm.Watcher{S: warm}
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
@@ -256,7 +262,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	d.console = &console.Console{Store: store, Clusters: d.clusters, Token: token, SessionTTL: cfg.ConsoleSessionTTL.D(), Logger: log}
 	srv := api.NewServer(api.Deps{Store: store, Clusters: d.clusters, Registry: reg, Token: token, Logger: log,
-		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov, Placement: plc, Analytics: d.analytics,
+		Runner: d.runner, Templates: tpl, Provision: prov, Purge: pur, Credentials: d.creds, Reconciler: rec, Prewarm: warm, Move: mov, Placement: plc, Analytics: d.analytics, Failover: d.follower,
 		Console: d.console, Migrate: mig,
 		Metrics: d.collector, Quota: quo, Doctor: doc, Backups: bk, MetricsAuth: cfg.MetricsAuth, MetricsElsewhere: cfg.MetricsListen != ""})
 	d.console.API = srv // the console reads and acts through the API's handlers

@@ -6,10 +6,12 @@
 // primary) and the cluster's PgBouncer (its entries' host and port, a
 // reload, a RECONNECT), so that tenants go on through the same DSN.
 //
-// It only follows: Patroni elects and promotes, and this package never
-// asks it to (no switchover, no failover). It does not touch the tenants'
-// databases, jobs or the pacer: they reach the cluster through the
-// registry, and so the new primary, on their next connection.
+// Patroni elects and promotes; this package asks it to only for an
+// operator's switchover or failover (cluster.switchover jobs), which
+// pause the cluster's PgBouncer while the leader changes. It does not
+// touch the tenants' databases, jobs or the pacer: they reach the cluster
+// through the registry, and so the new primary, on their next connection.
+// A new primary is prewarmed (Prewarm).
 package failover
 
 import (
@@ -27,6 +29,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 )
@@ -44,9 +47,15 @@ type Follower struct {
 	// HTTP asks Patroni; nil: each request times out after 2 s, so that a
 	// node that hangs delays a check by that much at most.
 	HTTP *http.Client
+	// Runner runs the cluster.switchover jobs Switchover starts.
+	Runner *jobs.Runner
+	// Prewarm, if set, starts the prewarm of a cluster's new primary once
+	// the follower has gone to it.
+	Prewarm func(ctx context.Context, cluster string) error
 
-	failovers *prometheus.CounterVec
-	seconds   *prometheus.HistogramVec
+	failovers    *prometheus.CounterVec
+	seconds      *prometheus.HistogramVec
+	syncStandbys *prometheus.GaugeVec
 
 	mu    sync.Mutex
 	known []catalog.Cluster   // the clusters last read from the catalog
@@ -54,8 +63,9 @@ type Follower struct {
 }
 
 // tracked is what the follower remembers of one cluster between checks;
-// only that cluster's check touches it.
+// only that cluster's check (or switchover) touches it, holding mu.
 type tracked struct {
+	mu sync.Mutex
 	// suspect is the first failed check of the current leader (it did not
 	// answer as primary, or Patroni had no leader), zero while it answers:
 	// the start of the time a failover is measured over.
@@ -63,6 +73,11 @@ type tracked struct {
 	// leader is the name of the leader last followed or seen answering.
 	leader string
 	down   cluster.Outage
+	// syncStandbys is how many running synchronous standbys the last check
+	// saw, -1 before the first; unsynced: the last check warned that the
+	// cluster runs in synchronous mode without one.
+	syncStandbys int
+	unsynced     bool
 }
 
 // New returns a follower; its metrics are in Collectors.
@@ -79,13 +94,17 @@ func New(store *catalog.Store, clusters *cluster.Registry, poolers *pooler.Set, 
 			// switchover takes a few seconds.
 			Buckets: []float64{1, 2, 5, 10, 15, 20, 25, 30, 45, 60, 120},
 		}, []string{"cluster"}),
+		syncStandbys: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pgtenant_cluster_sync_standbys",
+			Help: "Running synchronous standbys of a Patroni cluster, as its last check saw them; 0 in synchronous mode: commits are acknowledged unreplicated.",
+		}, []string{"cluster"}),
 		state: map[string]*tracked{},
 	}
 }
 
 // Collectors are the follower's metrics, for the daemon's registry.
 func (f *Follower) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{f.failovers, f.seconds}
+	return []prometheus.Collector{f.failovers, f.seconds, f.syncStandbys}
 }
 
 // Run checks every Patroni cluster each Interval until ctx ends.
@@ -118,12 +137,10 @@ func (f *Follower) checkAll(ctx context.Context) {
 		if len(c.PatroniURLs) == 0 {
 			continue
 		}
-		st := f.state[c.Name]
-		if st == nil {
-			st = &tracked{down: cluster.Outage{What: "follow the Patroni leader"}}
-			f.state[c.Name] = st
-		}
+		st := f.trackedLocked(c.Name)
 		wg.Go(func() {
+			st.mu.Lock()
+			defer st.mu.Unlock()
 			err := f.check(ctx, c, st)
 			if ctx.Err() == nil {
 				st.down.Report(f.Logger, err, "cluster", c.Name)
@@ -132,6 +149,22 @@ func (f *Follower) checkAll(ctx context.Context) {
 	}
 	f.mu.Unlock()
 	wg.Wait()
+}
+
+// tracked returns what the follower remembers of a cluster.
+func (f *Follower) tracked(name string) *tracked {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.trackedLocked(name)
+}
+
+func (f *Follower) trackedLocked(name string) *tracked {
+	st := f.state[name]
+	if st == nil {
+		st = &tracked{down: cluster.Outage{What: "follow the Patroni leader"}, syncStandbys: -1}
+		f.state[name] = st
+	}
+	return st
 }
 
 // check compares the cluster's leader with where the registry connects,
@@ -156,6 +189,7 @@ func (f *Follower) check(ctx context.Context, c catalog.Cluster, st *tracked) er
 	if !ok {
 		return suspect(fmt.Errorf("cluster %s: %w", c.Name, patroni.ErrNoLeader))
 	}
+	f.checkSync(ctx, c, pc, ms, st)
 	standbys, err := standbyDSNs(c.DSN, ms, leader)
 	if err != nil {
 		return err
@@ -223,6 +257,11 @@ func (f *Follower) failover(ctx context.Context, c catalog.Cluster, leader patro
 	st.suspect, st.leader = time.Time{}, leader.Name
 	f.failovers.WithLabelValues(c.Name).Inc()
 	f.seconds.WithLabelValues(c.Name).Observe(took.Seconds())
+	if f.Prewarm != nil {
+		if err := f.Prewarm(ctx, c.Name); err != nil {
+			f.Logger.Warn("new primary not prewarmed", "cluster", c.Name, "err", err)
+		}
+	}
 	// Warn: a failover is worth an operator's look even when it worked
 	// (why did the leader go?).
 	f.Logger.Warn("cluster failed over: pgtenant follows Patroni's new leader", "cluster", c.Name, "leader", leader.Name,
@@ -250,6 +289,53 @@ func (f *Follower) repoint(ctx context.Context, c catalog.Cluster, primary strin
 	}
 	f.Clusters.Put(next)
 	return nil
+}
+
+// checkSync counts the running synchronous standbys of ms and, when there
+// are none, asks Patroni whether the cluster runs in synchronous mode: an
+// event (a warning, then one line when a standby is back) and the gauge
+// tell that commits are acknowledged unreplicated meanwhile.
+func (f *Follower) checkSync(ctx context.Context, c catalog.Cluster, pc *patroni.Client, ms []patroni.Member, st *tracked) {
+	n := 0
+	for _, m := range ms {
+		if m.Role == patroni.RoleSyncStandby && runningReplica(m) {
+			n++
+		}
+	}
+	f.syncStandbys.WithLabelValues(c.Name).Set(float64(n))
+	if n == st.syncStandbys {
+		return
+	}
+	st.syncStandbys = n
+	if n > 0 {
+		if st.unsynced {
+			st.unsynced = false
+			f.Logger.Info("cluster has a synchronous standby again: commits are replicated before they are acknowledged", "cluster", c.Name)
+		}
+		return
+	}
+	sync, err := pc.SynchronousMode(ctx)
+	switch {
+	case err != nil:
+		st.syncStandbys = -1 // asked again at the next check
+	case sync:
+		st.unsynced = true
+		f.Logger.Warn("cluster runs in synchronous mode without a synchronous standby: commits are acknowledged unreplicated, "+
+			"and a failover now may lose them; `pgtenant cluster show` lists its members", "cluster", c.Name)
+	}
+}
+
+// Members returns the members of a cluster Patroni runs, as Patroni sees
+// them, and whether it runs in synchronous mode.
+func (f *Follower) Members(ctx context.Context, c catalog.Cluster) ([]patroni.Member, bool, error) {
+	pc := patroni.NewClient(c.PatroniURLs, f.HTTP)
+	ms, err := pc.Members(ctx)
+	if err != nil {
+		return nil, false, err
+	}
+	slices.SortFunc(ms, func(a, b patroni.Member) int { return cmp.Compare(a.Name, b.Name) })
+	sync, err := pc.SynchronousMode(ctx)
+	return ms, sync, err
 }
 
 // leaderOf returns the running leader of ms.

@@ -289,7 +289,7 @@ func (r *Runner) execute(parent context.Context, j Job) {
 	cause := context.Cause(ctx)
 	switch {
 	case err == nil:
-		r.finish(parent, run, Succeeded, "")
+		r.finish(parent, run, Succeeded, run.result)
 		log.Info("job succeeded")
 	case errors.Is(cause, errLeaseLost) || errors.Is(err, errLeaseLost):
 		log.Warn("lease lost; another worker has the job")
@@ -529,7 +529,12 @@ type Run struct {
 	Job    *Job
 	runner *Runner
 	lease  string // the claim's lease: every write to the job is fenced by it
+	result string // the line a job that succeeds ends with; "": done
 }
+
+// Result sets the line the job ends with if it succeeds (by default
+// "done"): what it did, for `job show`.
+func (r *Run) Result(msg string) { r.result = msg }
 
 // Progress records done/total and a human line ("3/10 batches", "waiting: …").
 func (r *Run) Progress(ctx context.Context, done, total int64, msg string) {

@@ -35,8 +35,9 @@ type Member struct {
 	// APIURL is the member's REST API, …/patroni.
 	APIURL string `json:"api_url"`
 	// Lag is a standby's replay lag behind the leader in bytes; -1 when
-	// Patroni does not know it; 0 on the leader.
-	Lag int64 `json:"-"`
+	// Patroni does not know it; 0 on the leader. (Patroni's own field is
+	// "lag", a number or "unknown": Members decodes it.)
+	Lag int64 `json:"lag_bytes"`
 }
 
 // BaseURL is the root of the member's REST API (http://host:port), as
@@ -196,6 +197,30 @@ func (c *Client) post(ctx context.Context, action string, req map[string]string,
 		return nil
 	}
 	return errors.Join(errs...)
+}
+
+// SynchronousMode reports whether the cluster runs in synchronous_mode
+// (Patroni's dynamic configuration, GET /config).
+func (c *Client) SynchronousMode(ctx context.Context) (bool, error) {
+	var errs []error
+	for _, u := range c.urls {
+		status, body, err := c.do(ctx, http.MethodGet, u+"/config", nil)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if status != http.StatusOK {
+			return false, fmt.Errorf("GET %s/config: %d %s", u, status, body)
+		}
+		var cfg struct {
+			SynchronousMode bool `json:"synchronous_mode"`
+		}
+		if err := json.Unmarshal(body, &cfg); err != nil {
+			return false, fmt.Errorf("GET %s/config: decode: %w", u, err)
+		}
+		return cfg.SynchronousMode, nil
+	}
+	return false, fmt.Errorf("patroni config: %w", errors.Join(errs...))
 }
 
 // Check is a REST health endpoint: 200 when the node is what it names,

@@ -36,19 +36,19 @@ func DialAdmin(ctx context.Context, addr, user, password string) (*Admin, error)
 // Close ends the session.
 func (a *Admin) Close() { _ = a.conn.Close(context.Background()) }
 
-// Command runs a console command: RELOAD, RECONNECT (of db, or of every
-// entry with db ""), or one of PAUSE, RESUME, DISABLE, ENABLE, KILL on the
-// entry db (a name pgtenant made; anything else is refused before it
-// reaches the console).
+// Command runs a console command: RELOAD, RECONNECT, PAUSE or RESUME (of
+// db, or of the whole pooler with db ""), or one of DISABLE, ENABLE, KILL
+// on the entry db (a name pgtenant made; anything else is refused before
+// it reaches the console).
 func (a *Admin) Command(ctx context.Context, cmd, db string) error {
 	switch cmd {
 	case "RELOAD":
 		db = ""
-	case "RECONNECT":
+	case "RECONNECT", "PAUSE", "RESUME":
 		if db != "" && !nameRE.MatchString(db) {
 			return fmt.Errorf("pooler %s: bad database name %q", cmd, db)
 		}
-	case "PAUSE", "RESUME", "DISABLE", "ENABLE", "KILL":
+	case "DISABLE", "ENABLE", "KILL":
 		if !nameRE.MatchString(db) {
 			return fmt.Errorf("pooler %s: bad database name %q", cmd, db)
 		}
@@ -123,6 +123,7 @@ func (a *Admin) Databases(ctx context.Context) (map[string]Database, error) {
 
 // Pool is a tenant's figures from SHOW POOLS.
 type Pool struct {
+	Mode                        string // session or transaction
 	ClientActive, ClientWaiting int
 	ServerActive, ServerIdle    int
 	MaxWait                     time.Duration // the oldest waiting client's wait
@@ -140,7 +141,7 @@ func (a *Admin) Pools(ctx context.Context) (map[string]Pool, error) {
 		if r["database"] == "pgbouncer" || r["database"] != r["user"] {
 			continue
 		}
-		out[r["database"]] = Pool{ClientActive: atoi(r["cl_active"]), ClientWaiting: atoi(r["cl_waiting"]),
+		out[r["database"]] = Pool{Mode: r["pool_mode"], ClientActive: atoi(r["cl_active"]), ClientWaiting: atoi(r["cl_waiting"]),
 			ServerActive: atoi(r["sv_active"]), ServerIdle: atoi(r["sv_idle"]) + atoi(r["sv_used"]),
 			MaxWait: time.Duration(atoi(r["maxwait"]))*time.Second + time.Duration(atoi(r["maxwait_us"]))*time.Microsecond}
 	}

@@ -66,6 +66,8 @@ type Front struct {
 	doneErr  error
 	doneCh   chan struct{}
 	paused   map[string]bool // PAUSEd by Pause: left paused by syncs
+	// unhold ends a Hold: it stops the session waiting on the PAUSE.
+	unhold context.CancelFunc
 	snap     Snapshot
 	lastSync time.Time
 	window   time.Duration // the current least time between two syncs asked for by changes
@@ -523,6 +525,98 @@ func (f *Front) Pause(ctx context.Context, name string) error {
 		return errors.Join(err, f.Resume(rctx, name))
 	}
 	return nil
+}
+
+// Hold pauses the whole pooler (PAUSE) while the cluster's primary
+// changes: from the command on, a client waits in the pooler for a server
+// connection until Release. It returns once the transactions in flight
+// in transaction-mode pools have ended, at most after wait, and reports
+// whether the pause completed: it does not while a client of a
+// session-mode pool holds a server connection (until it leaves). Such a
+// client keeps its connection until the primary stops, loses it then, and
+// waits on reconnecting. Release ends the hold, complete or not; a Hold
+// whose PAUSE fails resumes.
+func (f *Front) Hold(ctx context.Context, wait time.Duration) (complete bool, err error) {
+	f.init()
+	password, err := f.password()
+	if err != nil {
+		return false, err
+	}
+	a, err := DialAdmin(ctx, f.Addr(), AdminUser, password)
+	if err != nil {
+		return false, err
+	}
+	// The PAUSE answers once complete: its session waits until then, or
+	// until Release.
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	f.mu.Lock()
+	f.unhold = cancel
+	f.mu.Unlock()
+	done := make(chan error, 1)
+	go func() {
+		err := a.Command(hctx, "PAUSE", "")
+		a.Close()
+		done <- err
+	}()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+wait:
+	for {
+		select {
+		case err = <-done:
+			if err == nil {
+				return true, nil
+			}
+			break wait
+		case <-deadline.C:
+			return false, nil
+		case <-ctx.Done():
+			err = ctx.Err()
+			break wait
+		case <-tick.C:
+			if f.onlySessionsActive(ctx) {
+				return false, nil
+			}
+		}
+	}
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer rcancel()
+	return false, errors.Join(err, f.Release(rctx))
+}
+
+// onlySessionsActive reports whether the pools' active server connections
+// are all of session-mode pools: no transaction-mode pool has one in
+// flight (false when the pooler does not answer).
+func (f *Front) onlySessionsActive(ctx context.Context) bool {
+	pools, err := withAdmin(f, ctx, func(a *Admin) (map[string]Pool, error) { return a.Pools(ctx) })
+	if err != nil {
+		return false
+	}
+	for _, p := range pools {
+		if p.ServerActive > 0 && p.Mode != "session" {
+			return false
+		}
+	}
+	return true
+}
+
+// Release ends a Hold (RESUME): the clients waiting in the pooler go on,
+// to the server its entries name.
+func (f *Front) Release(ctx context.Context) error {
+	f.init()
+	err := f.command(ctx, "RESUME", "")
+	f.mu.Lock()
+	if f.unhold != nil {
+		f.unhold()
+		f.unhold = nil
+	}
+	f.mu.Unlock()
+	if isNotPaused(err) {
+		return nil
+	}
+	return err
 }
 
 // Resume lets a paused tenant's clients go on.

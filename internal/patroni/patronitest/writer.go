@@ -27,6 +27,7 @@ type Writer struct {
 	mu     sync.Mutex
 	acks   []Ack
 	errs   int
+	last   string // the last error
 }
 
 // StartWriter starts writing through dsn until Stop, the end of ctx or the
@@ -49,7 +50,7 @@ func StartWriter(t testing.TB, ctx context.Context, dsn string) *Writer {
 				c, err := pgx.Connect(cctx, dsn)
 				ccancel()
 				if err != nil {
-					w.failed()
+					w.failed(err)
 					sleep(ctx, 100*time.Millisecond)
 					continue
 				}
@@ -60,7 +61,7 @@ func StartWriter(t testing.TB, ctx context.Context, dsn string) *Writer {
 			err := conn.QueryRow(ectx, `INSERT INTO writes (id) VALUES ($1) RETURNING inet_server_port()`, id).Scan(&port)
 			ecancel()
 			if err != nil {
-				w.failed()
+				w.failed(err)
 				conn.Close(context.Background())
 				conn = nil
 				sleep(ctx, 100*time.Millisecond)
@@ -75,9 +76,10 @@ func StartWriter(t testing.TB, ctx context.Context, dsn string) *Writer {
 	return w
 }
 
-func (w *Writer) failed() {
+func (w *Writer) failed(err error) {
 	w.mu.Lock()
 	w.errs++
+	w.last = err.Error()
 	w.mu.Unlock()
 }
 
@@ -93,6 +95,13 @@ func (w *Writer) Errors() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.errs
+}
+
+// LastError is the last error a connection or a write met, "" if none.
+func (w *Writer) LastError() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.last
 }
 
 func (w *Writer) count() int {
@@ -134,7 +143,7 @@ func (w *Writer) WaitAckOn(t testing.TB, ctx context.Context, port int, since ti
 }
 
 func (w *Writer) state() string {
-	return fmt.Sprintf("%d acknowledged, %d errors", w.count(), w.Errors())
+	return fmt.Sprintf("%d acknowledged, %d errors (last: %s)", w.count(), w.Errors(), w.LastError())
 }
 
 // LongestPause is the longest time without an acknowledged write since

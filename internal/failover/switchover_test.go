@@ -1,0 +1,173 @@
+package failover_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/patroni"
+	"github.com/pgtenant/pgtenant/internal/patroni/patronitest"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+// TestSwitchover_PausesTheFrontDoor switches a Patroni cluster's leader
+// with `cluster switchover` while clients write through two tenants' DSNs,
+// one of a transaction-mode tier, one of a session-mode tier: the
+// PgBouncer holds them while Patroni switches, the daemon follows the new
+// leader, and the transaction-mode client sees no error (the
+// session-mode one loses its server connection once, when the old
+// leader stops); every acknowledged row is there once; cluster show
+// lists the members with their roles; the new primary is prewarmed. Then
+// `cluster failover --to` the old leader brings it back. Requests that
+// cannot be carried out answer 400 naming why.
+func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	pc := patronitest.Start(t, ctx, patronitest.Options{Scope: "pc2",
+		Parameters: map[string]string{"max_connections": "60"}, Programs: []string{"pgbouncer"}})
+	leader, standby := pc.WaitLeaderAndSyncStandby(t, ctx, "")
+
+	cfg := daemontest.Config(t, pg)
+	cfg.Tiers["busy"] = config.Tier{ConnectionLimit: 5, PoolMode: "transaction", PoolSize: 2}
+	local := daemontest.Managed(pg)
+	_, c, stop := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local}})
+	dsn := fmt.Sprintf("host=192.0.2.1 port=1 user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
+		patroni.SuperuserName, pc.Passwords.Superuser)
+	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "pc2", DSN: dsn, Patroni: pc.URLs}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	d, c, _ := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local},
+		Poolers: map[string]config.PoolerConfig{"pc2": daemontest.Pooler(t)}})
+
+	for _, bad := range []struct {
+		what   string
+		change func(context.Context, string, api.SwitchoverRequest) (jobs.Job, error)
+		name   string
+		to     string
+		want   string
+	}{
+		{"a failover without --to", c.Failover, "pc2", "", "--to"},
+		{"an unknown member", c.Switchover, "pc2", "nosuch", "no member"},
+		{"the leader itself", c.Switchover, "pc2", leader.Name, "leader already"},
+		{"a cluster Patroni does not run", c.Switchover, local.Name, "", "not run by Patroni"},
+	} {
+		if _, err := bad.change(ctx, bad.name, api.SwitchoverRequest{To: bad.to}); !errors.Is(err, api.ErrInvalid) || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%s: got %v, want 400 naming %q", bad.what, err, bad.want)
+		}
+	}
+
+	daemontest.CreateTemplate(t, c, "w", []templates.Upload{{Name: "0001_init.sql", Body: `CREATE TABLE writes (id int NOT NULL);`}})
+	txn, err := c.CreateTenant(ctx, provision.Request{Template: "w", Cluster: "pc2", Tier: "busy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	session, err := c.CreateTenant(ctx, provision.Request{Template: "w", Cluster: "pc2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A transaction-mode client cannot keep prepared statements (PgBouncer
+	// 1.18, docs/connections.md): pgx's statement cache is off for it.
+	txnDSN := txn.DSN + map[bool]string{true: "&", false: "?"}[strings.Contains(txn.DSN, "?")] + "default_query_exec_mode=simple_protocol"
+	wt := patronitest.StartWriter(t, ctx, txnDSN)
+	ws := patronitest.StartWriter(t, ctx, session.DSN)
+	wt.WaitAcks(t, ctx, 30, "30 writes of the transaction-mode tenant")
+	ws.WaitAcks(t, ctx, 30, "30 writes of the session-mode tenant")
+
+	started := time.Now()
+	j, err := c.Switchover(ctx, "pc2", api.SwitchoverRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := c.Switchover(ctx, "pc2", api.SwitchoverRequest{}); err != nil || again.ID != j.ID {
+		t.Errorf("a second switchover while one runs: job %d, %v; want the same job %d", again.ID, err, j.ID)
+	}
+	j = waitJob(t, ctx, c, j.ID)
+	newPort := pc.Node(standby.Name).Port()
+	first := wt.WaitAckOn(t, ctx, newPort, started, 60*time.Second)
+	ws.WaitAckOn(t, ctx, newPort, started, 60*time.Second)
+	wt.WaitAcks(t, ctx, len(wt.Acks())+20, "20 writes of the transaction-mode tenant on the new leader")
+	t.Logf("switchover: job %s in %.1fs (%s), first write on %s %.1fs after the request; longest pause: transaction mode %.1fs, session mode %.1fs (%d errors)",
+		j.State, j.FinishedAt.Sub(*j.StartedAt).Seconds(), j.ProgressMsg, standby.Name, first.Sub(started).Seconds(),
+		wt.LongestPause(started).Seconds(), ws.LongestPause(started).Seconds(), ws.Errors())
+	if !strings.HasPrefix(j.ProgressMsg, standby.Name+" leads") {
+		t.Errorf("switchover job's last line %q: want it to say %s leads", j.ProgressMsg, standby.Name)
+	}
+	if n := wt.Errors(); n != 0 {
+		t.Errorf("transaction-mode client: %d errors across the switchover, want 0 (the pooler holds it); the last: %s", n, wt.LastError())
+	}
+	if n := ws.Errors(); n > 1 {
+		t.Errorf("session-mode client: %d errors across the switchover, want at most 1 (its server connection, cut once); the last: %s", n, ws.LastError())
+	}
+
+	detail, err := c.Cluster(ctx, "pc2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(detail.DSN, fmt.Sprintf("port=%d", newPort)) || !detail.SynchronousMode || len(detail.Members) != 2 {
+		t.Errorf("cluster show after the switchover: dsn %s, synchronous %v, %d members; want %s's port, synchronous, 2",
+			detail.DSN, detail.SynchronousMode, len(detail.Members), standby.Name)
+	}
+	for _, m := range detail.Members {
+		// (Patroni's timeline of the new leader is the store's, a loop
+		// behind: not checked.)
+		if (m.Name == standby.Name) != (m.Role == patroni.RoleLeader) {
+			t.Errorf("cluster show: member %+v; want %s leading", m, standby.Name)
+		}
+	}
+	if got := failovers(t, d, "pc2"); got != 1 {
+		t.Errorf("pgtenant_failovers_total{cluster=pc2}: got %v, want 1", got)
+	}
+	warm, err := c.Jobs(ctx, url.Values{"type": {string(jobs.Prewarm)}})
+	if err != nil || len(warm) == 0 || !strings.Contains(string(warm[0].Args), `"failover"`) || warm[0].Cluster != "pc2" {
+		t.Errorf("prewarm of the new primary: jobs %+v, %v; want one of pc2 for the failover", warm, err)
+	}
+
+	// A forced failover back to the old leader, once it is the synchronous
+	// standby again (Patroni promotes no other in synchronous mode).
+	pc.WaitLeaderAndSyncStandby(t, ctx, standby.Name)
+	started = time.Now()
+	j, err = c.Failover(ctx, "pc2", api.SwitchoverRequest{To: leader.Name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, ctx, c, j.ID)
+	wt.WaitAckOn(t, ctx, pc.Node(leader.Name).Port(), started, 60*time.Second)
+	ws.WaitAckOn(t, ctx, pc.Node(leader.Name).Port(), started, 60*time.Second)
+	t.Logf("failover back to %s: longest pause: transaction mode %.1fs, session mode %.1fs",
+		leader.Name, wt.LongestPause(started).Seconds(), ws.LongestPause(started).Seconds())
+
+	for _, x := range []struct {
+		w   *patronitest.Writer
+		dsn string
+	}{{wt, txn.DSN}, {ws, session.DSN}} {
+		acked := x.w.Stop()
+		patronitest.CheckRows(t, ctx, x.dsn, "through the pooler", acked)
+	}
+	if n := wt.Errors(); n != 0 {
+		t.Errorf("transaction-mode client: %d errors across the switchover and the failover, want 0; the last: %s", n, wt.LastError())
+	}
+}
+
+// waitJob waits for a job to succeed.
+func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Job {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	j, err := c.WaitJob(wctx, id, nil)
+	if err != nil || j.State != jobs.Succeeded {
+		t.Fatalf("job %d: %s (%s), %v", id, j.State, j.LastError, err)
+	}
+	return j
+}
