@@ -59,6 +59,7 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchMoveCmd(g, env))
 	cmd.AddCommand(newBenchAnalyticsCmd(g, env))
 	cmd.AddCommand(newBenchRestoreCmd(g, env))
+	cmd.AddCommand(newBenchFailoverCmd(g, env))
 	return cmd
 }
 

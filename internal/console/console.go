@@ -125,6 +125,8 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /rollouts/{id}/{action}", c.page(c.confirmRollout))
 	m.HandleFunc("POST /rollouts/{id}/{action}", c.action(c.rolloutAction))
 	m.HandleFunc("GET /clusters", c.page(c.clusters))
+	m.HandleFunc("GET /clusters/{name}/switchover", c.page(c.confirmSwitchover))
+	m.HandleFunc("POST /clusters/{name}/switchover", c.action(c.switchover))
 	c.mux = m
 }
 

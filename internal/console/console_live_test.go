@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"html"
-	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"net/url"
 	"regexp"
 	"strings"
@@ -18,6 +16,7 @@ import (
 	"github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/console/consoletest"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
@@ -67,69 +66,28 @@ func startFleet(t *testing.T) fleet {
 
 // browser is an HTTP client with a cookie jar that does not follow
 // redirects and posts forms from the console's own origin.
-type browser struct {
-	t    *testing.T
-	base string
-	hc   *http.Client
-}
-
-func newBrowser(t *testing.T, base string) *browser {
-	jar, _ := cookiejar.New(nil)
-	return &browser{t: t, base: base, hc: &http.Client{Jar: jar,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}}
-}
-
-func (b *browser) get(path string) (int, string) {
-	b.t.Helper()
-	resp, err := b.hc.Get(b.base + path)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
-}
-
-func (b *browser) post(path, origin string, form url.Values) (int, string, string) {
-	b.t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, b.base+path, strings.NewReader(form.Encode()))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	if origin != "" {
-		req.Header.Set("Origin", origin)
-	}
-	resp, err := b.hc.Do(req)
-	if err != nil {
-		b.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, resp.Header.Get("Location"), string(body)
-}
-
-var csrfRE = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
-
 // TestConsole_Pages: logged in, the search finds a tenant by part of its
 // name or external id (and not the other), every page renders from a real
 // daemon, and a missing tenant is the API's 404.
 func TestConsole_Pages(t *testing.T) {
 	f := startFleet(t)
-	b := newBrowser(t, f.base)
-	if status, page := b.get("/tenants"); status != 200 || !strings.Contains(page, `name="token"`) {
+	b := consoletest.New(t, f.base)
+	if status, page := b.Get("/tenants"); status != 200 || !strings.Contains(page, `name="token"`) {
 		t.Fatalf("/tenants without a session: %d, no login form", status)
 	}
-	if status, loc, _ := b.post("/login", f.base, url.Values{"token": {f.token}}); status != http.StatusSeeOther || loc != "/" {
+	if status, loc, _ := b.Post("/login", f.base, url.Values{"token": {f.token}}); status != http.StatusSeeOther || loc != "/" {
 		t.Fatalf("login: %d %s", status, loc)
 	}
 	for _, q := range []string{"acme", "ACME-4", f.acme.ID} {
-		_, page := b.get("/tenants?q=" + url.QueryEscape(q))
+		_, page := b.Get("/tenants?q=" + url.QueryEscape(q))
 		if !strings.Contains(page, f.acme.ID) || strings.Contains(page, f.globex.ID) {
 			t.Errorf("search %q: want %s only:\n%s", q, f.acme.ID, page)
 		}
 	}
-	if _, page := b.get("/tenants?tier=gold&state=active"); !strings.Contains(page, "no tenant matches") {
+	if _, page := b.Get("/tenants?tier=gold&state=active"); !strings.Contains(page, "no tenant matches") {
 		t.Errorf("filter by an unused tier lists tenants:\n%s", page)
 	}
-	if _, page := b.get("/tenants?sort=size"); !strings.Contains(page, f.acme.ID) || !strings.Contains(page, f.globex.ID) {
+	if _, page := b.Get("/tenants?sort=size"); !strings.Contains(page, f.acme.ID) || !strings.Contains(page, f.globex.ID) {
 		t.Errorf("sorted list lacks a tenant:\n%s", page)
 	}
 	for path, want := range map[string][]string{
@@ -142,7 +100,7 @@ func TestConsole_Pages(t *testing.T) {
 		"/clusters":                        {"local", "Steps held by the pacer now"},
 		"/tenants/" + f.acme.ID + "/purge": {"Purge now?", "cannot be undone", `name="csrf"`},
 	} {
-		status, page := b.get(path)
+		status, page := b.Get(path)
 		if status != 200 {
 			t.Errorf("GET %s: %d\n%s", path, status, page)
 			continue
@@ -156,7 +114,7 @@ func TestConsole_Pages(t *testing.T) {
 	// Paged one by one, by id and by size: each page has one tenant and
 	// links to the next or previous page, keeping the filters.
 	for _, first := range []string{"/tenants?per=1&state=active", "/tenants?per=1&state=active&sort=size"} {
-		_, p1 := b.get(first)
+		_, p1 := b.Get(first)
 		next := regexp.MustCompile(`href="([^"]+)" id="next"`).FindStringSubmatch(p1)
 		if next == nil {
 			t.Fatalf("%s: no next link:\n%s", first, p1)
@@ -165,7 +123,7 @@ func TestConsole_Pages(t *testing.T) {
 		if !strings.Contains(nextURL, "state=active") || !strings.Contains(nextURL, "per=1") {
 			t.Errorf("%s: next link %s drops the filters", first, nextURL)
 		}
-		_, p2 := b.get(nextURL)
+		_, p2 := b.Get(nextURL)
 		for _, tn := range []api.Tenant{f.acme, f.globex} {
 			in1, in2 := strings.Contains(p1, tn.ID), strings.Contains(p2, tn.ID)
 			if in1 == in2 {
@@ -176,7 +134,7 @@ func TestConsole_Pages(t *testing.T) {
 			t.Errorf("%s: the last page has a next link or no previous one", first)
 		}
 	}
-	if status, page := b.get("/tenants/abcdefghijkl"); status != 404 || !strings.Contains(page, "not found") {
+	if status, page := b.Get("/tenants/abcdefghijkl"); status != 404 || !strings.Contains(page, "not found") {
 		t.Errorf("missing tenant: %d\n%s", status, page)
 	}
 }
@@ -188,10 +146,10 @@ func TestConsole_Pages(t *testing.T) {
 func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 	f := startFleet(t)
 	ctx := pgtest.Context(t)
-	b := newBrowser(t, f.base)
-	b.post("/login", f.base, url.Values{"token": {f.token}})
-	_, page := b.get("/tenants/" + f.acme.ID + "/suspend")
-	m := csrfRE.FindStringSubmatch(page)
+	b := consoletest.New(t, f.base)
+	b.Post("/login", f.base, url.Values{"token": {f.token}})
+	_, page := b.Get("/tenants/" + f.acme.ID + "/suspend")
+	m := consoletest.CSRF.FindStringSubmatch(page)
 	if m == nil {
 		t.Fatalf("confirmation page without a CSRF token:\n%s", page)
 	}
@@ -199,16 +157,16 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 	path := "/tenants/" + f.acme.ID + "/suspend"
 	for _, tc := range []struct {
 		name   string
-		b      *browser
+		b      *consoletest.Browser
 		origin string
 		form   url.Values
 	}{
 		{"no csrf", b, f.base, url.Values{}},
 		{"wrong csrf", b, f.base, url.Values{"csrf": {csrf + "x"}}},
 		{"other origin", b, "http://evil.example", url.Values{"csrf": {csrf}}},
-		{"no session", newBrowser(t, f.base), f.base, url.Values{"csrf": {csrf}}},
+		{"no session", consoletest.New(t, f.base), f.base, url.Values{"csrf": {csrf}}},
 	} {
-		if status, _, _ := tc.b.post(path, tc.origin, tc.form); status != http.StatusForbidden {
+		if status, _, _ := tc.b.Post(path, tc.origin, tc.form); status != http.StatusForbidden {
 			t.Errorf("%s: status %d, want 403", tc.name, status)
 		}
 	}
@@ -234,7 +192,7 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 		{f.globex.ID, "password", ""},
 		{f.globex.ID, "restore", catalog.StateActive},
 	} {
-		status, loc, body := b.post("/tenants/"+step.tenant+"/"+step.action, f.base, url.Values{"csrf": {csrf}})
+		status, loc, body := b.Post("/tenants/"+step.tenant+"/"+step.action, f.base, url.Values{"csrf": {csrf}})
 		if step.want == "" {
 			if status != http.StatusConflict || !strings.Contains(body, "is dropped and cannot log in") {
 				t.Errorf("%s of a dropped tenant: %d, want the API's 409 and its message\n%s", step.action, status, body)
@@ -248,7 +206,7 @@ func TestConsole_ActionsNeedCSRFAndOrigin(t *testing.T) {
 			t.Errorf("after %s: %s, want %s", step.action, got, step.want)
 		}
 	}
-	status, _, body := b.post("/tenants/"+f.acme.ID+"/password", f.base, url.Values{"csrf": {csrf}})
+	status, _, body := b.Post("/tenants/"+f.acme.ID+"/password", f.base, url.Values{"csrf": {csrf}})
 	dsn := regexp.MustCompile(`<th>direct DSN</th><td><code>([^<]+)</code>|<th>DSN</th><td><code>([^<]+)</code>`).FindStringSubmatch(body)
 	if status != 200 || dsn == nil {
 		t.Fatalf("password: %d\n%s", status, body)
@@ -307,26 +265,26 @@ func TestConsole_RolloutErrorsAndRetry(t *testing.T) {
 	}
 	waitRollout(catalog.RolloutFailed)
 
-	b := newBrowser(t, f.base)
-	b.post("/login", f.base, url.Values{"token": {f.token}})
+	b := consoletest.New(t, f.base)
+	b.Post("/login", f.base, url.Values{"token": {f.token}})
 	path := fmt.Sprintf("/rollouts/%d", id)
-	_, page := b.get(path)
+	_, page := b.Get(path)
 	for _, want := range []string{`id="state">failed`, "org_name_ok", f.globex.ID, `id="action-retry"`, "1 failed"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("failed rollout page lacks %q:\n%s", want, page)
 		}
 	}
-	_, confirm := b.get(path + "/retry")
-	m := csrfRE.FindStringSubmatch(confirm)
+	_, confirm := b.Get(path + "/retry")
+	m := consoletest.CSRF.FindStringSubmatch(confirm)
 	if m == nil {
 		t.Fatalf("retry confirmation without a CSRF token:\n%s", confirm)
 	}
 	exec(`DELETE FROM organizations WHERE name = 'bad'`)
-	if status, loc, body := b.post(path+"/retry", f.base, url.Values{"csrf": {m[1]}}); status != http.StatusSeeOther || loc != path+"?done=retry" {
+	if status, loc, body := b.Post(path+"/retry", f.base, url.Values{"csrf": {m[1]}}); status != http.StatusSeeOther || loc != path+"?done=retry" {
 		t.Fatalf("retry: %d %s\n%s", status, loc, body)
 	}
 	waitRollout(catalog.RolloutSucceeded)
-	if _, page := b.get(path); !strings.Contains(page, `id="state">succeeded`) || strings.Contains(page, `id="action-retry"`) {
+	if _, page := b.Get(path); !strings.Contains(page, `id="state">succeeded`) || strings.Contains(page, `id="action-retry"`) {
 		t.Errorf("succeeded rollout page:\n%s", page)
 	}
 }
@@ -352,9 +310,9 @@ func TestConsole_TenantCharts(t *testing.T) {
 	if err := store.InsertRollups(ctx, rs); err != nil {
 		t.Fatal(err)
 	}
-	b := newBrowser(t, f.base)
-	b.post("/login", f.base, url.Values{"token": {f.token}})
-	_, page := b.get("/tenants/" + f.acme.ID + "?history=1h")
+	b := consoletest.New(t, f.base)
+	b.Post("/login", f.base, url.Values{"token": {f.token}})
+	_, page := b.Get("/tenants/" + f.acme.ID + "?history=1h")
 	if n := strings.Count(page, "<polyline"); n != 4 {
 		t.Errorf("%d charts drawn, want 4 (size, connections, commits/s, hit ratio):\n%s", n, page)
 	}

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"cmp"
 	"fmt"
 	"html/template"
 	"net/http"
@@ -226,6 +227,7 @@ var doneMessages = map[string]string{
 	"suspend": "Suspended.", "resume": "Resumed.", "drop": "Dropped: restorable until its purge.",
 	"restore": "Restored.", "purge": "Purge started.", "continue": "The rollout goes on.", "retry": "Failed tenants queued again.",
 	"cancel-job": "Cancel asked: the job stops at its next step.", "retry-job": "The job is queued again.",
+	"switchover": "Switchover started: the cluster's clients wait in its PgBouncer while the leader changes.",
 }
 
 // confirmTenant is the confirmation page of a tenant action (GET); its
@@ -539,9 +541,50 @@ func (c *Console) clusters(w http.ResponseWriter, r *http.Request, v view) error
 	if err != nil {
 		return err
 	}
-	v["Clusters"], v["Waiting"] = cls, waiting
+	// Clusters Patroni runs: their members, from Patroni now.
+	var patroniClusters []api.ClusterDetail
+	for _, cl := range cls {
+		if len(cl.Patroni) == 0 {
+			continue
+		}
+		d, err := c.client().Cluster(r.Context(), cl.Name)
+		if err != nil {
+			return err
+		}
+		patroniClusters = append(patroniClusters, d)
+	}
+	v["Clusters"], v["Waiting"], v["Patroni"] = cls, waiting, patroniClusters
+	v["Done"] = doneMessages[r.URL.Query().Get("done")]
 	v["Charts"] = c.clusterCharts(c.clock())
 	v["Refresh"] = 10
 	c.render(w, http.StatusOK, "clusters.html", v)
+	return nil
+}
+
+// confirmSwitchover is the confirmation page of a Patroni cluster's
+// switchover to a member (?to=; none: Patroni's choice).
+func (c *Console) confirmSwitchover(w http.ResponseWriter, r *http.Request, v view) error {
+	name, to := r.PathValue("name"), r.URL.Query().Get("to")
+	if _, err := c.client().Cluster(r.Context(), name); err != nil {
+		return err
+	}
+	v["Title"] = "Switch over"
+	v["What"] = "cluster " + name + ": the leader hands over to " + cmp.Or(to, "the synchronous standby")
+	v["Says"] = "The cluster's PgBouncer pauses its clients (transactions in flight end; session-mode clients lose their server connection once), " +
+		"Patroni stops the leader cleanly and promotes the standby, pgtenant follows it, and the clients go on through the same DSN. The old leader rejoins as a standby."
+	v["Action"], v["Back"] = r.URL.Path, "/clusters"
+	v["Fields"] = map[string]string{"to": to}
+	c.render(w, http.StatusOK, "confirm.html", v)
+	return nil
+}
+
+// switchover starts a confirmed switchover through the API and shows its
+// job.
+func (c *Console) switchover(w http.ResponseWriter, r *http.Request, v view) error {
+	j, err := c.client().Switchover(r.Context(), r.PathValue("name"), api.SwitchoverRequest{To: r.PostFormValue("to")})
+	if err != nil {
+		return err
+	}
+	http.Redirect(w, r, fmt.Sprintf("/jobs/%d?done=switchover", j.ID), http.StatusSeeOther)
 	return nil
 }

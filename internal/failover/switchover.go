@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/patroni"
 )
@@ -179,6 +180,12 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 		return err
 	}
 
+	// The old leader's shutdown checkpoint is most of the pause: one
+	// taken before it leaves that one little to write.
+	r.Note(ctx, "checkpoint on "+leader.Name+" before the pause")
+	if err := checkpoint(ctx, c.DSN); err != nil && leader.Name != "" {
+		f.Logger.Warn("checkpoint before a switchover failed; going on", "cluster", c.Name, "err", err)
+	}
 	front := f.Poolers.Get(c.Name)
 	var paused time.Time
 	if front != nil {
@@ -197,23 +204,48 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 		}()
 	}
 	r.Note(ctx, fmt.Sprintf("asking Patroni to make %s the leader", to.Name))
+	// Patroni answers the request on a whole second (it checks the result
+	// once a second): the new leader's own answer as primary comes first,
+	// and ends the pause. The request runs to its end meanwhile.
+	asked := make(chan error, 1)
+	go func() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), switchTimeout)
+		defer cancel()
+		if a.Force {
+			asked <- pc.Failover(actx, to.Name)
+		} else {
+			asked <- pc.Switchover(actx, leader.Name, to.Name)
+		}
+	}()
 	sctx, cancel := context.WithTimeout(ctx, switchTimeout)
 	defer cancel()
-	if a.Force {
-		err = pc.Failover(sctx, to.Name)
-	} else {
-		err = pc.Switchover(sctx, leader.Name, to.Name)
-	}
-	if err != nil {
-		return jobs.Permanent(err)
-	}
-	r.Note(ctx, "waiting for "+to.Name+" to answer as primary")
-	if err := waitPrimary(sctx, pc, to); err != nil {
-		return err
+	primary := make(chan error, 1)
+	go func() { primary <- waitPrimary(sctx, pc, to, c.DSN) }()
+	select {
+	case err := <-asked:
+		if err != nil {
+			cancel()
+			<-primary
+			return jobs.Permanent(err)
+		}
+		if err := <-primary; err != nil {
+			return err
+		}
+	case err := <-primary:
+		if err != nil {
+			return err
+		}
 	}
 	r.Note(ctx, "re-pointing pgtenant and the front door at "+to.Name)
 	if err := f.follow(ctx, c); err != nil {
 		return err
+	}
+	select {
+	case err := <-asked:
+		if err != nil {
+			f.Logger.Warn("Patroni answered the switchover with an error, but its candidate leads", "cluster", c.Name, "leader", to.Name, "err", err)
+		}
+	default: // still waiting for its whole second
 	}
 	done := fmt.Sprintf("%s leads (was %s)", to.Name, leader.Name)
 	if !paused.IsZero() {
@@ -230,19 +262,59 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 	return nil
 }
 
-// waitPrimary polls until m answers as primary.
-func waitPrimary(ctx context.Context, pc *patroni.Client, m patroni.Member) error {
+// waitPrimary polls until m answers as primary: Patroni says so (it does
+// from the promote on), and PostgreSQL, through dsn pointed at m, has
+// left recovery (writes sent before would fail as read-only).
+func waitPrimary(ctx context.Context, pc *patroni.Client, m patroni.Member, dsn string) error {
+	dsn, err := cluster.WithHostPort(dsn, m.Host, m.Port)
+	if err != nil {
+		return err
+	}
 	for {
 		ok, err := pc.Check(ctx, m.BaseURL(), patroni.CheckPrimary)
 		if ok {
-			return nil
+			if err = writable(ctx, dsn); err == nil {
+				return nil
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%s does not answer as primary: %w (last: %v)", m.Name, ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// checkpoint runs CHECKPOINT on the server at dsn (the leader).
+func checkpoint(ctx context.Context, dsn string) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	conn, err := cluster.ConnectDSN(cctx, dsn, "")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(cctx, "CHECKPOINT")
+	return err
+}
+
+// writable reports (nil) that the server at dsn is out of recovery.
+func writable(ctx context.Context, dsn string) error {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := cluster.ConnectDSN(cctx, dsn, "")
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var recovering bool
+	if err := conn.QueryRow(cctx, `SELECT pg_catalog.pg_is_in_recovery()`).Scan(&recovering); err != nil {
+		return err
+	}
+	if recovering {
+		return errors.New("still in recovery")
+	}
+	return nil
 }
 
 // follow runs one check of the cluster now: the registry, the catalog and

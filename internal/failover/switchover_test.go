@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/console/consoletest"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -29,8 +31,9 @@ import (
 // session-mode one loses its server connection once, when the old
 // leader stops); every acknowledged row is there once; cluster show
 // lists the members with their roles; the new primary is prewarmed. Then
-// `cluster failover --to` the old leader brings it back. Requests that
-// cannot be carried out answer 400 naming why.
+// `cluster failover --to` the old leader brings it back, and the
+// console's switchover link hands over again. Requests that cannot be
+// carried out answer 400 naming why.
 func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	t.Cleanup(cancel)
@@ -148,15 +151,37 @@ func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
 	t.Logf("failover back to %s: longest pause: transaction mode %.1fs, session mode %.1fs",
 		leader.Name, wt.LongestPause(started).Seconds(), ws.LongestPause(started).Seconds())
 
+	// The console's clusters page lists the members, each standby with a
+	// switchover link, and its confirmation starts one.
+	b := consoletest.New(t, d.URL())
+	b.Login(d.Token())
+	status, page := b.Get("/clusters")
+	for _, want := range []string{"pc2: members (Patroni)", "synchronous replication", "/clusters/pc2/switchover?to=" + standby.Name} {
+		if status != http.StatusOK || !strings.Contains(page, want) {
+			t.Fatalf("console /clusters: %d, no %q in:\n%s", status, want, page)
+		}
+	}
+	pc.WaitLeaderAndSyncStandby(t, ctx, leader.Name)
+	started = time.Now()
+	status, loc := b.Confirm("/clusters/pc2/switchover?to=" + standby.Name)
+	var id int64
+	if _, err := fmt.Sscanf(loc, "/jobs/%d?done=switchover", &id); status != http.StatusSeeOther || err != nil {
+		t.Fatalf("console switchover: %d to %q, want a redirect to its job", status, loc)
+	}
+	waitJob(t, ctx, c, id)
+	wt.WaitAckOn(t, ctx, newPort, started, 60*time.Second)
+	t.Logf("console switchover to %s: longest pause: transaction mode %.1fs", standby.Name, wt.LongestPause(started).Seconds())
+
+	// Counted before the writers stop (a stop cancels a write in flight).
+	if n := wt.Errors(); n != 0 {
+		t.Errorf("transaction-mode client: %d errors across the switchovers and the failover, want 0; the last: %s", n, wt.LastError())
+	}
 	for _, x := range []struct {
 		w   *patronitest.Writer
 		dsn string
 	}{{wt, txn.DSN}, {ws, session.DSN}} {
 		acked := x.w.Stop()
 		patronitest.CheckRows(t, ctx, x.dsn, "through the pooler", acked)
-	}
-	if n := wt.Errors(); n != 0 {
-		t.Errorf("transaction-mode client: %d errors across the switchover and the failover, want 0; the last: %s", n, wt.LastError())
 	}
 }
 

@@ -223,6 +223,29 @@ func (c *Client) SynchronousMode(ctx context.Context) (bool, error) {
 	return false, fmt.Errorf("patroni config: %w", errors.Join(errs...))
 }
 
+// SetSynchronousMode turns synchronous_mode on or off in the cluster's
+// dynamic configuration (PATCH /config); each node applies it at its next
+// loop.
+func (c *Client) SetSynchronousMode(ctx context.Context, on bool) error {
+	body, err := json.Marshal(map[string]bool{"synchronous_mode": on})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, u := range c.urls {
+		status, resp, err := c.do(ctx, http.MethodPatch, u+"/config", body)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if status != http.StatusOK {
+			return fmt.Errorf("PATCH %s/config: %d %s", u, status, strings.TrimSpace(string(resp)))
+		}
+		return nil
+	}
+	return fmt.Errorf("patroni config: %w", errors.Join(errs...))
+}
+
 // Check is a REST health endpoint: 200 when the node is what it names,
 // 503 when it is not.
 type Check string

@@ -22,9 +22,17 @@ type EtcdOptions struct {
 	Dir string
 	// Name is the member's name; default "etcd".
 	Name string
-	// ClientPort and PeerPort are loopback ports; 0 picks a free one.
+	// ClientPort and PeerPort are loopback ports; 0 takes the ones the
+	// member had (Dir/ports.json: its data dir records its peer address),
+	// or picks free ones the first time.
 	ClientPort, PeerPort int
 	Logger               *slog.Logger
+}
+
+// etcdPorts is Dir/ports.json.
+type etcdPorts struct {
+	Client int `json:"client"`
+	Peer   int `json:"peer"`
 }
 
 // Etcd is a running one-member etcd, a child process of the caller.
@@ -40,6 +48,15 @@ type Etcd struct {
 // default, --enable-v2) is not needed.
 func StartEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	opts.Name = cmp.Or(opts.Name, "etcd")
+	portsPath := filepath.Join(opts.Dir, "ports.json")
+	if opts.ClientPort == 0 && opts.PeerPort == 0 {
+		if b, err := os.ReadFile(portsPath); err == nil {
+			var kept etcdPorts
+			if json.Unmarshal(b, &kept) == nil {
+				opts.ClientPort, opts.PeerPort = kept.Client, kept.Peer
+			}
+		}
+	}
 	var err error
 	if opts.ClientPort == 0 {
 		if opts.ClientPort, err = freePort(); err != nil {
@@ -57,6 +74,11 @@ func StartEtcd(ctx context.Context, opts EtcdOptions) (*Etcd, error) {
 	}
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create etcd dir: %w", err)
+	}
+	if b, err := json.Marshal(etcdPorts{Client: opts.ClientPort, Peer: opts.PeerPort}); err == nil {
+		if err := os.WriteFile(portsPath, b, 0o644); err != nil {
+			return nil, fmt.Errorf("etcd: %w", err)
+		}
 	}
 	client := "http://127.0.0.1:" + strconv.Itoa(opts.ClientPort)
 	peer := "http://127.0.0.1:" + strconv.Itoa(opts.PeerPort)

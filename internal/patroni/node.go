@@ -195,6 +195,10 @@ func (n *Node) DataDir() string { return filepath.Join(n.opts.Dir, "data") }
 // ConfigPath is the node's Patroni config file.
 func (n *Node) ConfigPath() string { return filepath.Join(n.opts.Dir, "patroni.yml") }
 
+// PostmasterPID is the pid of the node's running postmaster, 0 when none
+// runs: what a test or a bench kills for a crash of PostgreSQL alone.
+func (n *Node) PostmasterPID() int { return postmasterPID(n.DataDir()) }
+
 // LogPath is the file Patroni's output goes to.
 func (n *Node) LogPath() string { return filepath.Join(n.opts.Dir, "patroni.log") }
 

@@ -58,16 +58,16 @@ type Front struct {
 	// proxy of the operator's), which Repoint leaves alone.
 	fixedServer bool
 
-	once     sync.Once
-	kick     chan struct{}
-	mu       sync.Mutex
-	req      uint64
-	done     uint64
-	doneErr  error
-	doneCh   chan struct{}
-	paused   map[string]bool // PAUSEd by Pause: left paused by syncs
+	once    sync.Once
+	kick    chan struct{}
+	mu      sync.Mutex
+	req     uint64
+	done    uint64
+	doneErr error
+	doneCh  chan struct{}
+	paused  map[string]bool // PAUSEd by Pause: left paused by syncs
 	// unhold ends a Hold: it stops the session waiting on the PAUSE.
-	unhold context.CancelFunc
+	unhold   context.CancelFunc
 	snap     Snapshot
 	lastSync time.Time
 	window   time.Duration // the current least time between two syncs asked for by changes

@@ -16,9 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,13 +37,8 @@ type Options struct {
 	Programs []string
 }
 
-// Cluster is one etcd and the Patroni nodes on it.
-type Cluster struct {
-	Passwords patroni.Passwords
-	Nodes     []*patroni.Node
-	URLs      []string // the nodes' REST APIs, as Nodes
-	Client    *patroni.Client
-}
+// Cluster is the Patroni nodes of a test cluster, on their etcd.
+type Cluster struct{ *patroni.Cluster }
 
 // packages are the Debian packages of the programs Start may need, for the
 // skip message.
@@ -85,10 +77,6 @@ func Start(t testing.TB, ctx context.Context, opts Options) *Cluster {
 			t.Error(err)
 		}
 	})
-	pw, err := patroni.NewPasswords()
-	if err != nil {
-		t.Fatal(err)
-	}
 	settings := patroni.DefaultSettings()
 	// Small servers: the nodes share 2 cores with other tests. fsync off is
 	// safe here: the tests kill processes, never the machine.
@@ -96,54 +84,28 @@ func Start(t testing.TB, ctx context.Context, opts Options) *Cluster {
 	for k, v := range opts.Parameters {
 		settings.Parameters[k] = v
 	}
-	c := &Cluster{Passwords: pw}
-	for i := range max(opts.Nodes, 2) {
-		name := "n" + strconv.Itoa(i+1)
-		n, err := patroni.NewNode(patroni.NodeOptions{
-			Cluster: opts.Scope, Name: name, Dir: filepath.Join(dir, name), Etcd: []string{etcd.Endpoint()},
-			Settings: settings, Passwords: pw, Logger: log,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.Nodes = append(c.Nodes, n)
-		c.URLs = append(c.URLs, n.APIURL())
+	pc, err := patroni.NewCluster(patroni.ClusterOptions{Scope: opts.Scope, Dir: filepath.Join(dir, opts.Scope), Nodes: max(opts.Nodes, 2),
+		Etcd: []string{etcd.Endpoint()}, Settings: settings, Logger: log})
+	if err != nil {
+		t.Fatal(err)
 	}
+	c := &Cluster{pc}
 	// Nodes stop before etcd (cleanups run last first): a Patroni without
 	// its store would demote and retry until killed.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 		defer cancel()
-		var wg sync.WaitGroup
-		for _, n := range c.Nodes {
-			wg.Go(func() {
-				if err := n.Stop(ctx); err != nil {
-					t.Error(err)
-				}
-			})
+		if err := c.Stop(ctx); err != nil {
+			t.Error(err)
 		}
-		wg.Wait()
 		if t.Failed() {
 			for _, n := range c.Nodes {
 				t.Logf("%s's patroni.log ends:\n%s", n.Name(), tail(Log(t, n), 4000))
 			}
 		}
 	})
-	// The first node bootstraps (initdb) before the others start, so that
-	// they make standbys instead of racing for the initialize key.
-	if err := c.Nodes[0].Start(ctx); err != nil {
+	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
-	}
-	c.Client = patroni.NewClient(c.URLs, nil)
-	wctx, wcancel := context.WithTimeout(ctx, 90*time.Second)
-	defer wcancel()
-	if _, err := c.Client.WaitLeader(wctx); err != nil {
-		t.Fatalf("first node bootstrapping: %v", err)
-	}
-	for _, n := range c.Nodes[1:] {
-		if err := n.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return c
 }
@@ -151,30 +113,17 @@ func Start(t testing.TB, ctx context.Context, opts Options) *Cluster {
 // Node is the node called name. Names come from Patroni's members, so a
 // name the cluster does not have is a bug in the test.
 func (c *Cluster) Node(name string) *patroni.Node {
-	for _, n := range c.Nodes {
-		if n.Name() == name {
-			return n
-		}
+	if n := c.Cluster.Node(name); n != nil {
+		return n
 	}
 	panic("patronitest: no node " + name)
 }
 
 // DSN is the clients' multi-host DSN: whichever node is read-write.
-func (c *Cluster) DSN() string {
-	var hosts, ports []string
-	for _, n := range c.Nodes {
-		hosts = append(hosts, "127.0.0.1")
-		ports = append(ports, strconv.Itoa(n.Port()))
-	}
-	return fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2 target_session_attrs=read-write",
-		strings.Join(hosts, ","), strings.Join(ports, ","), patroni.SuperuserName, c.Passwords.Superuser)
-}
+func (c *Cluster) DSN() string { return c.PrimaryDSN("postgres") }
 
 // NodeDSN is one node's DSN, primary or standby.
-func (c *Cluster) NodeDSN(name string) string {
-	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
-		c.Node(name).Port(), patroni.SuperuserName, c.Passwords.Superuser)
-}
+func (c *Cluster) NodeDSN(name string) string { return c.Cluster.DSN(c.Node(name).Port(), "postgres") }
 
 // WaitLeaderAndSyncStandby waits until the cluster has a running leader
 // (leader, when not "") and a running synchronous standby that streams,

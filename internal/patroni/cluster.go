@@ -1,0 +1,241 @@
+package patroni
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// ClusterOptions describe the Patroni nodes of one cluster on this
+// machine, on an etcd already running.
+type ClusterOptions struct {
+	Scope string // Patroni's scope: the cluster's name
+	// Dir holds the cluster's state file (Dir/patroni.json: its passwords
+	// and its nodes' ports, kept so that a restart finds the same servers
+	// at the same addresses) and a dir per node (Dir/n1, Dir/n2, …).
+	Dir      string
+	Nodes    int      // nodes to run, named n1, n2, …; nodes the state has beyond it are run too
+	Etcd     []string // etcd client endpoints, host:port
+	Settings Settings
+	Logger   *slog.Logger
+}
+
+// Cluster is the Patroni nodes of one cluster on this machine.
+type Cluster struct {
+	opts      ClusterOptions
+	Passwords Passwords
+	Nodes     []*Node
+	URLs      []string // the nodes' REST APIs, as Nodes
+	Client    *Client
+}
+
+// clusterState is Dir/patroni.json.
+type clusterState struct {
+	Passwords Passwords   `json:"passwords"`
+	Nodes     []nodePorts `json:"nodes"`
+}
+
+type nodePorts struct {
+	Name     string `json:"name"`
+	Port     int    `json:"port"`
+	RESTPort int    `json:"rest_port"`
+}
+
+// NewCluster prepares the cluster's nodes: the state in Dir, made the
+// first time (new passwords, free ports), and each node's config. It
+// starts nothing.
+func NewCluster(opts ClusterOptions) (*Cluster, error) {
+	if opts.Nodes < 1 {
+		return nil, errors.New("patroni cluster: at least one node")
+	}
+	if err := os.MkdirAll(opts.Dir, 0o711); err != nil {
+		return nil, fmt.Errorf("patroni cluster %s: %w", opts.Scope, err)
+	}
+	path := filepath.Join(opts.Dir, "patroni.json")
+	var st clusterState
+	switch b, err := os.ReadFile(path); {
+	case err == nil:
+		if err := json.Unmarshal(b, &st); err != nil {
+			return nil, fmt.Errorf("patroni cluster %s: %s: %w", opts.Scope, path, err)
+		}
+	case errors.Is(err, os.ErrNotExist):
+		if st.Passwords, err = NewPasswords(); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, err
+	}
+	c := &Cluster{opts: opts, Passwords: st.Passwords}
+	for i := range max(opts.Nodes, len(st.Nodes)) {
+		if i == len(st.Nodes) {
+			st.Nodes = append(st.Nodes, nodePorts{Name: "n" + strconv.Itoa(i+1)})
+		}
+		np := &st.Nodes[i]
+		n, err := NewNode(NodeOptions{Cluster: opts.Scope, Name: np.Name, Dir: filepath.Join(opts.Dir, np.Name), Etcd: opts.Etcd,
+			Port: np.Port, RESTPort: np.RESTPort, Settings: opts.Settings, Passwords: st.Passwords, Logger: opts.Logger})
+		if err != nil {
+			return nil, err
+		}
+		np.Port, np.RESTPort = n.Port(), n.opts.RESTPort
+		c.Nodes = append(c.Nodes, n)
+		c.URLs = append(c.URLs, n.APIURL())
+	}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return nil, fmt.Errorf("patroni cluster %s: write %s: %w", opts.Scope, path, err)
+	}
+	c.Client = NewClient(c.URLs, nil)
+	return c, nil
+}
+
+// Start starts the nodes and waits for a leader. A new cluster's first
+// node bootstraps (initdb) before the others start, so that they make
+// standbys instead of racing for the store's initialize key; an existing
+// one's nodes all start at once (in synchronous mode only the
+// synchronous standby of before may lead, whichever node that was).
+func (c *Cluster) Start(ctx context.Context) error {
+	made := false
+	for _, n := range c.Nodes {
+		if _, err := os.Stat(filepath.Join(n.DataDir(), "PG_VERSION")); err == nil {
+			made = true
+		}
+	}
+	first := c.Nodes
+	if !made {
+		first = c.Nodes[:1]
+	}
+	for _, n := range first {
+		if err := n.Start(ctx); err != nil {
+			return err
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, err := c.Client.WaitLeader(wctx); err != nil {
+		return fmt.Errorf("patroni cluster %s: %w; %s", c.opts.Scope, err, c.logTails())
+	}
+	if !made {
+		for _, n := range c.Nodes[1:] {
+			if err := n.Start(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// logTails are the last lines of each node's Patroni log, for an error.
+func (c *Cluster) logTails() string {
+	var parts []string
+	for _, n := range c.Nodes {
+		parts = append(parts, fmt.Sprintf("%s's %s ends: %s", n.Name(), n.LogPath(), strings.TrimSpace(tailFile(n.LogPath(), 600))))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Stop stops the nodes, the replicas first: the leader last, so that no
+// replica takes over from a leader that stops.
+func (c *Cluster) Stop(ctx context.Context) error {
+	leader := ""
+	if m, err := c.Client.Leader(ctx); err == nil {
+		leader = m.Name
+	}
+	var errs []error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, n := range c.Nodes {
+		if n.Name() == leader {
+			continue
+		}
+		wg.Go(func() {
+			if err := n.Stop(ctx); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for _, n := range c.Nodes {
+		if n.Name() == leader {
+			errs = append(errs, n.Stop(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Node is the node called name, nil when the cluster has none.
+func (c *Cluster) Node(name string) *Node {
+	for _, n := range c.Nodes {
+		if n.Name() == name {
+			return n
+		}
+	}
+	return nil
+}
+
+// DSN is a DSN of the superuser to database on the node at port.
+func (c *Cluster) DSN(port int, database string) string {
+	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable connect_timeout=2",
+		port, SuperuserName, c.Passwords.Superuser, database)
+}
+
+// PrimaryDSN is a multi-host DSN of the superuser to database that
+// connects to whichever node is read-write: it follows the leader.
+func (c *Cluster) PrimaryDSN(database string) string {
+	var hosts, ports []string
+	for _, n := range c.Nodes {
+		hosts = append(hosts, "127.0.0.1")
+		ports = append(ports, strconv.Itoa(n.Port()))
+	}
+	return fmt.Sprintf("host=%s port=%s user=%s password=%s dbname=%s sslmode=disable connect_timeout=2 target_session_attrs=read-write",
+		strings.Join(hosts, ","), strings.Join(ports, ","), SuperuserName, c.Passwords.Superuser, database)
+}
+
+// Name is the cluster's name (Patroni's scope).
+func (c *Cluster) Name() string { return c.opts.Scope }
+
+// SupervisedNodes, Running, StartNode and LogHint let a fleet.Supervisor
+// keep the nodes' Patroni processes running (Patroni keeps its
+// PostgreSQL running).
+func (c *Cluster) SupervisedNodes() []string {
+	names := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		names[i] = n.Name()
+	}
+	return names
+}
+
+// Running reports whether the node's Patroni runs.
+func (c *Cluster) Running(node string) bool {
+	n := c.Node(node)
+	return n != nil && n.proc != nil && !n.proc.exited()
+}
+
+// StartNode starts the node's Patroni again.
+func (c *Cluster) StartNode(ctx context.Context, node string) error {
+	n := c.Node(node)
+	if n == nil {
+		return fmt.Errorf("patroni cluster %s has no node %s", c.opts.Scope, node)
+	}
+	return n.Start(ctx)
+}
+
+// LogHint names the node's Patroni log.
+func (c *Cluster) LogHint(node string) string {
+	if n := c.Node(node); n != nil {
+		return n.LogPath()
+	}
+	return c.opts.Dir
+}
