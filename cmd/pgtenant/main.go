@@ -17,8 +17,10 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "pgtenant:", err)
-		os.Exit(1)
+		if !cli.Printed(err) {
+			fmt.Fprintln(os.Stderr, "pgtenant:", err)
+		}
+		os.Exit(cli.ExitCode(err))
 	}
 }
 

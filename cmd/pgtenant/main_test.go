@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -55,9 +56,10 @@ type upProcess struct {
 		Pooler    string   `json:"pooler"`
 		Templates []string `json:"templates"`
 		Clusters  []struct {
-			Name   string `json:"name"`
-			Pooler string `json:"pooler"`
-			Nodes  []struct {
+			Name    string   `json:"name"`
+			Pooler  string   `json:"pooler"`
+			Patroni []string `json:"patroni"`
+			Nodes   []struct {
 				Name string `json:"name"`
 				DSN  string `json:"dsn"`
 			} `json:"nodes"`
@@ -306,29 +308,68 @@ func grepLines(s, sub string) string {
 	return strings.Join(out, "\n")
 }
 
-// TestCLI_WrongUsageExitsNonZero: a filter that cannot match, or a daemon
-// that does not answer, is an error on stderr naming the fix, with exit
-// status 1; nothing is printed as if it had worked.
+// TestCLI_WrongUsageExitsNonZero: a command line that cannot work, an
+// answer of the daemon that is an error, or a daemon that does not answer,
+// is an error on stderr naming the fix, with the exit status of its kind
+// (cli.ExitCode); nothing is printed as if it had worked. With -o json the
+// error is the API's error body on stdout instead.
 func TestCLI_WrongUsageExitsNonZero(t *testing.T) {
-	for _, tc := range []struct {
-		args []string
-		want string
-	}{
-		{[]string{"tenant", "list", "--state", "bogus"}, "one of provisioning, active, suspended, dropped, purging, purged, failed"},
-		{[]string{"job", "list", "--state", "bogus"}, "one of queued, running, waiting, paused, succeeded, failed, cancelled, active"},
-		{[]string{"tenant", "list"}, "pgtenant server unreachable at http://127.0.0.1:1"},
-	} {
-		cmd := exec.Command(binary, append([]string{"--server", "http://127.0.0.1:1"}, tc.args...)...)
-		cmd.Env = append(os.Environ(), "PGTENANT_TOKEN=x")
-		var stdout, stderr strings.Builder
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		err := cmd.Run()
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-			t.Errorf("%v: %v, want exit status 1", tc.args, err)
+	// A daemon that answers every request with the error its path names.
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status, code := http.StatusNotFound, "not_found"
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/suspend"):
+			status, code = http.StatusConflict, "conflict"
+		case r.Method == http.MethodPost && r.URL.Path == "/v1/tenants":
+			status, code = http.StatusServiceUnavailable, "no_capacity"
 		}
-		if !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
-			t.Errorf("%v: stdout %q, stderr %q; want nothing on stdout and %q on stderr", tc.args, stdout.String(), stderr.String(), tc.want)
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(api.ErrorBody{Error: api.ErrorDetail{Code: code, Message: "the daemon says " + code}})
+	}))
+	defer fake.Close()
+	const down = "http://127.0.0.1:1" // nothing listens there
+	for _, tc := range []struct {
+		server string
+		args   []string
+		status int
+		want   string
+	}{
+		{down, []string{"tenant", "list", "--state", "bogus"}, 2, "one of provisioning, active, suspended, dropped, purging, purged, failed"},
+		{down, []string{"job", "list", "--state", "bogus"}, 2, "one of queued, running, waiting, paused, succeeded, failed, cancelled, active"},
+		{down, []string{"tenant", "show"}, 2, "accepts 1 arg(s), received 0"},
+		{down, []string{"tenant", "lsit"}, 2, `unknown command "lsit" for "pgtenant tenant": did you mean list?`},
+		{down, []string{"tenant", "list", "--bogus"}, 2, "unknown flag: --bogus"},
+		{down, []string{"tenant", "drop", "t1", "--purge-now"}, 2, "add --yes"},
+		{down, []string{"template", "delete", "saas"}, 2, "add --yes"},
+		{down, []string{"tenant", "list"}, 5, "pgtenant server unreachable at http://127.0.0.1:1"},
+		{fake.URL, []string{"tenant", "show", "t1"}, 3, "the daemon says not_found"},
+		{fake.URL, []string{"tenant", "suspend", "t1"}, 4, "the daemon says conflict"},
+		{fake.URL, []string{"tenant", "create", "--template", "saas"}, 5, "the daemon says no_capacity"},
+	} {
+		for _, asJSON := range []bool{false, true} {
+			args := append([]string{"--server", tc.server}, tc.args...)
+			if asJSON {
+				args = append(args, "-o", "json")
+			}
+			cmd := exec.Command(binary, args...)
+			cmd.Env = append(os.Environ(), "PGTENANT_TOKEN=x")
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != tc.status {
+				t.Errorf("%v: %v, want exit status %d", args, err, tc.status)
+			}
+			if !asJSON {
+				if !strings.Contains(stderr.String(), tc.want) || stdout.Len() != 0 {
+					t.Errorf("%v: stdout %q, stderr %q; want nothing on stdout and %q on stderr", args, stdout.String(), stderr.String(), tc.want)
+				}
+				continue
+			}
+			var body api.ErrorBody
+			if err := json.Unmarshal([]byte(stdout.String()), &body); err != nil || body.Error.Code == "" || !strings.Contains(body.Error.Message, tc.want) || stderr.Len() != 0 {
+				t.Errorf("%v: stdout %q, stderr %q; want an error body naming %q on stdout, nothing on stderr", args, stdout.String(), stderr.String(), tc.want)
+			}
 		}
 	}
 }

@@ -66,7 +66,7 @@ var (
 		{method: "GET", path: "/v1/templates/{name}", summary: "show a template: versions, builds, tenants by version", status: 200, response: TemplateDetail{}},
 		{method: "POST", path: "/v1/templates/{name}/versions", summary: "push the next version of a template", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
 		{method: "DELETE", path: "/v1/templates/{name}", summary: "delete a template without tenants", status: 202, response: templates.Deleted{}},
-		{method: "POST", path: "/v1/tenants", summary: "create a tenant (201; 200 for a known external id; 202 while a cold build outlasts provision.cold_wait)", request: provision.Request{}, status: 201, response: CreateTenantResponse{}},
+		{method: "POST", path: "/v1/tenants", summary: "create a tenant (201; 200 for a known external id; 202 while a cold build outlasts provision.cold_wait; 409 for a known external id asked with other parameters, naming them)", request: provision.Request{}, status: 201, response: CreateTenantResponse{}},
 		{method: "GET", path: "/v1/tenants", summary: "list tenants (spares are never listed)", query: []param{
 			{"q", "string", "search: the id, or part of the name or external id (case-insensitive)"},
 			{"state", "string", "active, suspended, dropped, provisioning, purging"},

@@ -5,13 +5,19 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"github.com/pgtenant/pgtenant/internal/fleet"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -48,13 +54,21 @@ func startCLI(t *testing.T) cliEnv {
 	return cliEnv{d: d, dataDir: dir}
 }
 
-// run runs the command line against the daemon; stdout and stderr go to
-// one buffer, in the order they are written.
+// run runs the command line against the daemon, with no terminal to
+// confirm on; stdout and stderr go to one buffer, in the order they are
+// written.
 func (e cliEnv) run(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return e.runOn(t, nil, args...)
+}
+
+// runOn runs the command line with terminal as the terminal on stdin
+// (what the operator types there).
+func (e cliEnv) runOn(t *testing.T, terminal io.Reader, args ...string) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
 	all := append([]string{"--server", e.d.URL(), "--data-dir", e.dataDir}, args...)
-	err := Run(pgtest.Context(t), all, &out, &out)
+	err := run(pgtest.Context(t), all, &globals{stdout: &out, stderr: &out, terminal: terminal})
 	return out.String(), err
 }
 
@@ -142,6 +156,91 @@ func TestCLI_FiltersValidated(t *testing.T) {
 	if !strings.Contains(out, "template.build") {
 		t.Errorf("job list --target template:saas:\n%s\nwant the template's build job", out)
 	}
+
+	// The daemon's answers set the exit status, and -o json prints its
+	// error body: an unknown tenant, an external id asked with other
+	// parameters.
+	if _, err := e.run(t, "tenant", "create", "--template", "saas", "--external-id", "cust-1"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args   []string
+		status int
+		code   string
+		want   string
+	}{
+		{[]string{"tenant", "show", "nosuchtenant"}, ExitNotFound, "not_found", "nosuchtenant"},
+		{[]string{"tenant", "create", "--template", "saas", "--external-id", "cust-1", "--mode", "schema"}, ExitConflict, "conflict",
+			`mode "database" (this request: "schema")`},
+		{[]string{"tenant", "create", "--template", "saas", "--tier", "nosuchtier"}, ExitUsage, "invalid", "nosuchtier"},
+	} {
+		out, err := e.run(t, append([]string{"-o", "json"}, c.args...)...)
+		var body api.ErrorBody
+		if jerr := json.Unmarshal([]byte(out), &body); jerr != nil || body.Error.Code != c.code || !strings.Contains(body.Error.Message, c.want) ||
+			ExitCode(err) != c.status || !Printed(err) {
+			t.Errorf("%v -o json: status %d, printed\n%s\nwant status %d and an error body with code %s naming %s", c.args, ExitCode(err), out, c.status, c.code, c.want)
+		}
+	}
+}
+
+// TestCLI_ErrorsAsJSON: with -o json a failure prints the API's error body
+// on stdout, whatever failed (the command line, the daemon's answer, no
+// daemon at all), and the exit status says which; without -o json nothing
+// is printed on stdout (main prints the error on stderr).
+func TestCLI_ErrorsAsJSON(t *testing.T) {
+	answer := map[string]int{"/v1/tenants/gone": http.StatusNotFound, "/v1/tenants/busy/suspend": http.StatusConflict,
+		"/v1/tenants/slow": http.StatusGatewayTimeout, "/v1/tenants/broken": http.StatusInternalServerError}
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status, ok := answer[r.URL.Path]
+		if !ok {
+			status = http.StatusNotFound
+		}
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(api.ErrorBody{Error: api.ErrorDetail{Code: "code" + strconv.Itoa(status), Message: "answered " + http.StatusText(status)}})
+	}))
+	defer fake.Close()
+	t.Setenv("PGTENANT_TOKEN", "x")
+	for _, c := range []struct {
+		server string
+		args   []string
+		status int
+		code   string
+		want   string
+	}{
+		{"http://127.0.0.1:1", []string{"tenant", "list", "-o", "json"}, ExitUnavailable, "unavailable", "pgtenant server unreachable"},
+		{"http://127.0.0.1:1", []string{"tenant", "list", "--bogus", "-o", "json"}, ExitUsage, "invalid", "unknown flag: --bogus"},
+		{"http://127.0.0.1:1", []string{"-o", "json", "tenant", "show"}, ExitUsage, "invalid", "accepts 1 arg(s)"},
+		{"http://127.0.0.1:1", []string{"-ojson", "tenant", "nosuchverb"}, ExitUsage, "invalid", ""},
+		{"http://127.0.0.1:1", []string{"-o", "json", "tenant", "list", "--state", "bogus"}, ExitUsage, "invalid", "one of provisioning"},
+		{"http://127.0.0.1:1", []string{"-o", "json", "template", "delete", "saas"}, ExitUsage, "invalid", "add --yes"},
+		{"http://127.0.0.1:1", []string{"-o", "json", "tenant", "drop", "x", "--purge-now"}, ExitUsage, "invalid", "add --yes"},
+		{fake.URL, []string{"-o", "json", "tenant", "show", "gone"}, ExitNotFound, "code404", "answered Not Found"},
+		{fake.URL, []string{"-o", "json", "tenant", "suspend", "busy"}, ExitConflict, "code409", "answered Conflict"},
+		{fake.URL, []string{"-o", "json", "tenant", "show", "slow"}, ExitUnavailable, "code504", "answered Gateway Timeout"},
+		{fake.URL, []string{"-o", "json", "tenant", "show", "broken"}, ExitError, "code500", "answered Internal Server Error"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := run(context.Background(), append([]string{"--server", c.server}, c.args...), &globals{stdout: &stdout, stderr: &stderr})
+		var body api.ErrorBody
+		if jerr := json.Unmarshal(stdout.Bytes(), &body); jerr != nil || body.Error.Code != c.code || !strings.Contains(body.Error.Message, c.want) {
+			t.Errorf("%v: stdout %q (%v); want an error body with code %s naming %q", c.args, stdout.String(), jerr, c.code, c.want)
+		}
+		if got := ExitCode(err); got != c.status || !Printed(err) || stderr.Len() != 0 {
+			t.Errorf("%v: %v, status %d, printed %v, stderr %q; want status %d, printed, nothing on stderr", c.args, err, got, Printed(err), stderr.String(), c.status)
+		}
+		// The same without -o json: the error for main to print, nothing on stdout.
+		var plain []string
+		for _, a := range c.args {
+			if a != "-o" && a != "json" && a != "-ojson" {
+				plain = append(plain, a)
+			}
+		}
+		stdout.Reset()
+		err = run(context.Background(), append([]string{"--server", c.server}, plain...), &globals{stdout: &stdout, stderr: &stderr})
+		if got := ExitCode(err); got != c.status || Printed(err) || stdout.Len() != 0 {
+			t.Errorf("%v: %v, status %d, stdout %q; want status %d and nothing printed", plain, err, got, stdout.String(), c.status)
+		}
+	}
 }
 
 // TestCLI_ReadableOutput: what reconcile, template create --wait and
@@ -184,13 +283,31 @@ func TestCLI_ReadableOutput(t *testing.T) {
 	if id == nil {
 		t.Fatalf("tenant create printed no id:\n%s", out)
 	}
-	out, err = e.run(t, "tenant", "drop", id[1], "--purge-now", "--wait")
+	// A purge cannot be undone: off a terminal it needs --yes, on one the
+	// tenant's id typed back.
+	if out, err := e.run(t, "tenant", "drop", id[1], "--purge-now"); ExitCode(err) != ExitUsage || !strings.Contains(fmt.Sprint(err), "add --yes") {
+		t.Errorf("tenant drop --purge-now off a terminal: %v (status %d)\n%s\nwant a usage error asking for --yes", err, ExitCode(err), out)
+	}
+	if out, err := e.runOn(t, strings.NewReader("nope\n"), "tenant", "drop", id[1], "--purge-now"); ExitCode(err) != ExitError || !strings.Contains(out, "Type "+id[1]+" to confirm") ||
+		!strings.Contains(fmt.Sprint(err), `not confirmed: typed "nope"`) {
+		t.Errorf("tenant drop --purge-now with the wrong id typed: %v\n%s\nwant a prompt and not confirmed", err, out)
+	}
+	if out, err := e.run(t, "tenant", "show", id[1]); err != nil || !regexp.MustCompile(`(?m)^state +active$`).MatchString(out) {
+		t.Errorf("tenant show after refused drops: %v\n%s\nwant it still active", err, out)
+	}
+	out, err = e.run(t, "tenant", "drop", id[1], "--purge-now", "--wait", "--yes")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !regexp.MustCompile(`(?m)^state +purged$`).MatchString(out) || !regexp.MustCompile(`(?m)^purge job +\d+ \(succeeded\)$`).MatchString(out) ||
 		!strings.Contains(out, "purged {") {
 		t.Errorf("tenant drop --purge-now --wait printed\n%s\nwant state purged, the purge job succeeded and the purged event", out)
+	}
+
+	// On a terminal, template delete goes ahead once its name is typed.
+	out, err = e.runOn(t, strings.NewReader("saas\n"), "template", "delete", "saas", "--wait")
+	if err != nil || !strings.Contains(out, "Type saas to confirm") || !strings.Contains(out, "template saas deleted") {
+		t.Errorf("template delete with its name typed: %v\n%s\nwant a prompt and the template deleted", err, out)
 	}
 
 	out, err = e.run(t, "reconcile")

@@ -52,6 +52,20 @@ func writeCLIDocs(w io.Writer) error {
 Generated from the command tree by `+"`make docs`"+` (the hidden `+"`pgtenant gen-docs docs`"+`);
 do not edit: change the commands' help instead. The same text is `+"`pgtenant COMMAND --help`"+`.
 
+## Errors and exit statuses
+
+A command that fails prints its error on stderr, or with `+"`-o json`"+` on stdout as the
+API's error body, `+"`{\"error\": {\"code\": \"...\", \"message\": \"...\"}}`"+`, and exits with a
+status that says what kind of error it was, so that a script can tell a typo from a
+missing tenant from a daemon that is down:
+
+`)
+	exitStatusTable(w)
+	fmt.Fprint(w, `
+Destructive commands (`+"`tenant drop --purge-now`, `template delete`"+`) ask on a terminal
+for the tenant's id or the template's name to be typed back; off a terminal (a script,
+a pipe) they need `+"`--yes`"+` and refuse without it (exit status 2).
+
 `)
 	var visit func(c *cobra.Command) error
 	visit = func(c *cobra.Command) error {

@@ -4,7 +4,9 @@
 package cli
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -24,17 +26,76 @@ type globals struct {
 	dataDir string
 	stdout  io.Writer
 	stderr  io.Writer
+	// terminal is stdin when it is a terminal, else nil: destructive
+	// commands ask there for a confirmation (confirm).
+	terminal io.Reader
 }
 
-// Run executes the command line args.
+// Run executes the command line args. Its error's exit status is
+// ExitCode's; under -o json the error is on stdout already (Printed).
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	root := newRoot(stdout, stderr)
-	root.SetArgs(args)
-	return root.ExecuteContext(ctx)
+	return run(ctx, args, &globals{stdout: stdout, stderr: stderr, terminal: terminalIn(os.Stdin)})
 }
 
+// run executes args with g's streams. An error that no command's RunE
+// returned is cobra's (an unknown command or flag, a wrong argument
+// count, a missing required flag, a bad --output): a usage error.
+func run(ctx context.Context, args []string, g *globals) error {
+	root := rootCmd(g)
+	ran := false
+	markRun(root, &ran)
+	// cobra answers a group's unknown verb (tenant frob) with the group's
+	// help, and success: a script's typo would pass unseen.
+	var unknown error
+	help := root.HelpFunc()
+	root.SetHelpFunc(func(c *cobra.Command, args []string) {
+		if verb := c.Flags().Arg(0); !c.Runnable() && verb != "" {
+			unknown = fmt.Errorf("unknown command %q for %q", verb, c.CommandPath())
+			c.SuggestionsMinimumDistance = 2 // cobra's default, set only where it suggests itself
+			if s := c.SuggestionsFor(verb); len(s) > 0 {
+				unknown = fmt.Errorf("%w: did you mean %s?", unknown, strings.Join(s, " or "))
+			}
+			return
+		}
+		help(c, args)
+	})
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		err = unknown
+	}
+	if err == nil {
+		return nil
+	}
+	if !ran {
+		err = usageError{err}
+	}
+	// A flag error stops the parse before a later -o json is read.
+	if g.output == "json" || (!ran && asksJSON(args)) {
+		return printError(g.stdout, err)
+	}
+	return err
+}
+
+// markRun sets *ran when a command's RunE starts.
+func markRun(c *cobra.Command, ran *bool) {
+	if runE := c.RunE; runE != nil {
+		c.RunE = func(cmd *cobra.Command, args []string) error {
+			*ran = true
+			return runE(cmd, args)
+		}
+	}
+	for _, sub := range c.Commands() {
+		markRun(sub, ran)
+	}
+}
+
+// newRoot is the command tree with no terminal to confirm on (docs, tests).
 func newRoot(stdout, stderr io.Writer) *cobra.Command {
-	g := &globals{stdout: stdout, stderr: stderr}
+	return rootCmd(&globals{stdout: stdout, stderr: stderr})
+}
+
+func rootCmd(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "pgtenant",
 		Short: "Multi-tenant PostgreSQL: provision, drop, upgrade and move tenants across a fleet",
@@ -50,19 +111,24 @@ PGTENANT_TOKEN or, failing that, from DATA_DIR/token (--data-dir, env
 PGTENANT_DATA_DIR). --ca-file FILE (env PGTENANT_CA_FILE) trusts the PEM
 certificates in FILE instead of the system's, for a daemon with a self-signed or
 private-CA certificate. A daemon that does not answer (not running, wrong
---server) is the error "pgtenant server unreachable at URL: ..."; every error
-exits with status 1.`,
+--server) is the error "pgtenant server unreachable at URL: ...".
+
+An error is printed on stderr, or with -o json on stdout as the API's error
+body, {"error": {"code": "...", "message": "..."}}. The exit status says what
+kind of error it was (docs/cli.md has the table in full):
+
+` + exitStatusHelp(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if g.output != "table" && g.output != "json" {
-				return fmt.Errorf("--output must be table or json, not %q", g.output)
+				return usagef("--output must be table or json, not %q", g.output)
 			}
 			return nil
 		},
 	}
-	root.SetOut(stdout)
-	root.SetErr(stderr)
+	root.SetOut(g.stdout)
+	root.SetErr(g.stderr)
 	pf := root.PersistentFlags()
 	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
 	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", defaultServer), "pgtenant API address (env PGTENANT_SERVER)")
@@ -89,6 +155,44 @@ func envOr(name, def string) string {
 		return v
 	}
 	return def
+}
+
+// confirm asks before a command that cannot be undone: on a terminal the
+// operator types want (the tenant's id, the template's name) back; without
+// one (a script, a pipe, a test) it refuses unless --yes was given, rather
+// than act on nobody's word.
+func (g *globals) confirm(yes bool, what, want string) error {
+	if yes {
+		return nil
+	}
+	if g.terminal == nil {
+		return usagef("%s cannot be undone: add --yes to confirm (stdin is not a terminal to ask on)", what)
+	}
+	fmt.Fprintf(g.stderr, "%s cannot be undone. Type %s to confirm: ", what, want)
+	line, err := bufio.NewReader(g.terminal).ReadString('\n')
+	if got := strings.TrimSpace(line); got != want {
+		if err != nil && got == "" {
+			return fmt.Errorf("%w (%v): nothing was done", errNotConfirmed, err)
+		}
+		return fmt.Errorf("%w: typed %q, not %q; nothing was done", errNotConfirmed, got, want)
+	}
+	return nil
+}
+
+// errNotConfirmed is a confirmation the operator did not give.
+var errNotConfirmed = errors.New("not confirmed")
+
+// terminalIn returns f when it is a terminal, else nil. /dev/null is a
+// character device too, but nobody types there (exec.Cmd's default stdin).
+func terminalIn(f *os.File) io.Reader {
+	fi, err := f.Stat()
+	if err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return nil
+	}
+	if null, err := os.Stat(os.DevNull); err == nil && os.SameFile(fi, null) {
+		return nil
+	}
+	return f
 }
 
 // client builds the API client: token from PGTENANT_TOKEN, else DATA_DIR/token.

@@ -159,7 +159,7 @@ waits for the version before it to be built (or to fail).`,
 			})
 		},
 	}
-	var deleteWait bool
+	var deleteWait, deleteYes bool
 	del := &cobra.Command{
 		Use:   "delete NAME",
 		Short: "Delete a template that has no tenants, with its spares and its databases on every cluster",
@@ -170,9 +170,14 @@ builds and rollouts, purges its spares, drops its template databases
 (pgt_tpl_NAME_vN), its shared database (pgt_shared_NAME) and its connect role
 on every cluster (paced like every DROP DATABASE), then forgets it. From the
 request on, the template takes no new tenants or versions. Deleting again
-returns the job at work; a failed delete is retried with 'pgtenant job retry'.`,
+returns the job at work; a failed delete is retried with 'pgtenant job retry'.
+A delete cannot be undone: on a terminal it asks you to type the template's name
+to confirm; elsewhere (a script) it needs --yes.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := g.confirm(deleteYes, "deleting template "+args[0], args[0]); err != nil {
+				return err
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -198,6 +203,7 @@ returns the job at work; a failed delete is retried with 'pgtenant job retry'.`,
 		},
 	}
 	del.Flags().BoolVar(&deleteWait, "wait", false, "wait until the template is deleted, with a progress bar")
+	del.Flags().BoolVar(&deleteYes, "yes", false, "delete without asking (needed when stdin is not a terminal)")
 	cmd.AddCommand(create, push, list, show, del)
 	return cmd
 }
@@ -214,7 +220,7 @@ func shortSum(sum string) string {
 // readTemplateDir reads the .sql files of a directory.
 func readTemplateDir(dir string) ([]templates.Upload, error) {
 	if dir == "" {
-		return nil, fmt.Errorf("--from DIR is required")
+		return nil, usagef("--from DIR is required")
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {

@@ -36,7 +36,9 @@ PostgreSQL. With --external-id, a retry returns the tenant already created
 instead of creating a second one, with its password within the retry window
 (config credentials.retry_window, 24h), when the daemon keeps it sealed for
 exactly that: a create whose answer was lost is simply sent again. After the
-window, 'pgtenant tenant password ID' gives the tenant a new one.`,
+window, 'pgtenant tenant password ID' gives the tenant a new one. A create whose
+external id names a tenant with other parameters (--template, --mode, --tier,
+--name, --cluster: those given) is a conflict naming each difference.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.Flags().Changed("name") {
@@ -197,7 +199,7 @@ need a session on the server itself, such as migrations behind a transaction poo
 	connect.Flags().BoolVar(&printOnly, "print", false, "print the DSN instead of starting psql")
 	connect.Flags().BoolVar(&connectDirect, "direct", false, "connect to the primary itself, not through the pooler")
 
-	var purgeNow, wait bool
+	var purgeNow, wait, yes bool
 	drop := &cobra.Command{
 		Use:   "drop ID",
 		Short: "Soft-delete a tenant: locked out, data kept for the retention (drop.retention), then purged",
@@ -206,9 +208,16 @@ stays intact until the retention ends (config drop.retention, default 7 days);
 'pgtenant tenant restore' brings it back until then. --purge-now purges at once:
 a database tenant is dropped (one DROP DATABASE at a time per cluster), a schema
 tenant's relations are dropped in small batches paced by the standby's replay lag.
-Dropping a dropped tenant again is not an error.`,
+A purge cannot be undone: on a terminal --purge-now asks you to type the tenant's
+id to confirm; elsewhere (a script) it needs --yes. Dropping a dropped tenant
+again is not an error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if purgeNow {
+				if err := g.confirm(yes, "purging tenant "+args[0]+" now", args[0]); err != nil {
+					return err
+				}
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -248,6 +257,7 @@ Dropping a dropped tenant again is not an error.`,
 	}
 	drop.Flags().BoolVar(&purgeNow, "purge-now", false, "skip the retention and purge now")
 	drop.Flags().BoolVar(&wait, "wait", false, "with --purge-now, wait for the purge with a progress bar")
+	drop.Flags().BoolVar(&yes, "yes", false, "with --purge-now, purge without asking (needed when stdin is not a terminal)")
 
 	action := func(verb, short string) *cobra.Command {
 		return &cobra.Command{Use: verb + " ID", Short: short, Args: cobra.ExactArgs(1),

@@ -92,8 +92,10 @@ func invalid(format string, args ...any) error {
 }
 
 // Create provisions a tenant: from the pool when a spare is ready, else from
-// the template. A retry with the same external id returns the first tenant.
+// the template. A retry with the same external id returns the first tenant;
+// one that asks for other parameters is a conflict naming them.
 func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
+	asked := req // as the caller set it, before the defaults: what a retry is held to
 	if err := s.validate(&req); err != nil {
 		return Created{}, err
 	}
@@ -104,7 +106,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	}
 	if req.ExternalID != "" {
 		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
-			return s.existing(ctx, t)
+			return s.existing(ctx, asked, t)
 		} else if !errors.Is(err, catalog.ErrNotFound) {
 			return Created{}, err
 		}
@@ -140,13 +142,13 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	}
 	if errors.Is(err, catalog.ErrConflict) && req.ExternalID != "" {
 		if t, err := s.Store.TenantByExternalID(ctx, req.ExternalID); err == nil {
-			return s.existing(ctx, t)
+			return s.existing(ctx, asked, t)
 		}
 	}
 	if !errors.Is(err, catalog.ErrNotFound) {
 		return Created{}, err
 	}
-	return s.cold(ctx, cl, want, password, verifier)
+	return s.cold(ctx, cl, asked, want, password, verifier)
 }
 
 func (s *Service) validate(req *Request) error {
@@ -186,8 +188,13 @@ func (s *Service) validate(req *Request) error {
 // existing answers a retry of a create whose external id names a tenant:
 // the tenant with, within the retry window, its password (else a note
 // saying why not), and while it is still being built, the build job to
-// follow.
-func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, error) {
+// follow. A retry that asks for other parameters than the tenant has is a
+// conflict (retried): the external id is someone else's tenant, or the
+// client's request changed, and answering the tenant would hide either.
+func (s *Service) existing(ctx context.Context, asked Request, t catalog.Tenant) (Created, error) {
+	if err := retried(asked, t); err != nil {
+		return Created{}, err
+	}
 	cl, err := s.Clusters.Get(t.Cluster)
 	if err != nil {
 		return Created{}, err
@@ -217,6 +224,30 @@ func (s *Service) existing(ctx context.Context, t catalog.Tenant) (Created, erro
 		}
 	}
 	return out, nil
+}
+
+// retried checks a retry against the tenant its external id names: each
+// parameter the retry sets (one it leaves empty takes the tenant's) must be
+// the tenant's. The conflict names every one that differs, with both values.
+func retried(asked Request, t catalog.Tenant) error {
+	var diffs []string
+	differs := func(field, asked, has string) {
+		if asked != "" && asked != has {
+			diffs = append(diffs, fmt.Sprintf("%s %q (this request: %q)", field, has, asked))
+		}
+	}
+	differs("template", asked.Template, t.Template)
+	differs("mode", string(asked.Mode), string(t.Mode))
+	differs("tier", asked.Tier, t.Tier)
+	if asked.Name != nil {
+		differs("name", *asked.Name, t.Name)
+	}
+	differs("cluster", asked.Cluster, t.Cluster)
+	if len(diffs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: external id %q is tenant %s, which has %s: use another external id for a new tenant, "+
+		"or repeat the original parameters to get this one", catalog.ErrConflict, t.ExternalID, t.ID, strings.Join(diffs, ", "))
 }
 
 // connections reads a cluster's connection settings.
@@ -318,8 +349,10 @@ func (s *Service) keep(ctx context.Context, tx pgx.Tx, t catalog.Tenant, passwor
 	return s.Credentials.Keep(ctx, tx, t.ID, password)
 }
 
-// cold builds a tenant from its template in a job and waits for it.
-func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, password, verifier string) (Created, error) {
+// cold builds a tenant from its template in a job and waits for it. asked
+// is the request as the caller set it (for a create that lost the race to
+// another with its external id).
+func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, asked Request, want catalog.Tenant, password, verifier string) (Created, error) {
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err := cl.Ping(pctx)
 	cancel()
@@ -342,7 +375,7 @@ func (s *Service) cold(ctx context.Context, cl *cluster.Cluster, want catalog.Te
 		tx.Rollback(context.WithoutCancel(ctx))
 		if errors.Is(err, catalog.ErrConflict) {
 			if t, err := s.Store.TenantByExternalID(ctx, want.ExternalID); err == nil {
-				return s.existing(ctx, t)
+				return s.existing(ctx, asked, t)
 			}
 		}
 		return Created{}, err

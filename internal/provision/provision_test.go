@@ -331,6 +331,55 @@ func TestCreate_RetryByExternalID(t *testing.T) {
 	}
 }
 
+// TestCreate_RetryWithOtherParameters: a create whose external id names a
+// tenant but asks for other parameters is a 409 naming each difference
+// with both values and what to do, and changes nothing; a retry that
+// repeats the parameters, or leaves some empty, still answers the tenant.
+func TestCreate_RetryWithOtherParameters(t *testing.T) {
+	c, catDB := startWithCatalog(t, 0)
+	ctx := pgtest.Context(t)
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
+	daemontest.CreateTemplate(t, c, "crm", []templates.Upload{{Name: "0001.sql", Body: "CREATE TABLE t (x int);"}})
+	first, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "schema", Name: name("Acme"), ExternalID: "cust-7", Tier: "small", Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		req  provision.Request
+		want []string
+	}{
+		{provision.Request{Template: "crm", ExternalID: "cust-7"}, []string{`template "saas" (this request: "crm")`}},
+		{provision.Request{Template: "saas", Mode: "database", Tier: "default", ExternalID: "cust-7"},
+			[]string{`mode "schema" (this request: "database")`, `tier "small" (this request: "default")`}},
+		{provision.Request{Template: "saas", Name: name("Globex"), ExternalID: "cust-7"}, []string{`name "Acme" (this request: "Globex")`}},
+	} {
+		_, err := c.CreateTenant(ctx, tc.req)
+		var apiErr *api.Error
+		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict {
+			t.Errorf("create %+v: %v; want 409", tc.req, err)
+			continue
+		}
+		for _, want := range append(tc.want, "external id \"cust-7\" is tenant "+first.Tenant.ID, "use another external id", "repeat the original parameters") {
+			if !strings.Contains(apiErr.Message, want) {
+				t.Errorf("create %+v: %q; want it to contain %q", tc.req, apiErr.Message, want)
+			}
+		}
+	}
+	for _, req := range []provision.Request{
+		{Template: "saas", Mode: "schema", Name: name("Acme"), ExternalID: "cust-7", Tier: "small", Cluster: "local"},
+		{Template: "saas", ExternalID: "cust-7"},
+	} {
+		again, err := c.CreateTenant(ctx, req)
+		if err != nil || !again.Existing || again.Tenant.ID != first.Tenant.ID {
+			t.Errorf("retry %+v = %s existing %v, %v; want the tenant %s", req, again.Tenant.ID, again.Existing, err, first.Tenant.ID)
+		}
+	}
+	var n int
+	if err := pg.Conn(t, catDB).QueryRow(ctx, `SELECT count(*) FROM tenants WHERE state NOT IN ('spare', 'building')`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("tenants after the retries = %d, %v; want 1", n, err)
+	}
+}
+
 // TestCreate_BadInput: every bad request is refused with the status and a
 // message naming what is wrong, and leaves nothing behind.
 func TestCreate_BadInput(t *testing.T) {
@@ -474,8 +523,10 @@ func FuzzCreate_Names(f *testing.F) {
 		if err != nil {
 			var apiErr *api.Error
 			t.Logf("refused: %v", err)
-			if !errors.As(err, &apiErr) || (apiErr.Status != http.StatusBadRequest && apiErr.Status != http.StatusNotFound) {
-				t.Fatalf("create %q/%q/%q: %v, want 400 or 404", displayName, externalID, template, err)
+			// 409: an external id fuzzed before, with another name.
+			if !errors.As(err, &apiErr) || (apiErr.Status != http.StatusBadRequest && apiErr.Status != http.StatusNotFound &&
+				(apiErr.Status != http.StatusConflict || externalID == "")) {
+				t.Fatalf("create %q/%q/%q: %v, want 400 or 404 (or 409 with an external id)", displayName, externalID, template, err)
 			}
 			return
 		}
