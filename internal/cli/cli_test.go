@@ -381,7 +381,7 @@ func TestDocs_MetricsExist(t *testing.T) {
 	descs := make(chan *prometheus.Desc)
 	go func() {
 		e.d.Metrics().Describe(descs)
-		restartCounter([]*fleet.Cluster{pg.Cluster}).Describe(descs)
+		restartCounter([]fleet.Supervised{pg.Cluster}).Describe(descs)
 		close(descs)
 	}()
 	fqName := regexp.MustCompile(`fqName: "([a-z_]+)"`)

@@ -18,7 +18,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/pgtenant/pgtenant/internal/backup"
-	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
@@ -54,6 +53,9 @@ type clusterInfo struct {
 	Nodes        []nodeInfo `json:"nodes"`
 	Pooler       string     `json:"pooler,omitempty"`
 	PasswordFile string     `json:"superuser_password_file"`
+	// Patroni are the REST APIs of the cluster's Patroni nodes (up
+	// --patroni); none for a cluster up runs itself.
+	Patroni []string `json:"patroni,omitempty"`
 }
 
 type nodeInfo struct {
@@ -64,7 +66,7 @@ type nodeInfo struct {
 func newUpCmd(g *globals) *cobra.Command {
 	var listen, cfgPath string
 	var standbys, maxRestarts, clusters int
-	var withPooler, allowFewer bool
+	var withPooler, allowFewer, underPatroni bool
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local fleet (clusters of a primary + standbys) and the daemon, in the foreground",
@@ -81,9 +83,17 @@ refused, naming the clusters it would leave down, unless --allow-fewer says to
 leave them down (their tenants are unreachable until an up starts them again;
 the other clusters' tenants and front doors are not affected).
 
+With --patroni, a new data dir's clusters run under Patroni: up starts an etcd
+(DATA_DIR/etcd) and a Patroni per node (DATA_DIR/local/n1, n2, …), which run the
+servers: a standby is promoted when the primary's node dies, the daemon follows the
+new leader (catalog, pools, PgBouncer), and ` + "`cluster switchover`" + ` works. Such a data
+dir is always run so (plain up detects it); one made without Patroni refuses
+--patroni. Clusters under Patroni get no pgBackRest backups yet.
+
 While it runs, up restarts a server of the cluster that dies (checked every 2 s;
 backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
---max-restarts failed attempts in a row, with an error naming its log. A server
+--max-restarts failed attempts in a row, with an error naming its log (under
+Patroni: a node's Patroni that dies; Patroni restarts its server). A server
 stopped by hand is restarted: to take one down, stop up.
 
 As root, PostgreSQL runs as the postgres OS user.`,
@@ -100,7 +110,7 @@ As root, PostgreSQL runs as the postgres OS user.`,
 				cfg.Listen = listen
 			}
 			return runUp(cmd.Context(), g, cfg, upOptions{standbys: standbys, maxRestarts: maxRestarts, pooler: withPooler, clusters: clusters,
-				clustersSet: cmd.Flags().Changed("clusters"), allowFewer: allowFewer})
+				clustersSet: cmd.Flags().Changed("clusters"), allowFewer: allowFewer, patroni: underPatroni})
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
@@ -109,6 +119,8 @@ As root, PostgreSQL runs as the postgres OS user.`,
 	cmd.Flags().BoolVar(&allowFewer, "allow-fewer", false, "start fewer --clusters than the data dir has: the others stay down, and their tenants unreachable")
 	cmd.Flags().IntVar(&maxRestarts, "max-restarts", 5, "failed restart attempts in a row after which up gives up on a server that died; 0: never restart")
 	cmd.Flags().BoolVar(&withPooler, "pooler", true, "run a PgBouncer in front of each cluster: tenants' DSNs point at it")
+	cmd.Flags().BoolVar(&underPatroni, "patroni", false, "make a new data dir's clusters under Patroni (an etcd, a Patroni per node): "+
+		"a standby takes over when the primary's node dies; a data dir made so is always run so")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
 	return cmd
 }
@@ -116,6 +128,9 @@ As root, PostgreSQL runs as the postgres OS user.`,
 type upOptions struct {
 	standbys, maxRestarts, clusters int
 	pooler                          bool
+	// patroni: the data dir's clusters run under Patroni (--patroni, or a
+	// data dir made so).
+	patroni bool
 	// clustersSet: --clusters was given; allowFewer: --allow-fewer.
 	clustersSet, allowFewer bool
 }
@@ -126,8 +141,10 @@ type upOptions struct {
 func dataDirClusters(dir string) []string {
 	n := 0
 	for i := range 8 {
-		if _, err := os.Stat(filepath.Join(dir, ClusterName(i), "cluster.json")); err == nil {
-			n = i + 1
+		for _, state := range []string{"cluster.json", "patroni.json"} {
+			if _, err := os.Stat(filepath.Join(dir, ClusterName(i), state)); err == nil {
+				n = i + 1
+			}
 		}
 	}
 	names := make([]string, n)
@@ -199,70 +216,68 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	}
 	o.clusters = n
 
-	var fcs []*fleet.Cluster
+	underPatroni, err := upUnderPatroni(dir, o.patroni)
+	if err != nil {
+		return err
+	}
+	var ucs []upCluster
 	// The clusters are stopped with a context of their own: ctx is already
 	// cancelled when Ctrl-C brings us here. Deferred first, so that it runs
 	// after everything else up started has stopped.
+	var stopEtcd func(context.Context) error
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		for _, fc := range fcs {
-			fmt.Fprintln(g.stderr, "stopping cluster", fc.Name())
-			if err := fc.Stop(sctx); err != nil {
+		for _, uc := range ucs {
+			fmt.Fprintln(g.stderr, "stopping cluster", uc.name)
+			if err := uc.stop(sctx); err != nil {
 				fmt.Fprintln(g.stderr, "stop:", err)
 			}
 		}
+		if stopEtcd != nil {
+			if err := stopEtcd(sctx); err != nil {
+				fmt.Fprintln(g.stderr, "stop etcd:", err)
+			}
+		}
 	}()
-	// New clusters archive their WAL and get backups with pgBackRest when it
-	// is installed (internal/backup).
-	_, noBackRest := backup.Find()
-	if noBackRest != nil {
-		fmt.Fprintln(g.stderr, "pgbackrest is not installed: new clusters get no WAL archive and no backups; to have them: "+backup.InstallHint)
-	}
 	stanzas := map[string]*backup.Stanza{}
-	for i := range o.clusters {
-		name := ClusterName(i)
-		fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Standbys: o.standbys, Logger: log,
-			Backups: noBackRest == nil})
-		if err != nil {
+	if underPatroni {
+		var etcd []string
+		if etcd, stopEtcd, err = startUpEtcd(ctx, g, dir, log); err != nil {
 			return err
 		}
-		if i == 0 && fc.RunsAsPostgres() {
-			fmt.Fprintln(g.stderr, "running as root: PostgreSQL runs as the postgres OS user; the cluster files are owned by it")
-		}
-		fmt.Fprintf(g.stderr, "starting cluster %s (PostgreSQL %s from %s) in %s\n", name, fc.Binaries().Version, fc.Binaries().Dir, filepath.Join(dir, name))
-		fcs = append(fcs, fc)
-		if fc.Backups() {
-			// The config is there before the archiver first needs it.
-			st, err := backup.ForCluster(fc, true)
+		fmt.Fprintln(g.stderr, "clusters run under Patroni: pgbackrest backups are not set up for them yet (docs/operations/failover.md)")
+		for i := range o.clusters {
+			uc, err := startPatroniCluster(ctx, g, dir, ClusterName(i), o.standbys, etcd, log)
+			if uc.stop != nil {
+				ucs = append(ucs, uc)
+			}
 			if err != nil {
 				return err
 			}
-			if err := st.Prepare(); err != nil {
-				return fmt.Errorf("cluster %s: backups: %w", name, err)
+		}
+	} else {
+		// New clusters archive their WAL and get backups with pgBackRest when it
+		// is installed (internal/backup).
+		_, noBackRest := backup.Find()
+		if noBackRest != nil {
+			fmt.Fprintln(g.stderr, "pgbackrest is not installed: new clusters get no WAL archive and no backups; to have them: "+backup.InstallHint)
+		}
+		for i := range o.clusters {
+			uc, st, err := startFleetCluster(ctx, g, dir, ClusterName(i), o.standbys, noBackRest == nil, i == 0, log)
+			if uc.stop != nil {
+				ucs = append(ucs, uc)
+			}
+			if err != nil {
+				return err
+			}
+			if st != nil {
+				stanzas[uc.name] = st
 			}
 		}
-		if err := fc.Start(ctx); err != nil {
-			return err
-		}
-		if !fc.Backups() {
-			if noBackRest == nil {
-				fmt.Fprintf(g.stderr, "cluster %s was made without backups (before pgbackrest was installed): it has no WAL archive\n", name)
-			}
-			continue
-		}
-		// Backups are read from the first standby, sparing the primary.
-		st, err := backup.ForCluster(fc, true)
-		if err != nil {
-			return err
-		}
-		if err := st.Setup(ctx); err != nil {
-			return fmt.Errorf("cluster %s: backups: %w", name, err)
-		}
-		stanzas[name] = st
 	}
 
-	cfg.Catalog.DSN = fcs[0].PrimaryDSN("pgtenant")
+	cfg.Catalog.DSN = ucs[0].catalogDSN
 	cfg.TokenFile = filepath.Join(dir, "token")
 	if cfg.Credentials.KeyFile == "" {
 		cfg.Credentials.KeyFile = filepath.Join(dir, "credentials.key")
@@ -276,21 +291,21 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		}
 		cfg.Analytics.Listen = "127.0.0.1:" + strconv.Itoa(port)
 	}
-	restarts := restartCounter(fcs)
+	sups := make([]fleet.Supervised, len(ucs))
+	for i, uc := range ucs {
+		sups[i] = uc.sup
+	}
+	restarts := restartCounter(sups)
 	opts := daemon.Options{Config: cfg, Collectors: []prometheus.Collector{restarts}, Logger: log, Poolers: map[string]config.PoolerConfig{},
 		Backups: stanzas}
-	for _, fc := range fcs {
-		managed := catalog.Cluster{Name: fc.Name(), DSN: fc.PrimaryDSN("postgres")}
-		for _, s := range fc.Standbys() {
-			managed.StandbyDSNs = append(managed.StandbyDSNs, fc.DSN(s, "postgres"))
-		}
-		opts.Managed = append(opts.Managed, managed)
+	for _, uc := range ucs {
+		opts.Managed = append(opts.Managed, uc.managed)
 		if o.pooler {
-			pc, err := localPooler(filepath.Join(dir, fc.Name(), "pooler"))
+			pc, err := localPooler(filepath.Join(dir, uc.name, "pooler"))
 			if err != nil {
 				return err
 			}
-			opts.Poolers[fc.Name()] = pc
+			opts.Poolers[uc.name] = pc
 		}
 	}
 	// The daemon runs the poolers and stops them when it returns, before
@@ -311,14 +326,10 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		}
 	}
 	info.Analytics = d.Analytics().Addr()
-	for _, fc := range fcs {
-		ci := clusterInfo{Name: fc.Name(), PasswordFile: filepath.Join(dir, fc.Name(), "superuser.password")}
-		if pc, ok := opts.Poolers[fc.Name()]; ok {
+	for _, uc := range ucs {
+		ci := clusterInfo{Name: uc.name, PasswordFile: filepath.Join(dir, uc.name, "superuser.password"), Nodes: uc.nodes, Patroni: uc.managed.PatroniURLs}
+		if pc, ok := opts.Poolers[uc.name]; ok {
 			ci.Pooler = pc.Listen
-		}
-		for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
-			ci.Nodes = append(ci.Nodes, nodeInfo{Name: n.Name,
-				DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
 		}
 		info.Clusters = append(info.Clusters, ci)
 	}
@@ -343,19 +354,19 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		return d.Run(ectx)
 	})
 	if o.maxRestarts > 0 {
-		for _, fc := range fcs {
-			sup := &fleet.Supervisor{Cluster: fc, MaxRestarts: o.maxRestarts, Logger: log,
+		for _, uc := range ucs {
+			sup := &fleet.Supervisor{Cluster: uc.sup, MaxRestarts: o.maxRestarts, Logger: log,
 				OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
 			eg.Go(func() error { return sup.Run(supCtx) })
 		}
 	}
 	// The info is printed once the poolers serve (their first sync), so
 	// that whoever reads it can connect at once.
-	for _, fc := range fcs {
-		if f := d.Poolers().Get(fc.Name()); f != nil {
+	for _, uc := range ucs {
+		if f := d.Poolers().Get(uc.name); f != nil {
 			wctx, cancel := context.WithTimeout(ectx, time.Minute)
 			if err := f.Sync(wctx); err != nil && ectx.Err() == nil {
-				fmt.Fprintln(g.stderr, "pooler of", fc.Name()+":", err)
+				fmt.Fprintln(g.stderr, "pooler of", uc.name+":", err)
 			}
 			cancel()
 		}
@@ -388,15 +399,15 @@ func localPooler(dir string) (config.PoolerConfig, error) {
 // restartCounter counts the supervisor's restart attempts and give-ups,
 // every series present from the start so that an alert on an increase
 // sees the first one.
-func restartCounter(fcs []*fleet.Cluster) *prometheus.CounterVec {
+func restartCounter(cs []fleet.Supervised) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pgtenant_managed_restarts_total",
-		Help: "Restart attempts of managed servers that died, by outcome (restarted, failed), and give-ups (gave_up), by pgtenant up's supervisor.",
+		Help: "Restart attempts of managed servers (or Patroni nodes) that died, by outcome (restarted, failed), and give-ups (gave_up), by pgtenant up's supervisor.",
 	}, []string{"cluster", "node", "outcome"})
-	for _, fc := range fcs {
-		for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
+	for _, cl := range cs {
+		for _, n := range cl.SupervisedNodes() {
 			for _, o := range []string{fleet.OutcomeRestarted, fleet.OutcomeFailed, fleet.OutcomeGaveUp} {
-				c.WithLabelValues(fc.Name(), n.Name, o)
+				c.WithLabelValues(cl.Name(), n, o)
 			}
 		}
 	}

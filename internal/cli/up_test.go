@@ -2,6 +2,7 @@ package cli
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,6 +64,46 @@ func TestUp_NeverDropsAClusterSilently(t *testing.T) {
 			if !strings.Contains(note, w) {
 				t.Errorf("%s: note %q, want it to say %q", c.name, note, w)
 			}
+		}
+	}
+}
+
+// TestUp_UnderPatroniIsTheDataDirs: a data dir made under Patroni is run
+// so without the flag; one made without it refuses --patroni, naming the
+// way out; a new one follows the flag.
+func TestUp_UnderPatroniIsTheDataDirs(t *testing.T) {
+	for _, p := range []string{"patroni", "etcd"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not installed (make test installs it)", p)
+		}
+	}
+	made := func(state string) string {
+		dir := t.TempDir()
+		if state != "" {
+			if err := os.MkdirAll(filepath.Join(dir, "local"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "local", state), []byte("{}"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	for _, c := range []struct {
+		name, state string
+		asked, want bool
+		fail        string
+	}{
+		{"new, plain", "", false, false, ""},
+		{"new, --patroni", "", true, true, ""},
+		{"made under Patroni, plain", "patroni.json", false, true, ""},
+		{"made under Patroni, --patroni", "patroni.json", true, true, ""},
+		{"made without, plain", "cluster.json", false, false, ""},
+		{"made without, --patroni", "cluster.json", true, false, "was made without Patroni"},
+	} {
+		got, err := upUnderPatroni(made(c.state), c.asked)
+		if got != c.want || (err != nil) != (c.fail != "") || (err != nil && !strings.Contains(err.Error(), c.fail)) {
+			t.Errorf("%s: %v, %v; want %v, error %q", c.name, got, err, c.want, c.fail)
 		}
 	}
 }

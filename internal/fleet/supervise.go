@@ -29,8 +29,43 @@ type RestartEvent struct {
 	Err     error  // why the start failed; nil when restarted
 }
 
+// Supervised is a cluster whose nodes a Supervisor keeps running: a
+// *Cluster (its servers, checked with pg_ctl status), or the Patroni nodes
+// of a cluster under Patroni (internal/patroni: the Patroni processes,
+// which run their servers).
+type Supervised interface {
+	Name() string
+	// SupervisedNodes are the nodes to watch.
+	SupervisedNodes() []string
+	Running(node string) bool
+	StartNode(ctx context.Context, node string) error
+	// LogHint says where to read why a node does not start.
+	LogHint(node string) string
+}
+
+// SupervisedNodes are the cluster's ready nodes (a half-made one only
+// Start can finish).
+func (c *Cluster) SupervisedNodes() []string {
+	var out []string
+	for _, n := range append([]Node{c.Primary()}, c.Standbys()...) {
+		if n.Ready {
+			out = append(out, n.Name)
+		}
+	}
+	return out
+}
+
+// Running reports whether the node's server runs (pg_ctl status).
+func (c *Cluster) Running(node string) bool { return c.running(c.nodeDir(node)) }
+
+// LogHint names the node's startup log and log dir.
+func (c *Cluster) LogHint(node string) string {
+	dir := c.nodeDir(node)
+	return filepath.Join(dir, "startup.log") + " and the newest file of " + filepath.Join(dir, "log")
+}
+
 // Supervisor keeps the nodes of a started managed cluster running: every
-// Interval it checks each ready node (pg_ctl status) and restarts one found
+// Interval it checks each node (Supervised.Running) and restarts one found
 // down, waiting MinBackoff after a failed attempt, doubling up to MaxBackoff,
 // and giving up on that node after MaxRestarts failed attempts in a row (it
 // keeps supervising the others, and takes a node back once it runs again).
@@ -40,7 +75,7 @@ type RestartEvent struct {
 // An operator who wants a node down stops whoever runs the supervisor first
 // (`pgtenant up`): a node stopped under it is restarted.
 type Supervisor struct {
-	Cluster *Cluster
+	Cluster Supervised
 	// Interval between two checks of a node; default 2 s.
 	Interval time.Duration
 	// MinBackoff is the wait after the first failed attempt, doubled after
@@ -66,10 +101,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	c := s.Cluster
 	log := cmp.Or(s.Logger, slog.New(slog.DiscardHandler)).With("component", "supervisor", "cluster", c.Name())
 	var wg sync.WaitGroup
-	for _, n := range append([]Node{c.Primary()}, c.Standbys()...) {
-		if !n.Ready {
-			continue // half-made: only Start can finish it
-		}
+	for _, n := range c.SupervisedNodes() {
 		wg.Go(func() { s.watch(ctx, log, n) })
 	}
 	wg.Wait()
@@ -86,20 +118,19 @@ type nodeWatch struct {
 	gaveUp      bool
 }
 
-func (s *Supervisor) watch(ctx context.Context, log *slog.Logger, n Node) {
+func (s *Supervisor) watch(ctx context.Context, log *slog.Logger, n string) {
 	var w nodeWatch
 	background.EveryAfter(ctx, cmp.Or(s.Interval, 2*time.Second), func(ctx context.Context) { s.check(ctx, log, n, &w) })
 }
 
-func (s *Supervisor) check(ctx context.Context, log *slog.Logger, n Node, w *nodeWatch) {
+func (s *Supervisor) check(ctx context.Context, log *slog.Logger, n string, w *nodeWatch) {
 	c := s.Cluster
 	minBackoff, maxBackoff := cmp.Or(s.MinBackoff, time.Second), cmp.Or(s.MaxBackoff, time.Minute)
-	dir := c.nodeDir(n.Name)
-	if c.running(dir) {
+	if c.Running(n) {
 		if w.gaveUp || w.down {
 			// Started by someone else (the operator, after fixing what
 			// made us give up): supervise it again from scratch.
-			log.Info("node runs again; supervising it", "node", n.Name)
+			log.Info("node runs again; supervising it", "node", n)
 			*w = nodeWatch{}
 		}
 		// The backoff starts over only once a restarted node has stayed up
@@ -116,30 +147,30 @@ func (s *Supervisor) check(ctx context.Context, log *slog.Logger, n Node, w *nod
 	if !w.down {
 		w.down = true
 		w.next = time.Now().Add(w.delay)
-		log.Warn("node is down; restarting it", "node", n.Name)
+		log.Warn("node is down; restarting it", "node", n)
 	}
 	if time.Now().Before(w.next) {
 		return
 	}
 
 	attempt := w.failures + 1
-	err := c.startNode(context.WithoutCancel(ctx), n)
+	err := c.StartNode(context.WithoutCancel(ctx), n)
 	if w.delay == 0 {
 		w.delay = minBackoff
 	} else {
 		w.delay = min(2*w.delay, maxBackoff)
 	}
-	ev := RestartEvent{Cluster: c.Name(), Node: n.Name, Attempt: attempt, Err: err}
+	ev := RestartEvent{Cluster: c.Name(), Node: n, Attempt: attempt, Err: err}
 	if err == nil {
 		w.down, w.failures, w.restartedAt = false, 0, time.Now()
-		log.Info("node restarted", "node", n.Name, "attempt", attempt, "outcome", OutcomeRestarted)
+		log.Info("node restarted", "node", n, "attempt", attempt, "outcome", OutcomeRestarted)
 		ev.Outcome = OutcomeRestarted
 		s.emit(ev)
 		return
 	}
 	w.failures++
 	w.next = time.Now().Add(w.delay)
-	log.Warn("node restart failed", "node", n.Name, "attempt", attempt, "outcome", OutcomeFailed, "retry_in", w.delay, "err", err)
+	log.Warn("node restart failed", "node", n, "attempt", attempt, "outcome", OutcomeFailed, "retry_in", w.delay, "err", err)
 	ev.Outcome = OutcomeFailed
 	s.emit(ev)
 	if w.failures < cmp.Or(s.MaxRestarts, 5) {
@@ -147,10 +178,9 @@ func (s *Supervisor) check(ctx context.Context, log *slog.Logger, n Node, w *nod
 	}
 	w.gaveUp = true
 	log.Error(fmt.Sprintf("gave up restarting %s after %d failed attempts; it stays down. "+
-		"Read why in %s and the newest file of %s, fix it, then stop `pgtenant up` (Ctrl-C) and run it again; "+
-		"a node started again by other means is supervised again", n.Name, w.failures,
-		filepath.Join(dir, "startup.log"), filepath.Join(dir, "log")),
-		"node", n.Name, "attempt", attempt, "outcome", OutcomeGaveUp, "err", err)
+		"Read why in %s, fix it, then stop `pgtenant up` (Ctrl-C) and run it again; "+
+		"a node started again by other means is supervised again", n, w.failures, c.LogHint(n)),
+		"node", n, "attempt", attempt, "outcome", OutcomeGaveUp, "err", err)
 	ev.Outcome = OutcomeGaveUp
 	s.emit(ev)
 }

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // ClusterOptions describe the Patroni nodes of one cluster on this
@@ -132,7 +134,33 @@ func (c *Cluster) Start(ctx context.Context) error {
 			}
 		}
 	}
-	return nil
+	// Patroni names a leader from the store before its PostgreSQL takes
+	// writes (a restart's crash recovery, a promotion): Start returns once
+	// it does.
+	var last error
+	for {
+		if last = c.writable(wctx); last == nil {
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("patroni cluster %s: no node takes writes: %w (last: %v); %s", c.opts.Scope, wctx.Err(), last, c.logTails())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// writable checks that the leader takes a read-write session.
+func (c *Cluster) writable(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(cctx, c.PrimaryDSN("postgres"))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(cctx, "SELECT 1")
+	return err
 }
 
 // logTails are the last lines of each node's Patroni log, for an error.

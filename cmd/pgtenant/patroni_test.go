@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/patroni"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/templates"
+)
+
+// TestUp_Patroni runs `up --patroni`: the cluster under Patroni (etcd, a
+// Patroni per node, a leader and a synchronous standby), registered with
+// its Patroni endpoints; a tenant created through it works through its
+// PgBouncer DSN. The leader's node dies (its Patroni and PostgreSQL
+// SIGKILLed): up's supervisor starts its Patroni again, the cluster has a
+// leader, and the tenant's DSN writes again. Ctrl-C leaves no Patroni,
+// etcd or PostgreSQL behind; a plain `up` on the same data dir runs it
+// under Patroni again, with the tenant's rows.
+func TestUp_Patroni(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	for _, p := range []string{"patroni", "etcd", "pgbouncer"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not installed (make test installs it)", p)
+		}
+	}
+	dataDir := filepath.Join(pgtest.TempDir(t), "data")
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+
+	p := startUp(t, dataDir, "--patroni")
+	stopped := false
+	defer func() {
+		if !stopped {
+			p.stop(t)
+		}
+	}()
+	if len(p.info.Clusters) != 1 || len(p.info.Clusters[0].Patroni) != 2 || len(p.info.Clusters[0].Nodes) != 2 {
+		t.Fatalf("up --patroni printed clusters %+v; want local with 2 Patroni endpoints and 2 nodes", p.info.Clusters)
+	}
+	pc := patroni.NewClient(p.info.Clusters[0].Patroni, nil)
+	leader := waitLeader(t, ctx, pc)
+	c := api.NewClient(p.info.URL, p.info.Token)
+	d, err := c.Cluster(ctx, "local")
+	if err != nil || d.Kind != "managed" || len(d.Patroni) != 2 || !d.SynchronousMode || len(d.Members) != 2 {
+		t.Fatalf("cluster show local: %+v, %v; want managed, 2 Patroni endpoints, synchronous, 2 members", d, err)
+	}
+	if _, err := c.CreateTemplate(ctx, "w", []templates.Upload{{Name: "0001_init.sql", Body: `CREATE TABLE writes (id int NOT NULL);`}}); err != nil {
+		t.Fatal(err)
+	}
+	created, err := c.CreateTenant(ctx, provision.Request{Template: "w"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(created.DSN, p.info.Clusters[0].Pooler) {
+		t.Errorf("tenant DSN %s: want the pooler's %s", created.DSN, p.info.Clusters[0].Pooler)
+	}
+	write(t, ctx, created.DSN, 1, time.Minute)
+
+	// The leader's node dies: Patroni and its PostgreSQL.
+	leader = waitLeader(t, ctx, pc)
+	node := filepath.Join(dataDir, "local", leader)
+	killNode(t, node)
+	killed := time.Now()
+	write(t, ctx, created.DSN, 2, 2*time.Minute)
+	t.Logf("node %s killed: the tenant wrote again through its DSN %.1fs later", leader, time.Since(killed).Seconds())
+	if _, err := pc.Leader(ctx); err != nil {
+		t.Errorf("after the node loss: %v", err)
+	}
+	p.stop(t)
+	stopped = true
+	if !strings.Contains(p.stderr.String(), `msg="node restarted"`) {
+		t.Errorf("up's supervisor did not start the killed Patroni again; up's log:\n%s", p.stderr)
+	}
+	for _, leftover := range processesUnder(dataDir) {
+		t.Errorf("after Ctrl-C, still running: %s", leftover)
+	}
+
+	// Without --patroni: the data dir runs under Patroni again.
+	p = startUp(t, dataDir)
+	defer p.stop(t)
+	if len(p.info.Clusters) != 1 || len(p.info.Clusters[0].Patroni) != 2 {
+		t.Fatalf("up again printed clusters %+v; want local under Patroni; up's log:\n%s", p.info.Clusters, p.stderr)
+	}
+	write(t, ctx, created.DSN, 3, 2*time.Minute)
+	conn, err := pgx.Connect(ctx, created.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM writes`).Scan(&n); err != nil || n != 3 {
+		t.Errorf("the tenant's rows after the restart: %d, %v; want 3", n, err)
+	}
+}
+
+// waitLeader waits for the cluster's running leader and names it.
+func waitLeader(t *testing.T, ctx context.Context, pc *patroni.Client) string {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	m, err := pc.WaitLeader(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Name
+}
+
+// write inserts id through dsn, retrying (a new connection each time)
+// until it is acknowledged or bound has passed.
+func write(t *testing.T, ctx context.Context, dsn string, id int, bound time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		conn, err := pgx.Connect(wctx, dsn)
+		if err == nil {
+			_, err = conn.Exec(wctx, `INSERT INTO writes VALUES ($1)`, id)
+			conn.Close(context.Background())
+		}
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("write %d through %s: %v after %v", id, dsn, err, bound)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// killNode SIGKILLs the Patroni whose node dir is dir and its PostgreSQL
+// (the postmaster and its process group): a node loss. It fails the test
+// unless both were running and are gone.
+func killNode(t *testing.T, dir string) {
+	t.Helper()
+	patronis := pidsWith(filepath.Join(dir, "patroni.yml"))
+	b, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid"))
+	if err != nil || len(patronis) == 0 {
+		t.Fatalf("kill the node in %s: patroni %v, postmaster.pid: %v", dir, patronis, err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pg, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		t.Fatalf("%s/data/postmaster.pid: %v", dir, err)
+	}
+	for _, pid := range patronis {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = syscall.Kill(-pg, syscall.SIGKILL)
+	_ = syscall.Kill(pg, syscall.SIGKILL)
+	for _, pid := range append(patronis, pg) {
+		for i := 0; syscall.Kill(pid, 0) == nil && !zombie(pid); i++ {
+			if i == 100 {
+				t.Fatalf("kill the node in %s: pid %d still runs", dir, pid)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// zombie reports whether pid has exited and waits for its parent.
+func zombie(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	_, rest, _ := strings.Cut(string(stat), ") ")
+	return strings.HasPrefix(rest, "Z")
+}
+
+// processesUnder lists the processes whose command line names a path
+// under dir.
+func processesUnder(dir string) []string {
+	var out []string
+	for _, pid := range pidsWith(dir) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		out = append(out, fmt.Sprintf("%d %s", pid, strings.ReplaceAll(string(cmdline), "\x00", " ")))
+	}
+	return out
+}
+
+// pidsWith returns the pids whose command line contains s.
+func pidsWith(s string) []int {
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), s) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
