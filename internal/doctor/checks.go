@@ -180,9 +180,19 @@ func poolerCheck(f Facts) Check {
 		"the catalog, a new tenant cannot log in or a suspended one still can. Each client and each server connection " +
 		"holds a file descriptor: max_client_conn plus the tenants' max_db_connections must fit under its open-file " +
 		"limit, and max_client_conn is shared by every tenant (PgBouncer 1.18 has no per-tenant client limit)."}
-	c.Got = fmt.Sprintf("%s: running %v, last sync ok %v, %d entries, %d tenants left out, %d differences; max_client_conn=%d, "+
-		"tenants' max_db_connections add up to %d, open-file limit %d", p.Addr, p.Running, p.Up && p.Err == "", p.Entries,
-		p.Skipped, len(p.Drift), p.MaxClientConn, p.ServerConnections, p.OpenFilesLimit)
+	running, synced, limit := "running", "last sync ok", "unknown"
+	if !p.Running {
+		running = "not running"
+	}
+	if !p.Up || p.Err != "" {
+		synced = "last sync failed"
+	}
+	if p.OpenFilesLimit >= 0 {
+		limit = strconv.FormatInt(p.OpenFilesLimit, 10)
+	}
+	c.Got = fmt.Sprintf("%s: %s, %s, %d entries, %d tenants left out, %d differences; max_client_conn=%d, "+
+		"tenants' max_db_connections add up to %d, open-file limit %s", p.Addr, running, synced, p.Entries,
+		p.Skipped, len(p.Drift), p.MaxClientConn, p.ServerConnections, limit)
 	need := int64(p.MaxClientConn + p.ServerConnections + 64)
 	c.Want = fmt.Sprintf("running and in sync; open-file limit >= %d (max_client_conn + server connections + 64); "+
 		"max_client_conn >= %d (every tenant's pool usable at once)", need, p.ServerConnections)
@@ -406,7 +416,16 @@ func analyticsSlots(f Facts) Check {
 		"that lags or whose daemon is gone fills the primary's disk; with it, PostgreSQL invalidates the slot instead and pgtenant copies the mirror again."}
 	wal := f.Settings["wal_level"]
 	keep := f.int("max_slot_wal_keep_size")
-	c.Got = fmt.Sprintf("wal_level=%s, max_slot_wal_keep_size=%s", wal, f.Settings["max_slot_wal_keep_size"])
+	keepGot := f.Settings["max_slot_wal_keep_size"] // MB
+	switch {
+	case keepGot == "":
+		keepGot = "unknown"
+	case keep == -1:
+		keepGot = "-1 (no limit)"
+	case keep >= 0:
+		keepGot = human(keep << 20)
+	}
+	c.Got = fmt.Sprintf("wal_level=%s, max_slot_wal_keep_size=%s", wal, keepGot)
 	c.Want = "wal_level=logical, max_slot_wal_keep_size set (not -1), below the free disk"
 	switch {
 	case f.Settings["max_slot_wal_keep_size"] == "":
@@ -537,6 +556,13 @@ func autovacuum(f Facts) Check {
 	return c
 }
 
+// statsWindow is how long the checkpoint statistics must cover before
+// doctor compares requested checkpoints with timed ones: 6 hours, and at
+// least 24 checkpoint_timeout intervals (seconds).
+func statsWindow(timeout int64) time.Duration {
+	return max(6*time.Hour, 24*time.Duration(max(timeout, 0))*time.Second)
+}
+
 // checkpoints: forced checkpoints from FILE_COPY creates and database drops.
 func checkpoints(f Facts) Check {
 	c := Check{Name: "checkpoints", Why: "CREATE DATABASE … STRATEGY FILE_COPY forces two checkpoints and DROP DATABASE one, on " +
@@ -557,14 +583,34 @@ func checkpoints(f Facts) Check {
 		strategy = "FILE_COPY"
 	}
 	estPerHour := float64(forcedDay) / 24
+	// The observed counts are judged only once the statistics cover
+	// enough timed checkpoints to outnumber the burst a new server's
+	// setup requests (base backups for its standbys, the first template
+	// and spare builds): a fleet 20 minutes old has had 4 timed ones.
 	obsPerHour := 0.0
-	if !f.StatsReset.IsZero() {
-		if h := time.Since(f.StatsReset).Hours(); h > 0.25 {
-			obsPerHour = float64(f.CheckpointsRequested) / h
+	window := statsWindow(timeout)
+	observed := fmt.Sprintf("observed %d requested vs %d timed", f.CheckpointsRequested, f.CheckpointsTimed)
+	if f.StatsReset.IsZero() {
+		observed += " (when the statistics were reset is unknown: not judged)"
+	} else {
+		age := time.Since(f.StatsReset)
+		shown := age.Truncate(time.Second)
+		if age >= time.Hour {
+			shown = age.Truncate(time.Minute)
+		}
+		observed += fmt.Sprintf(" in the %s since statistics reset", span(shown))
+		if age < window {
+			observed += fmt.Sprintf(" (not judged before %s: a new server's setup requests checkpoints that only hours of timed ones outnumber)", span(window))
+		} else {
+			obsPerHour = float64(f.CheckpointsRequested) / age.Hours()
 		}
 	}
-	c.Got = fmt.Sprintf("checkpoint_timeout=%ds (%.0f timed/hour), max_wal_size=%dMB; last 24h: %d tenant builds (%s for the largest template, %s), %d purges: ~%.1f forced/hour; observed %d requested vs %d timed since statistics reset",
-		timeout, timedPerHour, maxWAL>>20, f.BuildsDay, strategy, human(f.LargestSize), f.PurgesDay, estPerHour, f.CheckpointsRequested, f.CheckpointsTimed)
+	walGot := "unknown"
+	if maxWAL >= 0 {
+		walGot = human(maxWAL)
+	}
+	c.Got = fmt.Sprintf("checkpoint_timeout=%ds (%.0f timed/hour), max_wal_size=%s; last 24h: %d tenant builds (%s for the largest template, %s), %d purges: ~%.1f forced/hour; %s",
+		timeout, timedPerHour, walGot, f.BuildsDay, strategy, human(f.LargestSize), f.PurgesDay, estPerHour, observed)
 	c.Want = "forced (requested) checkpoints fewer than timed ones"
 	walPerCkpt := 0.0
 	if !fileCopy && timeout > 0 {

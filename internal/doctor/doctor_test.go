@@ -4,6 +4,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
@@ -262,6 +263,12 @@ func TestChecks(t *testing.T) {
 		{"9.6 with many databases and stats on disk: autovacuum storm", "autovacuum", doctor.Fail, func(f *doctor.Facts) {
 			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "ext4"
 		}},
+		{"a fleet 20 minutes old: its setup's checkpoints are not judged", "checkpoints", doctor.OK, func(f *doctor.Facts) {
+			f.StatsReset, f.CheckpointsRequested, f.CheckpointsTimed = time.Now().Add(-20*time.Minute), 30, 4
+		}},
+		{"a day of requested checkpoints outnumbering timed ones", "checkpoints", doctor.Warn, func(f *doctor.Facts) {
+			f.StatsReset, f.CheckpointsRequested, f.CheckpointsTimed = time.Now().Add(-24*time.Hour), 600, 288
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base()
@@ -305,4 +312,44 @@ func TestChecks_UpsSettingsPass(t *testing.T) {
 func goodPooler() *doctor.PoolerFacts {
 	return &doctor.PoolerFacts{Addr: "127.0.0.1:6432", Running: true, Up: true, Entries: 10, MaxClientConn: 5000,
 		ServerConnections: 100, OpenFilesLimit: 20000}
+}
+
+// TestChecks_SayWhatTheySaw: sizes carry units, states are words (not
+// "running true"), and a young server's checkpoint counts are shown with
+// the window they cover and why they are not judged yet.
+func TestChecks_SayWhatTheySaw(t *testing.T) {
+	f := base()
+	f.Pooler = goodPooler()
+	f.StatsReset, f.CheckpointsRequested, f.CheckpointsTimed = time.Now().Add(-20*time.Minute), 30, 4
+	for _, tc := range []struct {
+		check string
+		want  []string
+	}{
+		{"analytics_slots", []string{"max_slot_wal_keep_size=4.0 GiB"}},
+		{"checkpoints", []string{"max_wal_size=1.0 GiB", "observed 30 requested vs 4 timed in the 20m since statistics reset",
+			"not judged before 6h"}},
+		{"pooler", []string{"127.0.0.1:6432: running, last sync ok,", "open-file limit 20000"}},
+	} {
+		got := find(doctor.Checks(f), tc.check)
+		for _, w := range tc.want {
+			if !strings.Contains(got.Got, w) {
+				t.Errorf("%s: %q, want it to contain %q", tc.check, got.Got, w)
+			}
+		}
+	}
+	f.Pooler.Running, f.Pooler.Up, f.Pooler.OpenFilesLimit = false, false, -1
+	f.Settings["max_slot_wal_keep_size"] = "-1"
+	if got := find(doctor.Checks(f), "pooler").Got; !strings.Contains(got, "not running, last sync failed") || !strings.Contains(got, "open-file limit unknown") {
+		t.Errorf("pooler down: %q, want not running, last sync failed, open-file limit unknown", got)
+	}
+	if got := find(doctor.Checks(f), "analytics_slots").Got; !strings.Contains(got, "max_slot_wal_keep_size=-1 (no limit)") {
+		t.Errorf("analytics_slots without a limit: %q", got)
+	}
+	for _, c := range doctor.Checks(f) {
+		for _, word := range strings.FieldsFunc(c.Got, func(r rune) bool { return r == ' ' || r == ',' || r == ';' || r == ':' }) {
+			if word == "true" || word == "false" {
+				t.Errorf("%s says %q: %s", c.Name, word, c.Got)
+			}
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/sandbox"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -115,7 +116,7 @@ func (m *mover) copy(ctx context.Context, r *jobs.Run, e *env) error {
 	// The snapshot is no longer needed; the slot stays for the subscription.
 	repl.Close(ctx)
 	took := time.Since(began)
-	r.Note(ctx, fmt.Sprintf("copied %d rows (%s) of tenant %s in %s; subscribing %s from %s", rows, mbs(bytes), e.t.ID, took.Round(time.Millisecond), e.dst.Name(), slot.ConsistentPoint))
+	r.Note(ctx, fmt.Sprintf("copied %s (%s) of tenant %s in %s; subscribing %s from %s", count(rows, "row"), mbs(bytes), e.t.ID, took.Round(time.Millisecond), e.dst.Name(), slot.ConsistentPoint))
 	if err := m.createSubscription(ctx, e, dconn); err != nil {
 		return err
 	}
@@ -217,7 +218,8 @@ func (m *mover) copyRows(ctx context.Context, r *jobs.Run, e *env, sconn *pgx.Co
 	p := &pacer{ctx: ctx, r: r, clusters: []string{e.src.Name(), e.dst.Name()}, total: total}
 	var copied int64
 	for i, t := range tables {
-		p.msg = fmt.Sprintf("copying tenant %s from %s to %s: table %d of %d (%s)", e.t.ID, e.src.Name(), e.dst.Name(), i+1, len(tables), t.ident())
+		p.msg = fmt.Sprintf("copying tenant %s from %s to %s", e.t.ID, e.src.Name(), e.dst.Name())
+		p.table = fmt.Sprintf("table %d of %d (%s)", i+1, len(tables), t.ident())
 		n, err := copyTable(ctx, sconn, tx.Conn(), t, p)
 		if err != nil {
 			return 0, 0, fmt.Errorf("copy %s of tenant %s from %s to %s: %w", t.ident(), e.t.ID, e.src.Name(), e.dst.Name(), err)
@@ -313,10 +315,11 @@ type pacer struct {
 	r        *jobs.Run
 	clusters []string
 	w        io.Writer
-	n, next  int64 // bytes written; when to ask next
-	total    int64 // the tables' size on the source: an estimate
-	rows     int64 // rows of the tables done
-	msg      string
+	n, next  int64  // bytes written; when to ask next
+	total    int64  // the tables' size on the source: an estimate
+	rows     int64  // rows of the tables done (for the note at the end)
+	msg      string // what is copied: "copying tenant … to …"
+	table    string // the table being copied: "table 2 of 3 (s.t)"
 }
 
 func (p *pacer) Write(b []byte) (int, error) {
@@ -330,14 +333,30 @@ func (p *pacer) Write(b []byte) (int, error) {
 		}
 		p.next = p.n + paceEvery
 		total := max(p.total, p.n)
-		p.r.Progress(p.ctx, p.n, total, fmt.Sprintf("%s: %s of about %s, %d rows in the tables done", p.msg, mbs(p.n), mbs(total), p.rows))
+		p.r.Progress(p.ctx, p.n, total, copyProgress(p.msg, p.n, total, p.table))
 	}
 	n, err := p.w.Write(b)
 	p.n += int64(n)
 	return n, err
 }
 
-func mbs(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/(1<<20)) }
+// copyProgress is the copy's progress line: the COPY data written so far
+// against the tables' size on the source (an estimate: the COPY text is
+// larger or smaller than the pages), and the table being copied. It counts
+// bytes, not rows: the rows of a table are known only once it is done.
+func copyProgress(msg string, copied, total int64, table string) string {
+	return fmt.Sprintf("%s: %s of about %s copied, %s", msg, mbs(copied), mbs(total), table)
+}
+
+func mbs(n int64) string { return config.ByteSize(n).Human() }
+
+// count says n things: "1 row", "45 rows".
+func count(n int64, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return fmt.Sprintf("%d %ss", n, thing)
+}
 
 // revokeCopyParameter takes back from the tenant's agent the setting the
 // copy needed, and the role settings tenant code in the copy's session

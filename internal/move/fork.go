@@ -396,7 +396,8 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	}
 	p := &pacer{ctx: ctx, r: r, clusters: []string{e.cl.Name()}, total: total}
 	for i, t := range tables {
-		p.msg = fmt.Sprintf("copying tenant %s as of %s into %s: table %d of %d (%s)", e.src.ID, f.a.At.Format(time.RFC3339), e.into.ID, i+1, len(tables), t.ident())
+		p.msg = fmt.Sprintf("copying tenant %s as of %s into %s", e.src.ID, f.a.At.Format(time.RFC3339), e.into.ID)
+		p.table = fmt.Sprintf("table %d of %d (%s)", i+1, len(tables), t.ident())
 		n, err := copyTable(ctx, sconn, tx.Conn(), t, p)
 		if err != nil {
 			return fmt.Errorf("copy %s: %w", t.ident(), err)
@@ -422,7 +423,7 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit the copy of tenant %s into %s: %w", e.src.ID, e.into.ID, cluster.Classify(err))
 	}
-	r.Note(ctx, fmt.Sprintf("copied %d rows (%s) of tenant %s as of %s into %s", p.rows, mbs(p.n), e.src.ID, f.a.At.Format(time.RFC3339), e.into.ID))
+	r.Note(ctx, fmt.Sprintf("copied %s (%s) of tenant %s as of %s into %s", count(p.rows, "row"), mbs(p.n), e.src.ID, f.a.At.Format(time.RFC3339), e.into.ID))
 	return r.SaveData(ctx, e.st)
 }
 

@@ -370,11 +370,11 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 		}
 	}
 	rows, err := conn.Query(ctx, `SELECT pg_catalog.format('%I.%I', n.nspname, c.relname),
-			CASE WHEN c.relkind = 'f' THEN 'a foreign table (not replicated)'
-			     WHEN c.relkind = 'm' THEN 'a materialized view (not replicated)'
-			     WHEN c.relpersistence = 'u' THEN 'unlogged (not replicated)'
-			     WHEN c.relforcerowsecurity THEN 'under FORCE ROW LEVEL SECURITY, which neither the copy nor the apply worker may write through (PostgreSQL refuses it): NO FORCE it for the move'
-			     ELSE 'no primary key or replica identity: its updates and deletes could not be replicated (and would fail on the source during the move); add a primary key or set REPLICA IDENTITY FULL'
+			CASE WHEN c.relkind = 'f' THEN 'is a foreign table (not replicated)'
+			     WHEN c.relkind = 'm' THEN 'is a materialized view (not replicated)'
+			     WHEN c.relpersistence = 'u' THEN 'is unlogged (not replicated)'
+			     WHEN c.relforcerowsecurity THEN 'is under FORCE ROW LEVEL SECURITY, which neither the copy nor the apply worker may write through (PostgreSQL refuses it): NO FORCE it for the move'
+			     ELSE 'has no primary key or replica identity: its updates and deletes could not be replicated (and would fail on the source during the move); add a primary key or set REPLICA IDENTITY FULL'
 			END
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = ANY($1) AND (c.relkind IN ('f', 'm') OR (c.relkind = 'r' AND (c.relpersistence = 'u' OR c.relforcerowsecurity
@@ -393,7 +393,7 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 		return nil, cluster.Classify(err)
 	}
 	for _, b := range bads {
-		out = append(out, fmt.Sprintf("table %s is %s", b.rel, b.why))
+		out = append(out, fmt.Sprintf("table %s %s", b.rel, b.why))
 	}
 	// The target must be free: no database or role of the tenant's name
 	// (a leftover of an earlier move is purged first), and in schema mode

@@ -309,7 +309,7 @@ func TestMove_RefusedBeforeAnythingIsCopied(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if j.State != jobs.Failed || !strings.Contains(j.LastError, "move refused") || !strings.Contains(j.LastError, "nokey") ||
+	if j.State != jobs.Failed || !strings.Contains(j.LastError, "move refused") || !strings.Contains(j.LastError, "nokey has no primary key or replica identity") ||
 		!strings.Contains(j.LastError, "large objects") || !strings.Contains(j.LastError, "forced is under FORCE ROW LEVEL SECURITY") {
 		t.Errorf("move: %s %q; want failed, refused naming the tables and the large objects", j.State, j.LastError)
 	}
