@@ -53,7 +53,7 @@ func TestUp_Patroni(t *testing.T) {
 		t.Fatalf("up --patroni printed clusters %+v; want local with 2 Patroni endpoints and 2 nodes", p.info.Clusters)
 	}
 	pc := patroni.NewClient(p.info.Clusters[0].Patroni, nil)
-	leader := waitLeader(t, ctx, pc)
+	waitLeader(t, ctx, pc)
 	c := api.NewClient(p.info.URL, p.info.Token)
 	d, err := c.Cluster(ctx, "local")
 	if err != nil || d.Kind != "managed" || len(d.Patroni) != 2 || !d.SynchronousMode || len(d.Members) != 2 {
@@ -72,7 +72,7 @@ func TestUp_Patroni(t *testing.T) {
 	write(t, ctx, created.DSN, 1, time.Minute)
 
 	// The leader's node dies: Patroni and its PostgreSQL.
-	leader = waitLeader(t, ctx, pc)
+	leader := waitLeader(t, ctx, pc)
 	node := filepath.Join(dataDir, "local", leader)
 	killNode(t, node)
 	killed := time.Now()
