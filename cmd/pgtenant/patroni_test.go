@@ -78,6 +78,10 @@ func TestUp_Patroni(t *testing.T) {
 	killed := time.Now()
 	write(t, ctx, created.DSN, 2, 2*time.Minute)
 	t.Logf("node %s killed: the tenant wrote again through its DSN %.1fs later", leader, time.Since(killed).Seconds())
+	// The catalog lives on this cluster too: the API serves again.
+	if _, err := c.CreateTenant(ctx, provision.Request{Template: "w"}); err != nil {
+		t.Errorf("tenant create after the node loss: %v", err)
+	}
 	if _, err := pc.Leader(ctx); err != nil {
 		t.Errorf("after the node loss: %v", err)
 	}

@@ -134,10 +134,11 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		return res, Table{}, err
 	}
 	defer stop()
-	dir := filepath.Join(e.Dir, "analytics-daemon")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, removeDir, err := e.daemonDir("analytics-daemon")
+	if err != nil {
 		return res, Table{}, err
 	}
+	defer removeDir()
 	cfg := benchConfig(fc, dir)
 	cfg.Analytics.Listen = "127.0.0.1:0"
 	cfg.Analytics.MemoryLimit = config.ByteSize(1 << 30)

@@ -21,7 +21,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/patroni"
-	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -176,15 +175,11 @@ func (e *Env) Failover(ctx context.Context, o FailoverOptions) (FailoverResult, 
 		return res, Table{}, err
 	}
 
-	dir := filepath.Join(e.Dir, "failover-daemon")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, removeDir, err := e.daemonDir("failover-daemon")
+	if err != nil {
 		return res, Table{}, err
 	}
-	defer func() {
-		if !e.Keep {
-			os.RemoveAll(dir)
-		}
-	}()
+	defer removeDir()
 	cfg := benchConfig(fc, dir)
 	// A transaction-mode tier: a switchover's PAUSE waits for the
 	// transactions in flight, not for the clients to disconnect. One
@@ -211,20 +206,15 @@ func (e *Env) Failover(ctx context.Context, o FailoverOptions) (FailoverResult, 
 		return res, Table{}, fmt.Errorf("cluster add %s --patroni: %w", b.name, err)
 	}
 	e.logf("failover: registered %s (%s, leader %s at port %d)", b.name, added.Status, leader.Name, leader.Port)
-	pdir := filepath.Join(e.Dir, "failover-pgbouncer")
-	defer func() {
-		if !e.Keep {
-			os.RemoveAll(pdir)
-		}
-	}()
-	port, err := pooler.LocalPort(pdir)
+	pdir, removePooler, err := e.daemonDir("failover-pgbouncer")
 	if err != nil {
 		return res, Table{}, err
 	}
-	pc := config.DefaultPooler()
-	pc.Listen, pc.Dir = "127.0.0.1:"+strconv.Itoa(port), pdir
-	keep := false
-	pc.KeepRunning = &keep
+	defer removePooler()
+	pc, err := benchPooler(pdir)
+	if err != nil {
+		return res, Table{}, err
+	}
 	if d, err = e.startDaemonInProcess(ctx, fc, cfg, func(do *daemon.Options) {
 		do.Poolers = map[string]config.PoolerConfig{b.name: pc}
 	}); err != nil {

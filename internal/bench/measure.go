@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -28,6 +29,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -434,6 +436,34 @@ func benchConfig(fc *fleet.Cluster, dir string) config.Config {
 	// tier's connection limit; admission is not what they measure.
 	cfg.Provision.ConnectionOvercommit = 0
 	return cfg
+}
+
+// daemonDir makes the work dir e.Dir/name of a bench's daemon; remove
+// deletes it unless Keep.
+func (e *Env) daemonDir(name string) (dir string, remove func(), err error) {
+	dir = filepath.Join(e.Dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", nil, err
+	}
+	return dir, func() {
+		if !e.Keep {
+			os.RemoveAll(dir)
+		}
+	}, nil
+}
+
+// benchPooler is the pooler block of a bench's cluster: its files in dir,
+// a free loopback port, stopped with the daemon.
+func benchPooler(dir string) (config.PoolerConfig, error) {
+	port, err := pooler.LocalPort(dir)
+	if err != nil {
+		return config.PoolerConfig{}, err
+	}
+	pc := config.DefaultPooler()
+	pc.Listen, pc.Dir = "127.0.0.1:"+strconv.Itoa(port), dir
+	keep := false
+	pc.KeepRunning = &keep
+	return pc, nil
 }
 
 // startDaemonInProcess runs a daemon with cfg on fc until Stop.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -19,7 +18,6 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
-	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -79,22 +77,16 @@ func (e *Env) Move(ctx context.Context, o MoveOptions) (MoveResult, Table, error
 		return res, Table{}, err
 	}
 	defer stopB()
-	dir := filepath.Join(e.Dir, "move-daemon")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, removeDir, err := e.daemonDir("move-daemon")
+	if err != nil {
 		return res, Table{}, err
 	}
+	defer removeDir()
 	poolers := map[string]config.PoolerConfig{}
 	for _, fc := range []*fleet.Cluster{a, b} {
-		pdir := filepath.Join(e.Dir, fc.Name(), "pgbouncer")
-		port, err := pooler.LocalPort(pdir)
-		if err != nil {
+		if poolers[fc.Name()], err = benchPooler(filepath.Join(e.Dir, fc.Name(), "pgbouncer")); err != nil {
 			return res, Table{}, err
 		}
-		pc := config.DefaultPooler()
-		pc.Listen, pc.Dir = "127.0.0.1:"+strconv.Itoa(port), pdir
-		keep := false
-		pc.KeepRunning = &keep
-		poolers[fc.Name()] = pc
 	}
 	cfg := benchConfig(a, dir)
 	cfg.Drop.Retention = config.Duration(time.Second)

@@ -22,7 +22,6 @@ import (
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
-	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -85,23 +84,19 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		return res, Table{}, err
 	}
 	defer stop()
-	dir := filepath.Join(e.Dir, "pooler-daemon")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return res, Table{}, err
-	}
-	poolerDir := filepath.Join(e.Dir, "pooler", "pgbouncer")
-	port, err := pooler.LocalPort(poolerDir)
+	dir, removeDir, err := e.daemonDir("pooler-daemon")
 	if err != nil {
 		return res, Table{}, err
 	}
-	pc := config.DefaultPooler()
-	pc.Listen, pc.Dir = "127.0.0.1:"+strconv.Itoa(port), poolerDir
+	defer removeDir()
+	pc, err := benchPooler(filepath.Join(e.Dir, "pooler", "pgbouncer"))
+	if err != nil {
+		return res, Table{}, err
+	}
 	pc.MaxClientConn = o.Tenants*o.Idle + 4*o.Busy + 100
 	// Idle server connections go after a second: a thousand tenants that
 	// each ran a query hold few backends soon after.
 	pc.ServerIdleTimeout = config.Duration(time.Second)
-	keep := false
-	pc.KeepRunning = &keep
 
 	cfg := benchConfig(fc, dir)
 	cfg.Tiers["bench"] = config.Tier{ConnectionLimit: 2 * o.Busy, StatementTimeout: config.Duration(time.Minute),

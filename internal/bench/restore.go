@@ -133,15 +133,11 @@ func (e *Env) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, Tab
 	// Whatever scratch instance is left (the manual recipe's, or a job's
 	// the daemon was stopped in) is stopped and removed, after the daemon.
 	defer removeScratches(st)
-	dir := filepath.Join(e.Dir, "restore-daemon")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, removeDir, err := e.daemonDir("restore-daemon")
+	if err != nil {
 		return res, Table{}, err
 	}
-	defer func() {
-		if !e.Keep {
-			os.RemoveAll(dir)
-		}
-	}()
+	defer removeDir()
 	cfg := benchConfig(fc, dir)
 	// One full backup when the daemon starts, the bench's own after the
 	// load, and no scheduled one in between.

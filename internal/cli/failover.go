@@ -55,12 +55,7 @@ func newLeaderChangeCmd(g *globals, force bool, use, short, long string) *cobra.
 			if err != nil {
 				return err
 			}
-			if wait {
-				if j, err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
-					return err
-				}
-			}
-			return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+			return g.printJob(cmd.Context(), c, j, wait)
 		},
 	}
 	if force {

@@ -93,12 +93,7 @@ admits them) are named when the job ends. --wait follows it with a progress bar.
 			if err != nil {
 				return err
 			}
-			if wait {
-				if j, err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
-					return err
-				}
-			}
-			return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+			return g.printJob(cmd.Context(), c, j, wait)
 		},
 	}
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the drain with a progress bar")

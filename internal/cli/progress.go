@@ -78,6 +78,17 @@ func (g *globals) waitJob(ctx context.Context, c *api.Client, id int64) (jobs.Jo
 	return j, nil
 }
 
+// printJob prints a job a command started, once done when wait (--wait).
+func (g *globals) printJob(ctx context.Context, c *api.Client, j jobs.Job, wait bool) error {
+	if wait {
+		var err error
+		if j, err = g.waitJob(ctx, c, j.ID); err != nil {
+			return err
+		}
+	}
+	return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+}
+
 // waitJobs waits for each of js in turn (waitJob) and returns them as they
 // ended.
 func (g *globals) waitJobs(ctx context.Context, c *api.Client, js []jobs.Job) ([]jobs.Job, error) {

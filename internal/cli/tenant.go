@@ -472,12 +472,7 @@ tenant's cluster (docs/operations/backups.md). --wait follows the job.`,
 			if err != nil {
 				return err
 			}
-			if wait {
-				if j, err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
-					return err
-				}
-			}
-			return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+			return g.printJob(cmd.Context(), c, j, wait)
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", `the time to go back to: RFC 3339, or a duration before now ("5m ago") (required)`)
@@ -575,12 +570,7 @@ purged. The answer is the move's job; --wait follows it with a progress bar.`,
 			if err != nil {
 				return err
 			}
-			if wait {
-				if j, err = g.waitJob(cmd.Context(), c, j.ID); err != nil {
-					return err
-				}
-			}
-			return g.print(j, func(w io.Writer) { jobDetail(w, j) })
+			return g.printJob(cmd.Context(), c, j, wait)
 		},
 	}
 	cmd.Flags().StringVar(&to, "to", "", "the cluster to move the tenant to (required)")

@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"strconv"
@@ -88,8 +89,20 @@ type Facts struct {
 	OpenFilesLimit int64  // the postmaster's soft RLIMIT_NOFILE (-1 unknown)
 	StatsTempFS    string // file system type of stats_temp_directory (servers before 15)
 
-	Pooler *PoolerFacts // the cluster's PgBouncer, nil without one
-	Backup *BackupFacts // the cluster's pgBackRest stanza, nil when it has none
+	Pooler  *PoolerFacts  // the cluster's PgBouncer, nil without one
+	Backup  *BackupFacts  // the cluster's pgBackRest stanza, nil when it has none
+	Patroni *PatroniFacts // the cluster's Patroni members, nil when Patroni does not run it
+}
+
+// PatroniFacts are what the failover check looks at: the members of a
+// cluster Patroni runs, as its REST API reports them.
+type PatroniFacts struct {
+	Err             string // Patroni did not answer
+	Leader          string // the running leader, "" for none
+	Members         int
+	Replicas        int // running replicas (synchronous or not)
+	SyncStandbys    int // running synchronous standbys
+	SynchronousMode bool
 }
 
 // BackupFacts are what the backup checks look at: the repository
@@ -169,7 +182,43 @@ func Checks(f Facts) []Check {
 	if f.Backup != nil {
 		out = append(out, archiving(*f.Backup), backupAge(f.Cluster, *f.Backup), backupDisk(*f.Backup))
 	}
+	if f.Patroni != nil {
+		out = append(out, failover(f.Cluster, *f.Patroni))
+	}
 	return out
+}
+
+// failover: a cluster Patroni runs has a leader and a replica to promote,
+// and in synchronous mode a synchronous standby (else a commit is
+// acknowledged unreplicated, and no standby is promoted automatically).
+func failover(name string, p PatroniFacts) Check {
+	c := Check{Name: "failover", Want: "a running leader and a running replica; in synchronous mode a synchronous standby",
+		Why: "Patroni promotes a replica when the leader's node dies. With none, the cluster is down until the node is back; " +
+			"in synchronous mode without a synchronous standby commits are acknowledged before any standby has them, " +
+			"and Patroni promotes no one automatically (docs/operations/failover.md)."}
+	mode := "asynchronous"
+	if p.SynchronousMode {
+		mode = "synchronous"
+	}
+	c.Got = fmt.Sprintf("leader %s, %d members, %d running replicas (%d synchronous), %s mode", cmp.Or(p.Leader, "none"), p.Members,
+		p.Replicas, p.SyncStandbys, mode)
+	switch {
+	case p.Err != "":
+		c.Status, c.Got = Unknown, "Patroni does not answer: "+p.Err
+		c.Fix = "check the Patroni nodes' REST APIs (`pgtenant cluster show " + name + "` lists their URLs)"
+	case p.Leader == "":
+		c.Status = Fail
+		c.Fix = "see why no node leads in the Patroni nodes' logs; `pgtenant cluster failover " + name + " --to NODE` forces one"
+	case p.Replicas == 0:
+		c.Status = Warn
+		c.Fix = "start the cluster's other node(s): Patroni rejoins them as replicas"
+	case p.SynchronousMode && p.SyncStandbys == 0:
+		c.Status = Warn
+		c.Fix = "wait for the replica to catch up (it becomes the synchronous standby), or see why it does not in its Patroni log"
+	default:
+		c.Status = OK
+	}
+	return c
 }
 
 // poolerCheck: the pooler runs, is in sync with the catalog, and has the

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -30,6 +31,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 )
 
@@ -178,7 +180,36 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		f.Pooler = d.poolerFacts(front, f.TenantsByTier)
 	}
 	f.Backup = backupFacts(ctx, d.Backups, cl.Name())
+	if c, err := d.Store.GetCluster(ctx, cl.Name()); err == nil && len(c.PatroniURLs) > 0 {
+		f.Patroni = patroniFacts(ctx, c.PatroniURLs)
+	}
 	return f, nil
+}
+
+// patroniFacts reads a cluster's members from its Patroni nodes.
+func patroniFacts(ctx context.Context, urls []string) *PatroniFacts {
+	pc := patroni.NewClient(urls, &http.Client{Timeout: 5 * time.Second})
+	ms, err := pc.Members(ctx)
+	if err == nil {
+		var sync bool
+		if sync, err = pc.SynchronousMode(ctx); err == nil {
+			p := &PatroniFacts{Members: len(ms), SynchronousMode: sync}
+			for _, m := range ms {
+				running := m.State == "running" || m.State == "streaming"
+				switch {
+				case m.Role == patroni.RoleLeader && running:
+					p.Leader = m.Name
+				case running:
+					p.Replicas++
+					if m.Role == patroni.RoleSyncStandby {
+						p.SyncStandbys++
+					}
+				}
+			}
+			return p
+		}
+	}
+	return &PatroniFacts{Err: err.Error()}
 }
 
 // poolerFacts reads a pooler's last sync, its settings and its process.

@@ -269,6 +269,24 @@ func TestChecks(t *testing.T) {
 		{"a day of requested checkpoints outnumbering timed ones", "checkpoints", doctor.Warn, func(f *doctor.Facts) {
 			f.StatsReset, f.CheckpointsRequested, f.CheckpointsTimed = time.Now().Add(-24*time.Hour), 600, 288
 		}},
+		{"Patroni: a leader and a synchronous standby", "failover", doctor.OK, func(f *doctor.Facts) { f.Patroni = goodPatroni() }},
+		{"Patroni: asynchronous with a replica", "failover", doctor.OK, func(f *doctor.Facts) {
+			f.Patroni = goodPatroni()
+			f.Patroni.SynchronousMode, f.Patroni.SyncStandbys = false, 0
+		}},
+		{"Patroni: synchronous mode without a synchronous standby", "failover", doctor.Warn, func(f *doctor.Facts) {
+			f.Patroni = goodPatroni()
+			f.Patroni.SyncStandbys = 0
+		}},
+		{"Patroni: no replica to promote", "failover", doctor.Warn, func(f *doctor.Facts) {
+			f.Patroni = goodPatroni()
+			f.Patroni.Replicas, f.Patroni.SyncStandbys = 0, 0
+		}},
+		{"Patroni: no leader", "failover", doctor.Fail, func(f *doctor.Facts) {
+			f.Patroni = goodPatroni()
+			f.Patroni.Leader = ""
+		}},
+		{"Patroni does not answer", "failover", doctor.Unknown, func(f *doctor.Facts) { f.Patroni = &doctor.PatroniFacts{Err: "refused"} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := base()
@@ -282,6 +300,11 @@ func TestChecks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// goodPatroni is a cluster under Patroni as it should be.
+func goodPatroni() *doctor.PatroniFacts {
+	return &doctor.PatroniFacts{Leader: "n1", Members: 2, Replicas: 1, SyncStandbys: 1, SynchronousMode: true}
 }
 
 // TestChecks_UpsSettingsPass: the files and locks checks pass a cluster

@@ -71,6 +71,24 @@ func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
 		}
 	}
 
+	// doctor's failover check passes a cluster with a leader and a
+	// synchronous standby.
+	rep, err := c.Doctor(ctx, "pc2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var check string
+	for _, cr := range rep.Clusters {
+		for _, ch := range cr.Checks {
+			if ch.Name == "failover" {
+				check = ch.Status + ": " + ch.Got
+			}
+		}
+	}
+	if !strings.HasPrefix(check, "ok: leader "+leader.Name) {
+		t.Errorf("doctor's failover check of pc2: %q, want ok naming the leader %s", check, leader.Name)
+	}
+
 	daemontest.CreateTemplate(t, c, "w", []templates.Upload{{Name: "0001_init.sql", Body: `CREATE TABLE writes (id int NOT NULL);`}})
 	txn, err := c.CreateTenant(ctx, provision.Request{Template: "w", Cluster: "pc2", Tier: "busy"})
 	if err != nil {
