@@ -17,6 +17,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/patroni/patronitest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -44,15 +45,7 @@ func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
 	cfg := daemontest.Config(t, pg)
 	cfg.Tiers["busy"] = config.Tier{ConnectionLimit: 5, PoolMode: "transaction", PoolSize: 2}
 	local := daemontest.Managed(pg)
-	_, c, stop := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local}})
-	dsn := fmt.Sprintf("host=192.0.2.1 port=1 user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
-		patroni.SuperuserName, pc.Passwords.Superuser)
-	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: "pc2", DSN: dsn, Patroni: pc.URLs}); err != nil {
-		t.Fatal(err)
-	}
-	stop()
-	d, c, _ := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local},
-		Poolers: map[string]config.PoolerConfig{"pc2": daemontest.Pooler(t)}})
+	d, c := following(t, ctx, cfg, pc, "pc2")
 
 	for _, bad := range []struct {
 		what   string
@@ -213,4 +206,94 @@ func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Jo
 		t.Fatalf("job %d: %s (%s), %v", id, j.State, j.LastError, err)
 	}
 	return j
+}
+
+// following registers the Patroni cluster pc as name, as `cluster add
+// --patroni` does, with a daemon it then starts again with a PgBouncer in
+// front of the cluster (a pooler block is read at start), and returns
+// that daemon.
+func following(t *testing.T, ctx context.Context, cfg config.Config, pc *patronitest.Cluster, name string) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	local := daemontest.Managed(pg)
+	_, c, stop := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local}})
+	// The DSN's host and port are nobody's: the leader's replace them.
+	dsn := fmt.Sprintf("host=192.0.2.1 port=1 user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
+		patroni.SuperuserName, pc.Passwords.Superuser)
+	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: name, DSN: dsn, Patroni: pc.URLs}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	d, c, _ := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local},
+		Poolers: map[string]config.PoolerConfig{name: daemontest.Pooler(t)}})
+	return d, c
+}
+
+// TestSwitchover_JobsInFlightFinish starts a rollout and a purge while a
+// switchover of their cluster runs: both meet the old leader going away
+// and finish on the new one; every tenant is at the new version, the
+// purged one is gone, and reconcile finds nothing.
+func TestSwitchover_JobsInFlightFinish(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	pc := patronitest.Start(t, ctx, patronitest.Options{Scope: "pc3",
+		Parameters: map[string]string{"max_connections": "60"}, Programs: []string{"pgbouncer"}})
+	_, standby := pc.WaitLeaderAndSyncStandby(t, ctx, "")
+	_, c := following(t, ctx, daemontest.Config(t, pg), pc, "pc3")
+
+	v1 := templates.Upload{Name: "0001_init.sql", Body: `CREATE TABLE items (id int PRIMARY KEY, note text);`}
+	daemontest.CreateTemplate(t, c, "w", []templates.Upload{v1})
+	var ids []string
+	for range 6 {
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "w", Cluster: "pc3"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Tenant.ID)
+	}
+	added, err := c.PushTemplate(ctx, "w", []templates.Upload{v1, {Name: "0002_extra.sql", Body: `ALTER TABLE items ADD COLUMN extra int;`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range added.BuildJobs {
+		waitJob(t, ctx, c, j.ID)
+	}
+
+	sw, err := c.Switchover(ctx, "pc3", api.SwitchoverRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro, err := c.StartRollout(ctx, migrate.Request{Template: "w"})
+	if err != nil || ro.Rollout == nil || ro.Rollout.Job == nil {
+		t.Fatalf("rollout during the switchover: %+v, %v", ro, err)
+	}
+	dropped, err := c.DropTenant(ctx, ids[0], true)
+	if err != nil || dropped.Job == nil {
+		t.Fatalf("purge during the switchover: %+v, %v", dropped, err)
+	}
+	waitJob(t, ctx, c, sw.ID)
+	waitJob(t, ctx, c, ro.Rollout.Job.ID)
+	waitJob(t, ctx, c, dropped.Job.ID)
+	if d, err := c.Cluster(ctx, "pc3"); err != nil || !strings.Contains(d.DSN, fmt.Sprintf("port=%d", pc.Node(standby.Name).Port())) {
+		t.Fatalf("after the switchover pc3 is at %s (%v), want %s's port", d.DSN, err, standby.Name)
+	}
+	for _, id := range ids[1:] {
+		if tn, err := c.Tenant(ctx, id); err != nil || tn.Version != 2 {
+			t.Errorf("tenant %s after the rollout across the switchover: version %d, %v; want 2", id, tn.Version, err)
+		}
+	}
+	if tn, err := c.Tenant(ctx, ids[0]); err == nil && tn.State != catalog.StatePurged {
+		t.Errorf("tenant %s after its purge across the switchover: %s, want purged", ids[0], tn.State)
+	}
+	// The old leader rejoins as the synchronous standby.
+	pc.WaitLeaderAndSyncStandby(t, ctx, standby.Name)
+	// The pool refills its spares meanwhile: reconcile once no job runs
+	// (a spare's build makes its roles before its catalog row).
+	patronitest.WaitFor(t, ctx, time.Minute, "no job queued or running", func() bool {
+		js, err := c.Jobs(ctx, url.Values{"state": {string(jobs.Active)}})
+		return err == nil && len(js) == 0
+	}, func() string { return "jobs still active" })
+	rep, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "pc3"})
+	if err != nil || len(rep.Findings) != 0 || len(rep.Errors) != 0 {
+		t.Errorf("reconcile of pc3 after the switchover: %+v, %v; want nothing found", rep, err)
+	}
 }
