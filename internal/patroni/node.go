@@ -278,11 +278,15 @@ func (n *Node) Stop(ctx context.Context) error {
 		}
 	}
 	if pid := postmasterPID(n.DataDir()); pid != 0 {
-		// SIGQUIT is PostgreSQL's immediate shutdown.
+		// SIGQUIT is PostgreSQL's immediate shutdown; ctx may be over
+		// already (Patroni did not stop in time): a few seconds of their own.
 		_ = syscall.Kill(pid, syscall.SIGQUIT)
-		if waitGone(ctx, pid) != nil {
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		if waitGone(wctx, pid) != nil {
 			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+		cancel()
 	}
 	if err == nil {
 		n.log.Info("patroni stopped")
