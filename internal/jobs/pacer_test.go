@@ -377,17 +377,16 @@ func TestPacer_GoesAheadDuringATimedCheckpoint(t *testing.T) {
 	budget.PollInterval = config.Duration(50 * time.Millisecond)
 	budget.MaxCheckpointWait = config.Duration(time.Hour) // were it waited for, it would be waited out
 	pacer := jobs.NewPacer(reg, func(string) config.PacerConfig { return budget }, admin, pgtest.Logger(t), nil)
-	release, err := pacer.Acquire(ctx, "local", jobs.Heavy, nil)
+	// What the pacer says while a step waits: nothing, if it goes ahead.
+	// (Whether the checkpoint is still running afterwards depends on the
+	// machine's load: a loaded one may finish it meanwhile.)
+	var waited []string
+	release, err := pacer.Acquire(ctx, "local", jobs.Heavy, func(reason string) { waited = append(waited, reason) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	release()
-	h, err := cl.Probe(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !h.CheckpointInProgress || h.CheckpointsTimed != timed {
-		t.Errorf("the heavy step went ahead only after the timed checkpoint (in progress %v, timed checkpoints %d, was %d)",
-			h.CheckpointInProgress, h.CheckpointsTimed, timed)
+	if len(waited) > 0 {
+		t.Errorf("the heavy step waited during a timed checkpoint (timed checkpoints before: %d): %q", timed, waited)
 	}
 }
