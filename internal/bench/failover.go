@@ -366,53 +366,11 @@ func (b *failoverBench) nodeDSN(port int) string { return b.cluster.DSN(port, "p
 
 // waitWhole waits until the cluster has a running leader and a running
 // standby that streams from it less than 1 MiB behind, synchronous in
-// mode sync (Patroni's role sync_standby and PostgreSQL's sync_state) and
-// asynchronous in mode async.
+// mode sync and asynchronous in mode async (patroni.Cluster.WaitStandby).
 func (b *failoverBench) waitWhole(ctx context.Context, mode string) (leader, standby patroni.Member, err error) {
-	var last string
-	err = waitUntil(ctx, failoverSettle, func() bool {
-		ms, err := b.patroni.Members(ctx)
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		last = fmt.Sprintf("%+v", ms)
-		leader, standby = patroni.Member{}, patroni.Member{}
-		role, state := patroni.RoleSyncStandby, "sync"
-		if mode == ModeAsync {
-			role, state = patroni.RoleReplica, "async"
-		}
-		for _, m := range ms {
-			switch {
-			case m.Role == patroni.RoleLeader && m.State == "running":
-				leader = m
-			case m.Role == role && (m.State == "running" || m.State == "streaming") && m.Lag >= 0 && m.Lag < 1<<20:
-				standby = m
-			}
-		}
-		if leader.Name == "" || standby.Name == "" {
-			return false
-		}
-		// Patroni's view comes from the store; PostgreSQL's own says the
-		// standby streams, in the mode asked for.
-		conn, err := pgx.Connect(ctx, b.nodeDSN(leader.Port))
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		defer conn.Close(context.Background())
-		var n int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming' AND sync_state = $2`,
-			standby.Name, state).Scan(&n); err != nil {
-			last = err.Error()
-			return false
-		}
-		return n == 1
-	})
-	if err != nil {
-		return leader, standby, fmt.Errorf("wait for a leader and a streaming %s standby: %w; last: %s", mode, err, last)
-	}
-	return leader, standby, nil
+	wctx, cancel := context.WithTimeout(ctx, failoverSettle)
+	defer cancel()
+	return b.cluster.WaitStandby(wctx, "", mode == ModeSync)
 }
 
 // waitFollowed waits until the daemon connects to the leader at port.

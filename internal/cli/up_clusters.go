@@ -66,8 +66,7 @@ func startFleetCluster(ctx context.Context, g *globals, dir, name string, standb
 		uc.managed.StandbyDSNs = append(uc.managed.StandbyDSNs, fc.DSN(s, "postgres"))
 	}
 	for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
-		uc.nodes = append(uc.nodes, nodeInfo{Name: n.Name,
-			DSN: "postgres://" + fleet.Superuser + "@127.0.0.1:" + strconv.Itoa(n.Port) + "/postgres?sslmode=disable"})
+		uc.nodes = append(uc.nodes, newNodeInfo(n.Name, fleet.Superuser, n.Port))
 	}
 	if !fc.Backups() {
 		if withBackups {
@@ -84,6 +83,12 @@ func startFleetCluster(ctx context.Context, g *globals, dir, name string, standb
 		return uc, nil, fmt.Errorf("cluster %s: backups: %w", name, err)
 	}
 	return uc, st, nil
+}
+
+// newNodeInfo is a node as up prints it: the superuser's DSN of its
+// postgres database, without the password.
+func newNodeInfo(name, superuser string, port int) nodeInfo {
+	return nodeInfo{Name: name, DSN: "postgres://" + superuser + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable"}
 }
 
 // upUnderPatroni decides whether up runs the data dir's clusters under
@@ -165,8 +170,7 @@ func startPatroniCluster(ctx context.Context, g *globals, dir, name string, stan
 	}
 	uc.managed = catalog.Cluster{Name: name, DSN: primary, StandbyDSNs: replicas, PatroniURLs: pc.URLs}
 	for _, n := range pc.Nodes {
-		uc.nodes = append(uc.nodes, nodeInfo{Name: n.Name(),
-			DSN: "postgres://" + patroni.SuperuserName + "@127.0.0.1:" + strconv.Itoa(n.Port()) + "/postgres?sslmode=disable"})
+		uc.nodes = append(uc.nodes, newNodeInfo(n.Name(), patroni.SuperuserName, n.Port()))
 	}
 	return uc, nil
 }

@@ -195,11 +195,10 @@ func patroniFacts(ctx context.Context, urls []string) *PatroniFacts {
 		if sync, err = pc.SynchronousMode(ctx); err == nil {
 			p := &PatroniFacts{Members: len(ms), SynchronousMode: sync}
 			for _, m := range ms {
-				running := m.State == "running" || m.State == "streaming"
 				switch {
-				case m.Role == patroni.RoleLeader && running:
+				case m.Role == patroni.RoleLeader && m.Running():
 					p.Leader = m.Name
-				case running:
+				case m.Running():
 					p.Replicas++
 					if m.Role == patroni.RoleSyncStandby {
 						p.SyncStandbys++

@@ -185,7 +185,7 @@ func (f *Follower) check(ctx context.Context, c catalog.Cluster, st *tracked) er
 	if err != nil {
 		return suspect(err)
 	}
-	leader, ok := leaderOf(ms)
+	leader, ok := patroni.LeaderOf(ms)
 	if !ok {
 		return suspect(fmt.Errorf("cluster %s: %w", c.Name, patroni.ErrNoLeader))
 	}
@@ -338,16 +338,6 @@ func (f *Follower) Members(ctx context.Context, c catalog.Cluster) ([]patroni.Me
 	return ms, sync, err
 }
 
-// leaderOf returns the running leader of ms.
-func leaderOf(ms []patroni.Member) (patroni.Member, bool) {
-	for _, m := range ms {
-		if m.Role == patroni.RoleLeader && m.State == "running" {
-			return m, true
-		}
-	}
-	return patroni.Member{}, false
-}
-
 // standbyDSNs are dsn pointed at each running replica of ms (by name):
 // a member that is stopped, starting or lost is no standby to watch.
 func standbyDSNs(dsn string, ms []patroni.Member, leader patroni.Member) ([]string, error) {
@@ -355,8 +345,7 @@ func standbyDSNs(dsn string, ms []patroni.Member, leader patroni.Member) ([]stri
 	slices.SortFunc(ms, func(a, b patroni.Member) int { return cmp.Compare(a.Name, b.Name) })
 	var out []string
 	for _, m := range ms {
-		// Patroni 3.0 says running for a replica, later versions streaming.
-		if m.Name == leader.Name || (m.State != "running" && m.State != "streaming") || m.Host == "" {
+		if m.Name == leader.Name || !m.Running() || m.Host == "" {
 			continue
 		}
 		s, err := cluster.WithHostPort(dsn, m.Host, m.Port)
@@ -377,7 +366,7 @@ func Topology(ctx context.Context, urls []string, dsn string, hc *http.Client) (
 	if err != nil {
 		return "", nil, err
 	}
-	leader, ok := leaderOf(ms)
+	leader, ok := patroni.LeaderOf(ms)
 	if !ok {
 		return "", nil, patroni.ErrNoLeader
 	}

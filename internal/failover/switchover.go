@@ -1,6 +1,7 @@
 package failover
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -87,7 +91,7 @@ func (f *Follower) Switchover(ctx context.Context, name, to string, force bool) 
 // switchover without one the synchronous standby, else the running
 // replica of least lag.
 func candidate(ms []patroni.Member, to string, force bool) (patroni.Member, error) {
-	leader, hasLeader := leaderOf(ms)
+	leader, hasLeader := patroni.LeaderOf(ms)
 	if !hasLeader && !force {
 		return patroni.Member{}, fmt.Errorf("%w: no leader: Patroni is electing one (a failover under way?); "+
 			"wait for `pgtenant cluster show` to list a leader, or force one with `cluster failover --to NODE`", ErrInvalid)
@@ -126,10 +130,9 @@ func candidate(ms []patroni.Member, to string, force bool) (patroni.Member, erro
 	return best, nil
 }
 
-// runningReplica: a member that streams from the leader (Patroni 3.0 says
-// running for a replica, later versions streaming).
+// runningReplica: a member that streams from the leader.
 func runningReplica(m patroni.Member) bool {
-	return m.Role != patroni.RoleLeader && (m.State == "running" || m.State == "streaming") && m.Host != ""
+	return m.Role != patroni.RoleLeader && m.Running() && m.Host != ""
 }
 
 // SwitchoverHandler runs cluster.switchover jobs.
@@ -164,7 +167,7 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 	if err != nil {
 		return err
 	}
-	leader, _ := leaderOf(ms)
+	leader, _ := patroni.LeaderOf(ms)
 	if d.From != "" && leader.Name != "" && leader.Name != d.From {
 		// Resumed after the switch: only the following is left.
 		r.Note(ctx, "following the new leader "+leader.Name)
@@ -270,51 +273,51 @@ func waitPrimary(ctx context.Context, pc *patroni.Client, m patroni.Member, dsn 
 	if err != nil {
 		return err
 	}
-	for {
-		ok, err := pc.Check(ctx, m.BaseURL(), patroni.CheckPrimary)
-		if ok {
-			if err = writable(ctx, dsn); err == nil {
-				return nil
-			}
+	err = background.Until(ctx, 100*time.Millisecond, func(ctx context.Context) error {
+		if ok, err := pc.Check(ctx, m.BaseURL(), patroni.CheckPrimary); !ok {
+			return cmp.Or(err, errors.New("Patroni does not say primary"))
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s does not answer as primary: %w (last: %v)", m.Name, ctx.Err(), err)
-		case <-time.After(100 * time.Millisecond):
-		}
+		return writable(ctx, dsn)
+	})
+	if err != nil {
+		return fmt.Errorf("%s does not answer as primary: %w", m.Name, err)
 	}
+	return nil
 }
 
 // checkpoint runs CHECKPOINT on the server at dsn (the leader).
 func checkpoint(ctx context.Context, dsn string) error {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	conn, err := cluster.ConnectDSN(cctx, dsn, "")
-	if err != nil {
+	return onServer(ctx, dsn, 5*time.Minute, func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, "CHECKPOINT")
 		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	_, err = conn.Exec(cctx, "CHECKPOINT")
-	return err
+	})
 }
 
 // writable reports (nil) that the server at dsn is out of recovery.
 func writable(ctx context.Context, dsn string) error {
-	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	return onServer(ctx, dsn, 2*time.Second, func(ctx context.Context, conn *pgx.Conn) error {
+		var recovering bool
+		if err := conn.QueryRow(ctx, `SELECT pg_catalog.pg_is_in_recovery()`).Scan(&recovering); err != nil {
+			return err
+		}
+		if recovering {
+			return errors.New("still in recovery")
+		}
+		return nil
+	})
+}
+
+// onServer runs fn in an admin session (pinned settings) on the server at
+// dsn, all of it within bound.
+func onServer(ctx context.Context, dsn string, bound time.Duration, fn func(context.Context, *pgx.Conn) error) error {
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	conn, err := cluster.ConnectDSN(cctx, dsn, "")
+	conn, err := cluster.ConnectDSN(ctx, dsn, "")
 	if err != nil {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	var recovering bool
-	if err := conn.QueryRow(cctx, `SELECT pg_catalog.pg_is_in_recovery()`).Scan(&recovering); err != nil {
-		return err
-	}
-	if recovering {
-		return errors.New("still in recovery")
-	}
-	return nil
+	return fn(ctx, conn)
 }
 
 // follow runs one check of the cluster now: the registry, the catalog and

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/background"
 )
 
 // Roles of a Member, as Patroni's GET /cluster names them.
@@ -38,6 +40,20 @@ type Member struct {
 	// Patroni does not know it; 0 on the leader. (Patroni's own field is
 	// "lag", a number or "unknown": Members decodes it.)
 	Lag int64 `json:"lag_bytes"`
+}
+
+// Running reports whether the member's PostgreSQL runs (Patroni 3.0 says
+// running for a streaming replica, later versions streaming).
+func (m Member) Running() bool { return m.State == "running" || m.State == "streaming" }
+
+// LeaderOf returns the running leader of ms.
+func LeaderOf(ms []Member) (Member, bool) {
+	for _, m := range ms {
+		if m.Role == RoleLeader && m.Running() {
+			return m, true
+		}
+	}
+	return Member{}, false
 }
 
 // BaseURL is the root of the member's REST API (http://host:port), as
@@ -112,10 +128,8 @@ func (c *Client) Leader(ctx context.Context) (Member, error) {
 	if err != nil {
 		return Member{}, err
 	}
-	for _, m := range ms {
-		if m.Role == RoleLeader && m.State == "running" {
-			return m, nil
-		}
+	if m, ok := LeaderOf(ms); ok {
+		return m, nil
 	}
 	return Member{}, ErrNoLeader
 }
@@ -126,19 +140,15 @@ func (c *Client) Leader(ctx context.Context) (Member, error) {
 // lost node until its lock expires (ttl), so a caller waiting for a new
 // leader compares names.
 func (c *Client) WaitLeader(ctx context.Context) (Member, error) {
-	var last error
-	for {
-		m, err := c.Leader(ctx)
-		if err == nil {
-			return m, nil
-		}
-		last = err
-		select {
-		case <-ctx.Done():
-			return Member{}, fmt.Errorf("wait for a leader: %w (last: %v)", ctx.Err(), last)
-		case <-time.After(200 * time.Millisecond):
-		}
+	var m Member
+	err := background.Until(ctx, 200*time.Millisecond, func(ctx context.Context) (err error) {
+		m, err = c.Leader(ctx)
+		return err
+	})
+	if err != nil {
+		return Member{}, fmt.Errorf("wait for a leader: %w", err)
 	}
+	return m, nil
 }
 
 // Switchover is a planned change of leader: Patroni stops the leader

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/background"
 )
 
 // ClusterOptions describe the Patroni nodes of one cluster on this
@@ -137,17 +139,10 @@ func (c *Cluster) Start(ctx context.Context) error {
 	// Patroni names a leader from the store before its PostgreSQL takes
 	// writes (a restart's crash recovery, a promotion): Start returns once
 	// it does.
-	var last error
-	for {
-		if last = c.writable(wctx); last == nil {
-			return nil
-		}
-		select {
-		case <-wctx.Done():
-			return fmt.Errorf("patroni cluster %s: no node takes writes: %w (last: %v); %s", c.opts.Scope, wctx.Err(), last, c.logTails())
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := background.Until(wctx, 200*time.Millisecond, c.writable); err != nil {
+		return fmt.Errorf("patroni cluster %s: no node takes writes: %w; %s", c.opts.Scope, err, c.logTails())
 	}
+	return nil
 }
 
 // writable checks that the leader takes a read-write session.
@@ -183,6 +178,57 @@ func (c *Cluster) Stop(ctx context.Context) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// WaitStandby waits until the cluster has a running leader (leader, when
+// not "") and a running standby streaming from it less than 1 MiB behind
+// (Patroni samples the positions once per loop): synchronous when sync
+// (Patroni's sync_standby, the one promoted after a node loss), else
+// asynchronous. Patroni's view comes from the store; PostgreSQL's own
+// (pg_stat_replication on the leader) must agree.
+func (c *Cluster) WaitStandby(ctx context.Context, leader string, sync bool) (l, s Member, err error) {
+	role, state := RoleReplica, "async"
+	if sync {
+		role, state = RoleSyncStandby, "sync"
+	}
+	err = background.Until(ctx, 200*time.Millisecond, func(ctx context.Context) error {
+		ms, err := c.Client.Members(ctx)
+		if err != nil {
+			return err
+		}
+		l, s = Member{}, Member{}
+		for _, m := range ms {
+			switch {
+			case m.Role == RoleLeader && m.Running():
+				l = m
+			case m.Role == role && m.Running() && m.Lag >= 0 && m.Lag < 1<<20:
+				s = m
+			}
+		}
+		if l.Name == "" || s.Name == "" || (leader != "" && l.Name != leader) {
+			return fmt.Errorf("members %+v", ms)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(cctx, c.DSN(l.Port, "postgres"))
+		if err != nil {
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		var n int
+		if err := conn.QueryRow(cctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming' AND sync_state = $2`,
+			s.Name, state).Scan(&n); err != nil {
+			return err
+		}
+		if n != 1 {
+			return fmt.Errorf("%s does not stream from %s in %s mode yet", s.Name, l.Name, state)
+		}
+		return nil
+	})
+	if err != nil {
+		return l, s, fmt.Errorf("patroni cluster %s: wait for a leader and a streaming %s standby: %w", c.opts.Scope, state, err)
+	}
+	return l, s, nil
 }
 
 // Node is the node called name, nil when the cluster has none.

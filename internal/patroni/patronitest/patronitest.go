@@ -12,14 +12,11 @@ package patronitest
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
@@ -125,47 +122,18 @@ func (c *Cluster) DSN() string { return c.PrimaryDSN("postgres") }
 // NodeDSN is one node's DSN, primary or standby.
 func (c *Cluster) NodeDSN(name string) string { return c.Cluster.DSN(c.Node(name).Port(), "postgres") }
 
-// WaitLeaderAndSyncStandby waits until the cluster has a running leader
-// (leader, when not "") and a running synchronous standby that streams,
-// less than 1 MiB behind (Patroni samples the positions once per loop):
-// only that standby is promoted after a node loss.
+// WaitLeaderAndSyncStandby waits up to 2 minutes for a running leader
+// (leader, when not "") and a streaming synchronous standby
+// (patroni.Cluster.WaitStandby): only that standby is promoted after a
+// node loss.
 func (c *Cluster) WaitLeaderAndSyncStandby(t testing.TB, ctx context.Context, leader string) (l, s patroni.Member) {
 	t.Helper()
-	var last string
-	WaitFor(t, ctx, 120*time.Second, "a leader and a streaming synchronous standby", func() bool {
-		ms, err := c.Client.Members(ctx)
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		last = fmt.Sprintf("%+v", ms)
-		l, s = patroni.Member{}, patroni.Member{}
-		for _, m := range ms {
-			switch {
-			case m.Role == patroni.RoleLeader && m.State == "running":
-				l = m
-			case m.Role == patroni.RoleSyncStandby && m.State == "running" && m.Lag >= 0 && m.Lag < 1<<20:
-				s = m
-			}
-		}
-		if l.Name == "" || s.Name == "" || (leader != "" && l.Name != leader) {
-			return false
-		}
-		// Patroni's view comes from the store; PostgreSQL's own says the
-		// standby streams and is synchronous.
-		conn, err := pgx.Connect(ctx, c.NodeDSN(l.Name))
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		defer conn.Close(ctx)
-		var n int
-		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication WHERE application_name = $1 AND state = 'streaming' AND sync_state = 'sync'`, s.Name).Scan(&n); err != nil {
-			last = err.Error()
-			return false
-		}
-		return n == 1
-	}, func() string { return last })
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	l, s, err := c.WaitStandby(wctx, leader, true)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return l, s
 }
 
