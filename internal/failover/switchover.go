@@ -275,7 +275,7 @@ func waitPrimary(ctx context.Context, pc *patroni.Client, m patroni.Member, dsn 
 	}
 	err = background.Until(ctx, 100*time.Millisecond, func(ctx context.Context) error {
 		if ok, err := pc.Check(ctx, m.BaseURL(), patroni.CheckPrimary); !ok {
-			return cmp.Or(err, errors.New("Patroni does not say primary"))
+			return cmp.Or(err, errors.New("not primary in Patroni's answer"))
 		}
 		return writable(ctx, dsn)
 	})
