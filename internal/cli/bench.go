@@ -80,8 +80,8 @@ peak standby replay lag on both clusters. Exits non-zero if a target is not met.
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr
-			if opts.SizeMB < 1 || opts.Clients < 1 || opts.Moves < 1 {
-				return fmt.Errorf("--size-mb, --clients and --moves must be at least 1")
+			if err := atLeast(cmd, 1, "size-mb", "clients", "moves"); err != nil {
+				return err
 			}
 			_, table, err := env.Move(cmd.Context(), opts)
 			if err != nil {

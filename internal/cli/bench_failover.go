@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"slices"
 	"time"
 
@@ -47,8 +46,8 @@ target is not met.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr
-			if o.Tenants < 1 || o.Clients < 1 || o.Rate < 1 || o.Runs < 1 || o.TPSClients < 1 {
-				return fmt.Errorf("--tenants, --clients, --rate, --runs and --tps-clients must be at least 1")
+			if err := atLeast(cmd, 1, "tenants", "clients", "rate", "runs", "tps-clients"); err != nil {
+				return err
 			}
 			// The order is fixed: synchronous mode first (the cluster
 			// starts in it), the scenarios as listed in the help.
@@ -65,16 +64,16 @@ target is not met.`,
 			}
 			for _, s := range scenarios {
 				if !slices.Contains(o.Scenarios, s) {
-					return fmt.Errorf("--scenarios %q: want node-loss, crash or switchover", s)
+					return usagef("--scenarios %q: want node-loss, crash or switchover", s)
 				}
 			}
 			for _, m := range modes {
 				if !slices.Contains(o.Modes, m) {
-					return fmt.Errorf("--modes %q: want sync or async", m)
+					return usagef("--modes %q: want sync or async", m)
 				}
 			}
 			if len(o.Modes) == 0 {
-				return fmt.Errorf("--modes: want sync, async or both")
+				return usagef("--modes: want sync, async or both")
 			}
 			_, table, err := env.Failover(cmd.Context(), o)
 			if err != nil {

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -39,10 +38,10 @@ The issue's full run (about 6 GB): --tenants 20 --tenant-mb 250 --big-mb 1024 --
 			switch o.Mode = tenant.Mode(mode); o.Mode {
 			case tenant.ModeDatabase, tenant.ModeSchema:
 			default:
-				return fmt.Errorf("--mode %q: want database or schema", mode)
+				return usagef("--mode %q: want database or schema", mode)
 			}
-			if o.Tenants < 1 || o.TenantMB < 1 || o.BigMB < 1 || o.Clients < 1 || o.Rate < 1 || o.TPSClients < 1 {
-				return fmt.Errorf("--tenants, --tenant-mb, --big-mb, --clients, --rate and --tps-clients must be at least 1")
+			if err := atLeast(cmd, 1, "tenants", "tenant-mb", "big-mb", "clients", "rate", "tps-clients"); err != nil {
+				return err
 			}
 			_, table, err := env.Restore(cmd.Context(), o)
 			if err != nil {

@@ -25,16 +25,19 @@ series on /metrics whatever its activity (the others appear only while among the
 metrics.top_tenants most active).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			var exported bool
+			if export != "" {
+				var err error
+				if exported, err = strconv.ParseBool(export); err != nil {
+					return usagef("--export %q: true or false", export)
+				}
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
 			if export != "" {
-				b, err := strconv.ParseBool(export)
-				if err != nil {
-					return fmt.Errorf("--export %q: true or false", export)
-				}
-				if _, err := c.SetMetricsExport(cmd.Context(), args[0], b); err != nil {
+				if _, err := c.SetMetricsExport(cmd.Context(), args[0], exported); err != nil {
 					return err
 				}
 			}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/spf13/cobra"
+
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/config"
 )
@@ -45,6 +47,21 @@ func oneOf[S ~string](flag string, v S, valid ...S) error {
 		return nil
 	}
 	return usagef("%s %q: one of %s", flag, v, join(valid))
+}
+
+// atLeast checks cmd's int flags that must be at least lo (counts,
+// rates): the usage error names the first that is not, with its value.
+func atLeast(cmd *cobra.Command, lo int, flags ...string) error {
+	for _, name := range flags {
+		n, err := cmd.Flags().GetInt(name)
+		if err != nil {
+			return err // not an int flag of cmd: a bug, caught by the tests
+		}
+		if n < lo {
+			return usagef("--%s %d: must be at least %d", name, n, lo)
+		}
+	}
+	return nil
 }
 
 // The exit statuses of a failed command, for scripts to branch on. They

@@ -37,7 +37,7 @@ removes one. Flags not given leave the setting as it is.`,
 				if maxSize != "0" {
 					var err error
 					if n, err = config.ParseByteSize(maxSize); err != nil {
-						return fmt.Errorf("--max-size: %w", err)
+						return usagef("--max-size: %w, or 0 for no cap", err)
 					}
 				}
 				req.MaxSizeBytes = &n
@@ -45,7 +45,7 @@ removes one. Flags not given leave the setting as it is.`,
 			for _, l := range labels {
 				k, v, err := config.ParseLabel(l)
 				if err != nil {
-					return fmt.Errorf("--label: %w", err)
+					return usagef("--label: %w", err)
 				}
 				if req.Labels == nil {
 					req.Labels = map[string]string{}

@@ -43,7 +43,7 @@ expired token gets 401 at its next call. Making and revoking tokens needs admin.
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req.Scope = api.Scope(scope)
 			if scope == "" {
-				return fmt.Errorf("--scope is required: one of %s", join(api.Scopes))
+				return usagef("--scope is required: one of %s", join(api.Scopes))
 			}
 			if err := oneOf("--scope", req.Scope, api.Scopes...); err != nil {
 				return err
@@ -91,7 +91,7 @@ expired token gets 401 at its next call. Making and revoking tokens needs admin.
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := strconv.ParseInt(args[0], 10, 64)
 			if err != nil {
-				return fmt.Errorf("token id %q: a number, as `pgtenant token list` shows it", args[0])
+				return usagef("token id %q: a number, as `pgtenant token list` shows it", args[0])
 			}
 			c, err := g.client()
 			if err != nil {

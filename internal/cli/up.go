@@ -99,6 +99,15 @@ stopped by hand is restarted: to take one down, stop up.
 As root, PostgreSQL runs as the postgres OS user.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// The flags are checked before anything is read or started.
+			switch {
+			case standbys < 0 || standbys > 5:
+				return usagef("--standbys %d: must be 0 to 5", standbys)
+			case maxRestarts < 0:
+				return usagef("--max-restarts %d: must be 0 (never restart) or more", maxRestarts)
+			case clusters < 1 || clusters > 8:
+				return usagef("--clusters %d: must be 1 to 8", clusters)
+			}
 			cfg := config.Default()
 			if cfgPath != "" {
 				var err error
@@ -171,7 +180,7 @@ func clusterCount(dir string, have []string, o upOptions) (n int, note string, e
 	case o.allowFewer:
 		return o.clusters, fmt.Sprintf("--allow-fewer: leaving %s down: their tenants are unreachable until an up starts them (plain `pgtenant up` starts all %d)", left, len(have)), nil
 	}
-	return 0, "", fmt.Errorf("%s has %d clusters (%s): --clusters %d would leave %s down and their tenants unreachable; "+
+	return 0, "", usagef("%s has %d clusters (%s): --clusters %d would leave %s down and their tenants unreachable; "+
 		"run `pgtenant up` (it starts every cluster a data dir has) or `pgtenant up --clusters %d`, or add --allow-fewer to leave %s down on purpose",
 		dir, len(have), strings.Join(have, ", "), o.clusters, left, len(have), left)
 }
@@ -185,15 +194,6 @@ func ClusterName(i int) string {
 }
 
 func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) error {
-	if o.standbys < 0 || o.standbys > 5 {
-		return fmt.Errorf("--standbys must be between 0 and 5")
-	}
-	if o.maxRestarts < 0 {
-		return fmt.Errorf("--max-restarts must be 0 (never restart) or more")
-	}
-	if o.clusters < 1 || o.clusters > 8 {
-		return fmt.Errorf("--clusters must be between 1 and 8")
-	}
 	log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	dir, err := filepath.Abs(g.dataDir)
 	if err != nil {

@@ -105,7 +105,7 @@ func upUnderPatroni(dir string, asked bool) (bool, error) {
 		}
 	}
 	if asked && fleetMade {
-		return false, fmt.Errorf("%s was made without Patroni: its clusters are run by up itself (run `pgtenant up` without --patroni), "+
+		return false, usagef("%s was made without Patroni: its clusters are run by up itself (run `pgtenant up` without --patroni), "+
 			"or make a fleet under Patroni in another --data-dir", dir)
 	}
 	if !asked && !patroniMade {
