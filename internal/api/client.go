@@ -68,35 +68,18 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		}
 		rd = bytes.NewReader(b)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
+	contentType := ""
+	if body != nil {
+		contentType = "application/json"
+	}
+	resp, err := c.send(ctx, method, path, contentType, rd)
 	if err != nil {
 		return err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
-	}
-	resp, err := c.HTTP.Do(req)
-	if err != nil {
-		if ctx.Err() != nil {
-			return err
-		}
-		return fmt.Errorf("%w at %s: %v (is the daemon running? start it with `pgtenant up`, or set --server / PGTENANT_SERVER)",
-			ErrServerUnreachable, c.BaseURL, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err
-	}
-	if resp.StatusCode >= 400 {
-		var eb ErrorBody
-		if json.Unmarshal(data, &eb) == nil && eb.Error.Message != "" {
-			return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-		}
-		return &Error{Status: resp.StatusCode, Code: "http", Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
 	}
 	if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
@@ -104,6 +87,43 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		}
 	}
 	return nil
+}
+
+// send makes a request with body (of contentType; nil: none) and returns
+// a success's answer, whose body the caller closes; an error answer is an
+// *Error.
+func (c *Client) send(ctx context.Context, method, path, contentType string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w at %s: %v (is the daemon running? start it with `pgtenant up`, or set --server / PGTENANT_SERVER)",
+			ErrServerUnreachable, c.BaseURL, err)
+	}
+	if resp.StatusCode >= 400 {
+		defer resp.Body.Close()
+		data, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return nil, err
+		}
+		var eb ErrorBody
+		if json.Unmarshal(data, &eb) == nil && eb.Error.Message != "" {
+			return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		}
+		return nil, &Error{Status: resp.StatusCode, Code: "http", Message: fmt.Sprintf("%s %s: %s", method, path, resp.Status)}
+	}
+	return resp, nil
 }
 
 // Health calls /healthz.
@@ -286,6 +306,62 @@ func (c *Client) TenantAction(ctx context.Context, id, action string) (Lifecycle
 func (c *Client) RewindTenant(ctx context.Context, id string, to time.Time) (jobs.Job, error) {
 	var out jobs.Job
 	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/rewind", RewindTenantRequest{To: to}, &out)
+}
+
+// ExportTenant writes a tenant's archive to w; progress, when set, is
+// told the bytes written and the archive's length.
+func (c *Client) ExportTenant(ctx context.Context, id string, w io.Writer, progress func(done, total int64)) (int64, error) {
+	resp, err := c.send(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/export", "", nil)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	pw := &progressWriter{w: w, total: resp.ContentLength, report: progress}
+	n, err := io.Copy(pw, resp.Body)
+	if err == nil && resp.ContentLength >= 0 && n != resp.ContentLength {
+		err = fmt.Errorf("export of tenant %s cut short: %d of %d bytes (see the daemon's log)", id, n, resp.ContentLength)
+	}
+	return n, err
+}
+
+type progressWriter struct {
+	w      io.Writer
+	n      int64
+	total  int64
+	report func(done, total int64)
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	p.n += int64(n)
+	if p.report != nil {
+		p.report(p.n, p.total)
+	}
+	return n, err
+}
+
+// ImportTenant makes a new tenant from an archive read from r.
+func (c *Client) ImportTenant(ctx context.Context, r io.Reader, q ImportTenantQuery) (CreateTenantResponse, error) {
+	v := url.Values{}
+	for k, s := range map[string]string{"cluster": q.Cluster, "tier": q.Tier} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if q.Name != nil {
+		v.Set("name", *q.Name)
+	}
+	path := "/v1/tenants/import"
+	if len(v) > 0 {
+		path += "?" + v.Encode()
+	}
+	var out CreateTenantResponse
+	resp, err := c.send(ctx, http.MethodPost, path, ArchiveType, r)
+	if err != nil {
+		return out, err
+	}
+	defer resp.Body.Close()
+	return out, json.NewDecoder(resp.Body).Decode(&out)
 }
 
 // ForkTenant makes a new tenant holding a tenant's data as of a time.

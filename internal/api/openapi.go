@@ -38,6 +38,9 @@ type operation struct {
 	status       int // the success status
 	response     any // a value of the answer's type
 	public       bool
+	// rawRequest and rawResponse are the media type of a body that is not
+	// JSON (request and response are then unset).
+	rawRequest, rawResponse string
 }
 
 type param struct{ name, typ, desc string }
@@ -82,6 +85,12 @@ var (
 		{method: "POST", path: "/v1/tenants/{id}/move", summary: "move a tenant to another cluster (a job)", request: MoveTenantRequest{}, status: 202, response: jobs.Job{}},
 		{method: "POST", path: "/v1/tenants/{id}/rewind", summary: "take a tenant back to a time, in place, from its cluster's backup (a job)", request: RewindTenantRequest{}, status: 202, response: jobs.Job{}},
 		{method: "POST", path: "/v1/tenants/{id}/fork", summary: "make a new tenant holding a tenant's data as of a time (its credentials, and the job that copies the data)", request: ForkTenantRequest{}, status: 202, response: CreateTenantResponse{}},
+		{method: "POST", path: "/v1/tenants/{id}/export", summary: "a portable archive of the tenant (a tar of manifest.json and pg_dump's custom format), consistent as of one snapshot; 409 unless active or suspended, or with extensions in its database",
+			status: 200, rawResponse: ArchiveType},
+		{method: "POST", path: "/v1/tenants/import", summary: "make a new tenant from an archive of `tenant export` (its credentials, and the job that copies the data); 400 for a damaged archive, 409 when this installation lacks the archive's template version",
+			query: []param{{"cluster", "string", "the cluster to put it on (default: placement chooses)"}, {"tier", "string", "its tier (default: the default tier)"},
+				{"name", "string", "its name (default: the archived tenant's)"}},
+			rawRequest: ArchiveType, status: 202, response: CreateTenantResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/password", summary: "rotate a tenant's password", request: RotatePasswordRequest{}, optionalBody: true, status: 200, response: RotatePasswordResponse{}},
 		{method: "GET", path: "/v1/jobs", summary: "list jobs, newest first", query: []param{
 			{"state", "string", "a state, or active"}, {"type", "string", "job type"},
@@ -157,14 +166,22 @@ func buildOpenAPI() map[string]any {
 		if params != nil {
 			o["parameters"] = params
 		}
+		raw := func(media string) map[string]any {
+			return map[string]any{media: map[string]any{"schema": map[string]any{"type": "string", "contentMediaType": media}}}
+		}
 		if op.request != nil {
 			o["requestBody"] = map[string]any{"required": !op.optionalBody, "content": map[string]any{
 				"application/json": map[string]any{"schema": sch.of(reflect.TypeOf(op.request))}}}
+		} else if op.rawRequest != "" {
+			o["requestBody"] = map[string]any{"required": true, "content": raw(op.rawRequest)}
+		}
+		content := raw(op.rawResponse)
+		if op.rawResponse == "" {
+			content = map[string]any{"application/json": map[string]any{"schema": sch.of(reflect.TypeOf(op.response))}}
 		}
 		o["responses"] = map[string]any{
-			fmt.Sprint(op.status): map[string]any{"description": "success", "content": map[string]any{
-				"application/json": map[string]any{"schema": sch.of(reflect.TypeOf(op.response))}}},
-			"default": errResp,
+			fmt.Sprint(op.status): map[string]any{"description": "success", "content": content},
+			"default":             errResp,
 		}
 		if op.public {
 			o["security"] = []any{}

@@ -125,6 +125,8 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/move", s.moveTenant)
 	s.handle("POST /v1/tenants/{id}/rewind", s.rewindTenant)
 	s.handle("POST /v1/tenants/{id}/fork", s.forkTenant)
+	s.handle("POST /v1/tenants/{id}/export", s.exportTenant)
+	s.handle("POST /v1/tenants/import", s.importTenant)
 	s.handle("GET /v1/tenants/{id}/analytics", s.analyticsStatus)
 	s.handle("POST /v1/tenants/{id}/analytics", s.enableAnalytics)
 	s.handle("DELETE /v1/tenants/{id}/analytics", s.disableAnalytics)
@@ -186,6 +188,8 @@ var routeScopes = map[string]Scope{
 	"POST /v1/tenants/{id}/password":      ScopeTenants,
 	"POST /v1/tenants/{id}/rewind":        ScopeTenants,
 	"POST /v1/tenants/{id}/fork":          ScopeTenants,
+	"POST /v1/tenants/{id}/export":        ScopeTenants, // all of its data: not for read-only tokens
+	"POST /v1/tenants/import":             ScopeTenants,
 	"POST /v1/tenants/{id}/analytics":     ScopeTenants,
 	"DELETE /v1/tenants/{id}/analytics":   ScopeTenants,
 	"POST /v1/tenants/{id}/prewarm":       ScopeTenants,

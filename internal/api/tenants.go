@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/purge"
 	"github.com/pgtenant/pgtenant/internal/tenant"
@@ -262,6 +263,52 @@ func (s *Server) forkTenant(w http.ResponseWriter, r *http.Request) error {
 		at = *req.At
 	}
 	c, j, err := s.Move.Fork(r.Context(), t.ID, at, req.Name, req.Tier)
+	if err != nil {
+		return err
+	}
+	dsn, direct, err := s.Provision.DSNs(c.Tenant)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusAccepted, CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN,
+		DirectDSN: c.Direct, Password: c.Password, Path: c.Path, Job: &j})
+	return nil
+}
+
+// exportTenant answers with the tenant's archive (application/x-tar): its
+// length is known before the first byte, as the dump is made first.
+func (s *Server) exportTenant(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.tenantFromPath(r)
+	if err != nil {
+		return err
+	}
+	x, err := s.Move.Export(r.Context(), t.ID)
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	w.Header().Set("Content-Type", ArchiveType)
+	w.Header().Set("Content-Length", strconv.FormatInt(x.Size(), 10))
+	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", "tenant-"+t.ID+".tar"))
+	w.WriteHeader(http.StatusOK)
+	if _, err := x.WriteTo(w); err != nil {
+		s.log.Warn("export cut short", "tenant", t.ID, "err", err)
+	}
+	return nil
+}
+
+// importTenant reads an archive (the body) and makes a new tenant of it.
+func (s *Server) importTenant(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	req := move.ImportRequest{Cluster: q.Get("cluster"), Tier: q.Get("tier")}
+	if q.Has("name") {
+		name := q.Get("name")
+		req.Name = &name
+	}
+	if ct := r.Header.Get("Content-Type"); ct != ArchiveType {
+		return invalid("request body: Content-Type %q; this route takes an archive of `pgtenant tenant export` as %s", ct, ArchiveType)
+	}
+	c, j, err := s.Move.Import(r.Context(), r.Body, req)
 	if err != nil {
 		return err
 	}

@@ -155,6 +155,17 @@ type RewindTenantRequest struct {
 	To time.Time `json:"to"`
 }
 
+// ArchiveType is the media type of a tenant's archive: what POST
+// /v1/tenants/{id}/export answers and POST /v1/tenants/import takes.
+const ArchiveType = "application/x-tar"
+
+// ImportTenantQuery is where POST /v1/tenants/import puts the new tenant
+// (its query parameters).
+type ImportTenantQuery struct {
+	Cluster, Tier string
+	Name          *string
+}
+
 // ForkTenantRequest asks POST /v1/tenants/{id}/fork for a new tenant
 // holding the tenant's data as of At (absent: now). The answer (202) is a
 // create's, the new tenant's credentials included, with the job that

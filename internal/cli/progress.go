@@ -31,7 +31,25 @@ func newProgress(w io.Writer) *progress {
 
 // update draws a job.
 func (p *progress) update(j jobs.Job) {
-	line := fmt.Sprintf("job %d %s: %s", j.ID, j.State, j.ProgressMsg)
+	p.draw(fmt.Sprintf("job %d %s: %s", j.ID, j.State, j.ProgressMsg), j.ProgressDone, j.ProgressTotal)
+}
+
+// bytes draws a transfer of total bytes (-1: unknown), done so far; off a
+// terminal, one line per tenth.
+func (p *progress) bytes(what string, done, total int64) {
+	if total <= 0 {
+		p.draw(fmt.Sprintf("%s: %s", what, humanBytes(done)), 0, 0)
+		return
+	}
+	shown := done
+	if !p.tty {
+		shown = total * (10 * done / total) / 10
+	}
+	p.draw(fmt.Sprintf("%s: %s of %s", what, humanBytes(shown), humanBytes(total)), done, total)
+}
+
+// draw shows line with a bar of done against total (none when total is 0).
+func (p *progress) draw(line string, done, total int64) {
 	if !p.tty {
 		if line != p.last {
 			fmt.Fprintln(p.w, line)
@@ -42,9 +60,9 @@ func (p *progress) update(j jobs.Job) {
 	const width = 30
 	filled := 0
 	pct := ""
-	if j.ProgressTotal > 0 {
-		filled = int(float64(width) * float64(j.ProgressDone) / float64(j.ProgressTotal))
-		pct = fmt.Sprintf("%3d%% ", 100*j.ProgressDone/j.ProgressTotal)
+	if total > 0 {
+		filled = int(float64(width) * float64(done) / float64(total))
+		pct = fmt.Sprintf("%3d%% ", 100*done/total)
 	}
 	filled = min(max(filled, 0), width)
 	bar := "[" + strings.Repeat("#", filled) + strings.Repeat("-", width-filled) + "] "

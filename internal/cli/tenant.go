@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/move"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -315,7 +318,7 @@ makes a new password: if the answer is lost, rotate again.`,
 	}
 	password.Flags().BoolVar(&keepSessions, "keep-sessions", false, "leave the tenant's open sessions alone (default: end them on every node)")
 
-	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantMetricsCmd(g),
+	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantExportCmd(g), newTenantImportCmd(g), newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))
@@ -517,31 +520,184 @@ template version). Needs backups on the tenant's cluster.`,
 			if err != nil {
 				return err
 			}
-			if wait && res.Job != nil {
-				j, err := g.waitJob(cmd.Context(), c, res.Job.ID)
-				if err != nil {
-					return err
-				}
-				res.Job = &j
-				if t, err := c.Tenant(cmd.Context(), res.Tenant.ID); err == nil {
-					res.Tenant = t
-				}
-			}
-			return g.print(res, func(w io.Writer) {
-				row(w, "id", res.Tenant.ID)
-				row(w, "state", string(res.Tenant.State))
-				row(w, "dsn", res.DSN)
-				row(w, "password", res.Password)
-				if res.Job != nil {
-					row(w, "job", fmt.Sprintf("%d (%s)", res.Job.ID, res.Job.State))
-				}
-			})
+			return g.printCopy(cmd.Context(), c, res, wait)
 		},
 	}
 	cmd.Flags().StringVar(&at, "at", "", `the time of the copy: RFC 3339, or a duration before now ("1h ago"); now when absent`)
 	cmd.Flags().StringVar(&name, "name", "", `the new tenant's name (default "fork of <source name>")`)
 	cmd.Flags().StringVar(&tier, "tier", "", "the new tenant's tier (default the source's)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the copy with a progress bar")
+	return cmd
+}
+
+// printCopy prints the new tenant of a fork or an import, once its copy
+// is done when wait.
+func (g *globals) printCopy(ctx context.Context, c *api.Client, res api.CreateTenantResponse, wait bool) error {
+	if wait && res.Job != nil {
+		j, err := g.waitJob(ctx, c, res.Job.ID)
+		if err != nil {
+			return err
+		}
+		res.Job = &j
+		if t, err := c.Tenant(ctx, res.Tenant.ID); err == nil {
+			res.Tenant = t
+		}
+	}
+	return g.print(res, func(w io.Writer) {
+		row(w, "id", res.Tenant.ID)
+		row(w, "state", string(res.Tenant.State))
+		row(w, "dsn", res.DSN)
+		row(w, "password", res.Password)
+		if res.Job != nil {
+			row(w, "job", fmt.Sprintf("%d (%s)", res.Job.ID, res.Job.State))
+		}
+	})
+}
+
+func newTenantExportCmd(g *globals) *cobra.Command {
+	var to string
+	cmd := &cobra.Command{
+		Use:   "export ID --to FILE",
+		Short: "Write a tenant's portable archive (its objects, rows and a manifest) to a file",
+		Long: `Write one tenant to FILE as a portable archive: a tar of manifest.json (the
+tenant, its mode, template and version, the rows of each table, the checksum of
+the dump) and tenant.dump (pg_dump's custom format of the tenant's objects and
+rows, without owners or privileges). The dump is consistent as of one instant;
+the tenant keeps serving meanwhile (its DDL waits until the dump ends). Another
+pgtenant installation makes a new tenant of it with 'tenant import': for moving a
+customer between regions or installations, and for handing customers their own
+data ('pg_restore -l tenant.dump' lists it; 'pg_restore --no-owner' restores it
+into any PostgreSQL 15 or later). The file is written as FILE.partial and renamed
+once complete; "-" writes to standard output. A tenant whose database has
+extensions beyond plpgsql is refused (the archive would not carry them).`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			var w io.Writer = g.stdout
+			var f *os.File
+			if to != "-" {
+				if f, err = os.OpenFile(to+".partial", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600); err != nil {
+					return err
+				}
+				defer os.Remove(f.Name()) // gone once renamed
+				defer f.Close()
+				w = f
+			}
+			p := newProgress(g.stderr)
+			what := "exporting tenant " + args[0]
+			n, err := c.ExportTenant(cmd.Context(), args[0], w, func(done, total int64) { p.bytes(what, done, total) })
+			p.done()
+			if err != nil {
+				return err
+			}
+			if f == nil {
+				return nil
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
+			if err := os.Rename(f.Name(), to); err != nil {
+				return err
+			}
+			m, err := readManifest(to)
+			if err != nil {
+				return err
+			}
+			out := exportResult{File: to, Bytes: n, Manifest: m}
+			return g.print(out, func(w io.Writer) {
+				row(w, "file", to)
+				row(w, "size", humanBytes(n))
+				row(w, "tenant", m.Tenant)
+				row(w, "mode", string(m.Mode))
+				row(w, "template", fmt.Sprintf("%s version %d", m.Template, m.Version))
+				var rows int64
+				for _, t := range m.Tables {
+					rows += t.Rows
+				}
+				row(w, "tables", fmt.Sprintf("%d (%d rows)", len(m.Tables), rows))
+				row(w, "exported at", m.ExportedAt.Format(time.RFC3339))
+			})
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", `the file to write the archive to ("-": standard output) (required)`)
+	_ = cmd.MarkFlagRequired("to")
+	return cmd
+}
+
+// exportResult is what tenant export prints.
+type exportResult struct {
+	File     string        `json:"file"`
+	Bytes    int64         `json:"bytes"`
+	Manifest move.Manifest `json:"manifest"`
+}
+
+// readManifest reads the manifest of the archive at path.
+func readManifest(path string) (move.Manifest, error) {
+	var m move.Manifest
+	f, err := os.Open(path)
+	if err != nil {
+		return m, err
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	if _, err := tr.Next(); err != nil {
+		return m, fmt.Errorf("%s: %w", path, err)
+	}
+	return m, json.NewDecoder(tr).Decode(&m)
+}
+
+func newTenantImportCmd(g *globals) *cobra.Command {
+	var from, cluster, name, tier string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "import --from FILE",
+		Short: "Make a new tenant from an archive of 'tenant export'",
+		Long: `Make a new tenant (new id, new password) from an archive written by 'tenant
+export', here or on another pgtenant installation. The archive is checked first
+(its manifest, the dump's checksum) and this installation must have the archive's
+template at the archive's version, with the same files (push them first). The
+answer is the new tenant's DSN and password, shown once, and the job that copies
+the data: it loads the dump into a scratch instance as a role without privilege
+(the archive comes from outside: none of it runs with privilege), copies it into
+the new tenant in the tenant's own role, and checks that each table holds at
+least the rows the manifest counted before the commit. The new tenant is
+suspended until then; its "imported" event names the archived tenant. "-" reads
+standard input.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var r io.Reader = os.Stdin
+			if from != "-" {
+				f, err := os.Open(from)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				r = f
+			}
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			q := api.ImportTenantQuery{Cluster: cluster, Tier: tier}
+			if cmd.Flags().Changed("name") {
+				q.Name = &name
+			}
+			res, err := c.ImportTenant(cmd.Context(), r, q)
+			if err != nil {
+				return err
+			}
+			return g.printCopy(cmd.Context(), c, res, wait)
+		},
+	}
+	cmd.Flags().StringVar(&from, "from", "", `the archive to import ("-": standard input) (required)`)
+	cmd.Flags().StringVar(&cluster, "cluster", "", "the cluster to put the tenant on (default: placement chooses)")
+	cmd.Flags().StringVar(&name, "name", "", "the new tenant's name (default: the archived tenant's)")
+	cmd.Flags().StringVar(&tier, "tier", "", "the new tenant's tier (default: the default tier)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the copy with a progress bar")
+	_ = cmd.MarkFlagRequired("from")
 	return cmd
 }
 

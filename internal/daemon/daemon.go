@@ -220,6 +220,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	mov := &move.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Agents: agents, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
 		Provision: prov, Lifecycle: pur}
 	d.runner.Register(jobs.TenantMove, mov.Handler())
+	d.runner.Register(jobs.TenantImport, mov.ImportHandler())
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
 	d.runner.Register(jobs.Rebalance, plc.RebalanceHandler())

@@ -1,6 +1,7 @@
 package hostile_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -87,13 +88,15 @@ func restoreTrips(t *testing.T, ctx context.Context, dsn, schema string) []trip 
 	return out
 }
 
-// TestRewindFork_ReplayTenantCodeAsTheTenant: a rewind and a fork replay a
-// tenant's definitions, and its CHECK (and index expression) run during the
-// copy. They run in the new tenant's agent session only (session user
-// pgt_agent_<new tenant>, never a privileged one: the scratch instance's
-// superuser only dumps), every escalation pwn tries fails, and no tenant
-// or agent role holds a privilege a tenant may not have afterwards.
-func TestRewindFork_ReplayTenantCodeAsTheTenant(t *testing.T) {
+// TestRewindForkImport_ReplayTenantCodeAsTheTenant: a rewind, a fork and
+// an import of an export replay a tenant's definitions, and its CHECK (and
+// index expression) run during the copy. They run in the new tenant's
+// agent session only (session user pgt_agent_<new tenant>, never a
+// privileged one: the scratch instance's superuser only dumps; an import's
+// scratch load runs as a role without privilege), every escalation pwn
+// tries fails, and no tenant or agent role holds a privilege a tenant may
+// not have afterwards.
+func TestRewindForkImport_ReplayTenantCodeAsTheTenant(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	fc, st := backuptest.Cluster(t, ctx, 0)
@@ -172,6 +175,37 @@ func TestRewindFork_ReplayTenantCodeAsTheTenant(t *testing.T) {
 			forkSchema = tenant.PhysicalName(fork.Tenant.ID)
 		}
 		checkTrips(t, mode, "fork", restoreTrips(t, ctx, fork.DSN, forkSchema), fork.Tenant.ID)
+
+		// An import loads the archive into a scratch instance as a role
+		// without privilege ("tenant" there), then copies it as a fork does.
+		backuptest.Exec(t, ctx, r.DSN, fmt.Sprintf(`DELETE FROM %s.tripwire`, cluster.Ident(schema)))
+		var archive bytes.Buffer
+		if _, err := c.ExportTenant(ctx, r.Tenant.ID, &archive, nil); err != nil {
+			t.Fatal(err)
+		}
+		imp, err := c.ImportTenant(ctx, &archive, api.ImportTenantQuery{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if j, err := c.WaitJob(ctx, imp.Job.ID, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("%s import: %v %s %s", mode, err, j.State, j.LastError)
+		}
+		impSchema := "public"
+		if mode == tenant.ModeSchema {
+			impSchema = tenant.PhysicalName(imp.Tenant.ID)
+		}
+		var loaded, copied []trip
+		for _, tr := range restoreTrips(t, ctx, imp.DSN, impSchema) {
+			if tr.SessionRole == "tenant" && !tr.Privileged {
+				loaded = append(loaded, tr)
+			} else {
+				copied = append(copied, tr)
+			}
+		}
+		if len(loaded) < 3 {
+			t.Errorf("%s import: the archive's CHECK ran %d times in the scratch load, want 3 (as its unprivileged loader): %v", mode, len(loaded), loaded)
+		}
+		checkTrips(t, mode, "import", copied, imp.Tenant.ID)
 	}
 	if p := gainedPrivilege(t, ctx, fc.PrimaryDSN("postgres")); len(p) > 0 {
 		t.Errorf("roles with privileges no tenant may have: %s", strings.Join(p, "; "))

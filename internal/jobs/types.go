@@ -20,10 +20,11 @@ const (
 	ClusterBackup  Type = "cluster.backup"   // take one pgBackRest backup of a cluster (backup)
 	TenantFork     Type = "tenant.fork"      // copy a tenant as of a time into a new tenant (move)
 	TenantRewind   Type = "tenant.rewind"    // take a tenant back to a time, in place (move)
+	TenantImport   Type = "tenant.import"    // copy an exported tenant's archive into a new tenant (move)
 	// ClusterSwitchover changes the leader of a cluster Patroni runs, its
 	// front door paused meanwhile (failover).
 	ClusterSwitchover Type = "cluster.switchover"
 )
 
 // Types are the job types, the ones List's filter takes.
-var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance, ClusterBackup, TenantFork, TenantRewind, ClusterSwitchover}
+var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance, ClusterBackup, TenantFork, TenantRewind, TenantImport, ClusterSwitchover}

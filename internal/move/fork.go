@@ -290,9 +290,9 @@ func (f *forker) target(ctx context.Context, r *jobs.Run) error {
 }
 
 // copy restores the cluster's backup as of At into a scratch instance and
-// copies the source tenant from it into the new tenant, in one
-// transaction of the new tenant's agent session. Run again, it starts
-// over: the scratch instance and the new tenant's storage are made anew.
+// copies the source tenant from it into the new tenant (copyScratch). Run
+// again, it starts over: the scratch instance and the new tenant's storage
+// are made anew.
 func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	st, err := f.s.Backups.Stanza(e.src.Cluster)
 	if err != nil {
@@ -328,7 +328,6 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 		return fmt.Errorf("connect to the scratch instance: %w", cluster.Classify(err))
 	}
 	defer sconn.Close(context.WithoutCancel(ctx))
-	srcName, intoName := tenant.PhysicalName(e.src.ID), tenant.PhysicalName(e.into.ID)
 	marker, err := markerOn(ctx, sconn, e.src)
 	if err != nil {
 		return err
@@ -337,42 +336,81 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 		return jobs.Permanent(fmt.Errorf("tenant %s was not complete at %s (version marker %q): nothing to copy from then", e.src.ID, f.a.At.Format(time.RFC3339), marker))
 	}
 	e.st.Marker = marker
-	schemas := []string{intoName}
 	if e.src.Mode == tenant.ModeSchema {
 		// The copy's objects get the new tenant's schema name here, in the
 		// scratch instance, so that the dump names it.
-		if _, err := sconn.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %[2]s CASCADE; ALTER SCHEMA %[1]s RENAME TO %[2]s",
-			cluster.Ident(srcName), cluster.Ident(intoName))); err != nil {
-			return fmt.Errorf("rename the tenant's schema in the scratch instance: %w", cluster.Classify(err))
+		if err := renameSchema(ctx, sconn, tenant.PhysicalName(e.src.ID), tenant.PhysicalName(e.into.ID)); err != nil {
+			return err
 		}
-	} else {
-		var exts []string
-		if err := sconn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(extname::text ORDER BY extname), '{}') FROM pg_catalog.pg_extension
-			WHERE extname NOT IN ('plpgsql', 'pg_prewarm')`).Scan(&exts); err != nil {
-			return cluster.Classify(err)
+	}
+	err = f.s.copyScratch(ctx, r, scratchCopy{cl: e.cl, into: e.into, sconn: sconn, dsn: sc.DSN(e.src.Database),
+		what: fmt.Sprintf("tenant %s as of %s", e.src.ID, f.a.At.Format(time.RFC3339)), marker: marker})
+	if err != nil {
+		return err
+	}
+	return r.SaveData(ctx, e.st)
+}
+
+// renameSchema gives a schema of a scratch instance its new name, what was
+// there under that name dropped first (a run before this one).
+func renameSchema(ctx context.Context, sconn *pgx.Conn, from, to string) error {
+	_, err := sconn.Exec(ctx, fmt.Sprintf("DROP SCHEMA IF EXISTS %[2]s CASCADE; ALTER SCHEMA %[1]s RENAME TO %[2]s", cluster.Ident(from), cluster.Ident(to)))
+	if err != nil {
+		return fmt.Errorf("rename the tenant's schema in the scratch instance: %w", cluster.Classify(err))
+	}
+	return nil
+}
+
+// scratchCopy is one copy of a tenant out of a scratch instance into a new
+// tenant's storage. The scratch database holds the tenant's objects named
+// as the new tenant's: in schema mode, its schema has the new tenant's
+// name already.
+type scratchCopy struct {
+	cl     *cluster.Cluster // the new tenant's
+	into   catalog.Tenant
+	sconn  *pgx.Conn // a superuser's session on the scratch database
+	dsn    string    // its DSN, for pg_dump
+	what   string    // what is copied, "tenant X as of T": for progress and errors
+	marker string    // the version marker the copy gets
+	// verify, when set, checks the rows copied into each table (by
+	// "schema.table") before the commit.
+	verify func(rows map[string]int64) error
+}
+
+// copyScratch makes the new tenant's storage anew and copies c into it, in
+// one transaction of the new tenant's agent session as its role: pg_dump's
+// definitions, the rows (COPY, paced), the sequences, then its indexes,
+// constraints and triggers (so no tenant trigger fires on the copy), and
+// the version marker.
+func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) error {
+	intoName := tenant.PhysicalName(c.into.ID)
+	schemas := []string{intoName}
+	if c.into.Mode == tenant.ModeDatabase {
+		exts, err := extraExtensions(ctx, c.sconn)
+		if err != nil {
+			return err
 		}
 		if len(exts) > 0 {
-			return jobs.Permanent(fmt.Errorf("%w: tenant %s has extensions %s, which a copy does not recreate", ErrRefused, e.src.ID, strings.Join(exts, ", ")))
+			return jobs.Permanent(fmt.Errorf("%w: %s has extensions %s, which a copy does not recreate", ErrRefused, c.what, strings.Join(exts, ", ")))
 		}
-		if schemas, err = tenantSchemas(ctx, sconn, e.src); err != nil {
+		if schemas, err = tenantSchemas(ctx, c.sconn, c.into); err != nil {
 			return err
 		}
 	}
 	// The new tenant's storage, empty.
-	if err := f.emptyInto(ctx, r, e, hasExtension(ctx, sconn, "pg_prewarm")); err != nil {
+	if err := s.emptyStorage(ctx, r, c.cl, c.into, hasExtension(ctx, c.sconn, "pg_prewarm")); err != nil {
 		return err
 	}
 	r.Progress(ctx, 0, 1, "dumping the tenant's definitions in the scratch instance")
-	dsn := sc.DSN(e.src.Database)
-	pre, err := dumpSQL(ctx, dsn, e.src.Mode, intoName, "--section=pre-data")
+	pre, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, "--section=pre-data")
 	if err != nil {
 		return err
 	}
-	post, err := dumpSQL(ctx, dsn, e.src.Mode, intoName, "--section=post-data")
+	post, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, "--section=post-data")
 	if err != nil {
 		return err
 	}
-	sess, err := f.s.Agents.Open(ctx, e.cl, sandbox.TargetOf(e.into), "pgtenant copy")
+	sess, err := s.Agents.Open(ctx, c.cl, sandbox.TargetOf(c.into), "pgtenant copy")
 	if err != nil {
 		return err
 	}
@@ -384,9 +422,9 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	role := cluster.Ident(intoName)
 	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role+";\n"+pre); err != nil {
-		return jobs.Permanent(fmt.Errorf("restore the definitions of tenant %s into %s: %w", e.src.ID, e.into.ID, cluster.Classify(err)))
+		return jobs.Permanent(fmt.Errorf("restore the definitions of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err)))
 	}
-	tables, err := copiedTables(ctx, sconn, schemas)
+	tables, err := copiedTables(ctx, c.sconn, schemas)
 	if err != nil {
 		return err
 	}
@@ -394,58 +432,65 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	for _, t := range tables {
 		total += t.size
 	}
-	p := &pacer{ctx: ctx, r: r, clusters: []string{e.cl.Name()}, total: total}
+	p := &pacer{ctx: ctx, r: r, clusters: []string{c.cl.Name()}, total: total}
+	copied := map[string]int64{}
 	for i, t := range tables {
-		p.msg = fmt.Sprintf("copying tenant %s as of %s into %s", e.src.ID, f.a.At.Format(time.RFC3339), e.into.ID)
+		p.msg = fmt.Sprintf("copying %s into tenant %s", c.what, c.into.ID)
 		p.table = fmt.Sprintf("table %d of %d (%s)", i+1, len(tables), t.ident())
-		n, err := copyTable(ctx, sconn, tx.Conn(), t, p)
+		n, err := copyTable(ctx, c.sconn, tx.Conn(), t, p)
 		if err != nil {
 			return fmt.Errorf("copy %s: %w", t.ident(), err)
 		}
 		p.rows += n
+		copied[t.schema+"."+t.name] = n
 	}
-	if err := copySequences(ctx, sconn, tx, schemas); err != nil {
+	if err := copySequences(ctx, c.sconn, tx, schemas); err != nil {
 		return err
 	}
 	r.Progress(ctx, p.n, max(p.n, total), "building the copy's indexes, constraints and triggers")
 	if _, err := tx.Exec(ctx, "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL ROLE "+role+";\n"+post); err != nil {
-		return jobs.Permanent(fmt.Errorf("restore the indexes, constraints and triggers of tenant %s into %s: %w", e.src.ID, e.into.ID, cluster.Classify(err)))
+		return jobs.Permanent(fmt.Errorf("restore the indexes, constraints and triggers of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err)))
 	}
 	var mark string
-	if e.src.Mode == tenant.ModeDatabase {
-		mark = fmt.Sprintf("SET LOCAL search_path = pg_catalog, pg_temp; RESET ROLE; COMMENT ON SCHEMA %s IS %s", cluster.Ident(tenant.MarkerSchema), cluster.Literal(marker))
+	if c.into.Mode == tenant.ModeDatabase {
+		mark = fmt.Sprintf("SET LOCAL search_path = pg_catalog, pg_temp; RESET ROLE; COMMENT ON SCHEMA %s IS %s", cluster.Ident(tenant.MarkerSchema), cluster.Literal(c.marker))
 	} else {
-		mark = fmt.Sprintf("SET LOCAL search_path = pg_catalog, pg_temp; COMMENT ON SCHEMA %s IS %s", role, cluster.Literal(marker))
+		mark = fmt.Sprintf("SET LOCAL search_path = pg_catalog, pg_temp; COMMENT ON SCHEMA %s IS %s", role, cluster.Literal(c.marker))
 	}
 	if _, err := tx.Exec(ctx, mark); err != nil {
 		return cluster.Classify(err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit the copy of tenant %s into %s: %w", e.src.ID, e.into.ID, cluster.Classify(err))
+	if c.verify != nil {
+		if err := c.verify(copied); err != nil {
+			return jobs.Permanent(err)
+		}
 	}
-	r.Note(ctx, fmt.Sprintf("copied %s (%s) of tenant %s as of %s into %s", count(p.rows, "row"), mbs(p.n), e.src.ID, f.a.At.Format(time.RFC3339), e.into.ID))
-	return r.SaveData(ctx, e.st)
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit the copy of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err))
+	}
+	r.Note(ctx, fmt.Sprintf("copied %s (%s) of %s into tenant %s", count(p.rows, "row"), mbs(p.n), c.what, c.into.ID))
+	return nil
 }
 
-// emptyInto makes the new tenant's storage anew, empty: its database as a
+// emptyStorage makes a new tenant's storage anew, empty: its database as a
 // move's target makes it, or its schema dropped and made again.
-func (f *forker) emptyInto(ctx context.Context, r *jobs.Run, e *fenv, prewarm bool) error {
-	name := tenant.PhysicalName(e.into.ID)
-	if _, err := purge.EndSessions(ctx, e.cl, name, tenant.AgentRole(e.into.ID)); err != nil {
+func (s *Service) emptyStorage(ctx context.Context, r *jobs.Run, cl *cluster.Cluster, into catalog.Tenant, prewarm bool) error {
+	name := tenant.PhysicalName(into.ID)
+	if _, err := purge.EndSessions(ctx, cl, name, tenant.AgentRole(into.ID)); err != nil {
 		return err
 	}
-	if e.into.Mode == tenant.ModeDatabase {
-		admin, err := e.cl.Admin(ctx)
+	if into.Mode == tenant.ModeDatabase {
+		admin, err := cl.Admin(ctx)
 		if err != nil {
 			return err
 		}
-		e.cl.ClosePool(name)
+		cl.ClosePool(name)
 		if err := cluster.DropDatabase(ctx, admin, name); err != nil {
 			return err
 		}
-		return makeDatabase(ctx, r, e.cl, e.into, prewarm)
+		return makeDatabase(ctx, r, cl, into, prewarm)
 	}
-	conn, err := e.cl.Connect(ctx, e.into.Database)
+	conn, err := cl.Connect(ctx, into.Database)
 	if err != nil {
 		return err
 	}

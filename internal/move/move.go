@@ -683,7 +683,7 @@ func readMarker(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant) (str
 
 // dump runs pg_dump --schema-only of the tenant's scope on the source.
 func (m *mover) dump(ctx context.Context, e *env) (string, error) {
-	dsn, err := m.adminConnString(ctx, e.st.From, e.t.Database)
+	dsn, err := m.s.adminConnString(ctx, e.st.From, e.t.Database)
 	if err != nil {
 		return "", err
 	}
@@ -706,14 +706,7 @@ func dumpSQL(ctx context.Context, dsn string, mode tenant.Mode, schema string, a
 	if err != nil {
 		return "", err
 	}
-	argv := append(args, "--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
-		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000")
-	if mode == tenant.ModeSchema {
-		argv = append(argv, "--schema="+schema)
-	} else {
-		argv = append(argv, "--exclude-schema="+tenant.MarkerSchema, "--exclude-schema="+SentinelSchema)
-	}
-	argv = append(argv, "--dbname="+dsn)
+	argv := append(append(args, dumpScope(mode, schema)...), "--dbname="+dsn)
 	cmd := exec.CommandContext(ctx, bin, argv...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -741,21 +734,39 @@ func dumpSQL(ctx context.Context, dsn string, mode tenant.Mode, schema string, a
 	return strings.Join(lines, "\n"), nil
 }
 
-func pgDump() (string, error) {
-	if p, err := exec.LookPath("pg_dump"); err == nil {
+// dumpScope are the pg_dump options that keep a dump to a tenant's own
+// objects: its schema (schema mode) or every schema of its database but
+// pgtenant's, without owners, privileges, extensions but plpgsql,
+// publications, subscriptions, security labels and tablespaces, and with
+// a bounded wait for the tenant's locks.
+func dumpScope(mode tenant.Mode, schema string) []string {
+	argv := []string{"--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
+		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000"}
+	if mode == tenant.ModeSchema {
+		return append(argv, "--schema="+schema)
+	}
+	return append(argv, "--exclude-schema="+tenant.MarkerSchema, "--exclude-schema="+SentinelSchema)
+}
+
+func pgDump() (string, error) { return pgClient("pg_dump") }
+
+// pgClient finds a PostgreSQL client program: on the PATH, else the newest
+// of Debian's installed majors.
+func pgClient(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}
-	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pg_dump")
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/" + name)
 	if len(matches) == 0 {
-		return "", errors.New("pg_dump not found: install the PostgreSQL client")
+		return "", fmt.Errorf("%s not found: install the PostgreSQL client (apt-get install -y postgresql-client-15)", name)
 	}
 	return matches[len(matches)-1], nil
 }
 
 // adminConnString is a libpq connection string of a cluster's admin for a
 // database, from its catalog DSN.
-func (m *mover) adminConnString(ctx context.Context, clusterName, database string) (string, error) {
-	c, err := m.s.Store.GetCluster(ctx, clusterName)
+func (s *Service) adminConnString(ctx context.Context, clusterName, database string) (string, error) {
+	c, err := s.Store.GetCluster(ctx, clusterName)
 	if err != nil {
 		return "", err
 	}
@@ -848,7 +859,7 @@ func (m *mover) createSubscription(ctx context.Context, e *env, dconn *pgx.Conn)
 	if err != nil {
 		return err
 	}
-	conninfo, err := m.adminConnString(ctx, e.st.From, e.t.Database)
+	conninfo, err := m.s.adminConnString(ctx, e.st.From, e.t.Database)
 	if err != nil {
 		return err
 	}
