@@ -5,6 +5,10 @@
 // `pgbackrest info` says about them. It never reconfigures PostgreSQL
 // itself: internal/fleet writes archive_command (Options.Backups) so that a
 // cluster archives from its creation, pointing at ConfigPath.
+//
+// An external cluster's stanza (its config's backup block, ForExternal) is
+// its operator's: it is read and restored from, the same way, but nothing
+// of it is ever written and no backup of it is ever taken here.
 package backup
 
 import (
@@ -66,10 +70,22 @@ type Stanza struct {
 	// Retention is the recovery window kept, whole days (backups.retention;
 	// 0: RetentionDays).
 	Retention time.Duration
+	// External: the stanza is an external cluster's own (ForExternal). Dir,
+	// Primary and Standby are then unset: its config says where things are.
+	External bool
 
 	configPath string
 	password   string
 	user       fleet.OSUser
+	// superuser is the role scratch instances are entered as: the managed
+	// clusters' superuser, or the external cluster DSN's user.
+	superuser string
+	// cluster is the cluster's name (Name is the operator's stanza for an
+	// external one); scratchRoot and repoPath are an external stanza's
+	// (external.go).
+	cluster     string
+	scratchRoot string
+	repoPath    string
 }
 
 // Node is one server pgBackRest reads: its data dir and port.
@@ -83,8 +99,14 @@ type Node struct {
 // the data dir when the archiver runs it.
 func (s *Stanza) ConfigPath() string { return s.configPath }
 
-// RepoPath is the posix repository.
-func (s *Stanza) RepoPath() string { return filepath.Join(s.Dir, "repo") }
+// RepoPath is the posix repository; for an external stanza the one its
+// config names, "" when that is not a directory on this host (ErrRepoNotLocal).
+func (s *Stanza) RepoPath() string {
+	if s.External {
+		return s.repoPath
+	}
+	return filepath.Join(s.Dir, "repo")
+}
 
 // ForCluster describes the stanza of a managed cluster that archives
 // (fleet.Options.Backups), taking backups from its first standby when it
@@ -102,7 +124,7 @@ func ForCluster(fc *fleet.Cluster, fromStandby bool) (*Stanza, error) {
 		return nil, err
 	}
 	s := &Stanza{Name: fc.Name(), Dir: fc.BackupDir(), Program: prog, configPath: fc.BackupConfigPath(),
-		password: fc.Password(), user: user,
+		password: fc.Password(), user: user, superuser: fleet.Superuser, cluster: fc.Name(),
 		Primary: Node{Path: fc.DataDir(fc.Primary().Name), Port: fc.Primary().Port}}
 	if sbs := fc.Standbys(); fromStandby && len(sbs) > 0 && sbs[0].Ready {
 		s.Standby = &Node{Path: fc.DataDir(sbs[0].Name), Port: sbs[0].Port}
@@ -163,8 +185,12 @@ func (s *Stanza) RetentionDays() int {
 // by the servers' OS user. `up` runs it before it starts a cluster being
 // made, so that the archiver finds the config from the first segment on
 // (ports are not known yet; archive-push does not need them), and Setup
-// again once it runs.
+// again once it runs. An external stanza's config is its operator's:
+// nothing is written.
 func (s *Stanza) Prepare() error {
+	if s.External {
+		return nil
+	}
 	for _, d := range []string{s.Dir, s.RepoPath(), filepath.Join(s.Dir, "log"), filepath.Join(s.Dir, "lock"), filepath.Join(s.Dir, "spool")} {
 		if _, err := os.Stat(d); err == nil {
 			continue // owned when made; not walked again (the repository grows large)
@@ -191,8 +217,12 @@ func (s *Stanza) Prepare() error {
 }
 
 // Setup runs Prepare and creates the stanza (stanza-create is idempotent:
-// a second run finds it there).
+// a second run finds it there). An external stanza exists already, made by
+// its operator: nothing is run.
 func (s *Stanza) Setup(ctx context.Context) error {
+	if s.External {
+		return nil
+	}
 	if err := s.Prepare(); err != nil {
 		return err
 	}
@@ -218,6 +248,9 @@ const startedLine = "backup start archive = "
 func (s *Stanza) BackupStarted(ctx context.Context, typ string, started func()) error {
 	if !ValidType(typ) {
 		return fmt.Errorf("backup type %q: want full, diff or incr", typ)
+	}
+	if s.External {
+		return s.externalError()
 	}
 	if started == nil {
 		_, err := s.run(ctx, "--type="+typ, "backup")
@@ -245,10 +278,18 @@ func (s *Stanza) run(ctx context.Context, args ...string) ([]byte, error) {
 // runLines is run calling onLine (when not nil) with each line of
 // standard output as it comes.
 func (s *Stanza) runLines(ctx context.Context, onLine func(string), args ...string) ([]byte, error) {
-	all := append([]string{"--config=" + s.ConfigPath(), "--stanza=" + s.Name}, args...)
+	all := append([]string{"--config=" + s.ConfigPath(), "--stanza=" + s.Name}, s.externalArgs()...)
+	all = append(all, args...)
 	cmd := s.user.Command(s.Program, all...)
-	cmd.Dir = s.Dir
-	cmd.Env = append(cmd.Env, "PGHOST=127.0.0.1", "PGPASSFILE="+s.passFile(), "PGSSLMODE=disable")
+	if s.External {
+		// pgBackRest reaches the servers as the operator's config says
+		// (pg1-socket-path, pg1-port, pg1-user, pg1-host), with the OS
+		// user's own credentials, as the operator's pgbackrest does.
+		cmd.Dir = "/"
+	} else {
+		cmd.Dir = s.Dir
+		cmd.Env = append(cmd.Env, "PGHOST=127.0.0.1", "PGPASSFILE="+s.passFile(), "PGSSLMODE=disable")
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if onLine != nil {

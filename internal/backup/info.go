@@ -148,7 +148,7 @@ func parseInfo(out []byte) (Info, error) {
 // modification time (archive/<stanza>/<id>/<first 16 chars>/<segment>-<sha1>[.ext]).
 // pgBackRest's info does not say; nil when the file is not found.
 func (s *Stanza) archivedAt(segment string) *time.Time {
-	if len(segment) < 16 {
+	if len(segment) < 16 || s.RepoPath() == "" {
 		return nil
 	}
 	m, _ := filepath.Glob(filepath.Join(s.RepoPath(), "archive", s.Name, "*", segment[:16], segment+"-*"))

@@ -45,13 +45,15 @@ func newest(info Info, typ string) *Backup {
 // left alone until it ends: the job's key allows one at a time (ErrBusy),
 // and a backup holding pgBackRest's lock (Info.Running) is waited for too.
 // Only the daemon that holds the stanzas runs it, as for the job handler.
+// External clusters are never looked at: their operator schedules them.
 type Scheduler struct {
 	S *Service
 }
 
-// Run checks the schedule until ctx ends; without stanzas it only waits.
+// Run checks the schedule until ctx ends; without stanzas to back up (none,
+// or only external ones) it only waits.
 func (sc *Scheduler) Run(ctx context.Context) error {
-	if len(sc.S.Stanzas) == 0 {
+	if !sc.S.TakesBackups() {
 		<-ctx.Done()
 		return nil
 	}
@@ -68,7 +70,7 @@ func (sc *Scheduler) Round(ctx context.Context) ([]jobs.Job, error) {
 	var out []jobs.Job
 	var errs []error
 	now := time.Now()
-	for _, n := range sc.S.clusters() {
+	for _, n := range sc.S.managed() {
 		info, err := sc.S.Stanzas[n].Info(ctx)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", n, err))

@@ -27,14 +27,24 @@ type Scratch struct {
 	Port int
 
 	password string
+	role     string // the superuser the instance is entered as
 	user     fleet.OSUser
 	pgctl    string
 }
 
 // ScratchDir is where the scratch instance named name lives: beside the
-// repository, on the same disk.
+// repository, on the same disk; for an external stanza, in the daemon's
+// scratch root (ForExternal), named after the cluster too.
 func (s *Stanza) ScratchDir(name string) string {
+	if s.External {
+		return filepath.Join(s.scratchRoot, s.cluster+"-"+name)
+	}
 	return filepath.Join(filepath.Dir(s.Dir), "scratch", name)
+}
+
+// scratch is the scratch instance named name.
+func (s *Stanza) scratch(name string, pgctl string) *Scratch {
+	return &Scratch{Dir: s.ScratchDir(name), password: s.password, role: s.superuser, user: s.user, pgctl: pgctl}
 }
 
 // ErrTargetNotReached is a restore whose archive ends before its target.
@@ -59,7 +69,7 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 	if err != nil {
 		return nil, err
 	}
-	sc := &Scratch{Dir: s.ScratchDir(name), password: s.password, user: s.user, pgctl: bin.Path("pg_ctl")}
+	sc := s.scratch(name, bin.Path("pg_ctl"))
 	if err := sc.Remove(ctx); err != nil {
 		return nil, err
 	}
@@ -69,6 +79,7 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 	// status that was gone, for archive-timeout, at every segment).
 	args := []string{"--pg1-path=" + sc.Dir, "--spool-path=" + sc.Dir + ".spool", "--lock-path=" + sc.Dir + ".lock", "--type=time", "--target=" + target.UTC().Format("2006-01-02 15:04:05.999999+00"),
 		"--target-action=promote", "--archive-mode=off", "--log-level-console=warn"}
+	args = append(args, s.onThisHost()...)
 	restore := func(include []string) error {
 		if err := sc.mkdir(); err != nil {
 			return err
@@ -96,7 +107,8 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 	// lock, which the live cluster's async archive-push holds while it
 	// pushes, and waited up to archive-timeout (a minute) at each segment
 	// the recovery asked for.
-	get := fmt.Sprintf("%s --config=%s --stanza=%s --pg1-path=%s --no-archive-async archive-get %%f \"%%p\"", s.Program, s.ConfigPath(), s.Name, sc.Dir)
+	get := fmt.Sprintf("%s --config=%s --stanza=%s --pg1-path=%s --no-archive-async %sarchive-get %%f \"%%p\"", s.Program, s.ConfigPath(), s.Name, sc.Dir,
+		strings.Join(append(append(s.externalArgs(), s.onThisHost()...), ""), " "))
 	if err := sc.start(ctx, get); err != nil {
 		return nil, errors.Join(err, sc.Remove(context.WithoutCancel(ctx)))
 	}
@@ -125,18 +137,39 @@ func (sc *Scratch) start(ctx context.Context, restoreCommand string) error {
 		return err
 	}
 	sc.Port = port
+	// Its own pg_hba.conf, and a postgresql.conf when the data dir had
+	// none: a cluster may keep both outside its data dir (Debian's
+	// /etc/postgresql), where an external cluster's restore does not
+	// bring them. md5 takes a SCRAM secret too. ssl off: the certificate
+	// files of the cluster may not be on this host, and nothing but
+	// pgtenant, over the loopback, connects.
+	hba := filepath.Join(sc.Dir, "pgtenant_scratch_hba.conf")
+	files := map[string]string{hba: "host all all 127.0.0.1/32 md5\n"}
+	if _, err := os.Stat(filepath.Join(sc.Dir, "postgresql.conf")); errors.Is(err, os.ErrNotExist) {
+		files[filepath.Join(sc.Dir, "postgresql.conf")] = "# pgtenant scratch instance: its settings are in postgresql.auto.conf.\n"
+	}
+	for path, body := range files {
+		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+			return fmt.Errorf("scratch config: %w", err)
+		}
+		if err := sc.user.Own(path); err != nil {
+			return fmt.Errorf("scratch config: %w", err)
+		}
+	}
 	extra := fmt.Sprintf(`
 # pgtenant scratch instance: a restore read by a rewind or a fork, then removed.
 port = %d
 listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
+hba_file = '%s'
+ssl = off
 hot_standby = off
 archive_mode = off
 shared_buffers = '128MB'
 cluster_name = 'pgtenant-scratch'
 shared_preload_libraries = ''
 restore_command = '%s'
-`, port, strings.ReplaceAll(restoreCommand, "'", "''"))
+`, port, strings.ReplaceAll(hba, "'", "''"), strings.ReplaceAll(restoreCommand, "'", "''"))
 	auto := filepath.Join(sc.Dir, "postgresql.auto.conf")
 	f, err := os.OpenFile(auto, os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -190,7 +223,7 @@ func tail(path string) string {
 // DSN is a superuser's connection string to database on the instance.
 func (sc *Scratch) DSN(database string) string {
 	return fmt.Sprintf("host=127.0.0.1 port=%d user=%s password=%s dbname=%s sslmode=disable application_name=pgtenant-scratch",
-		sc.Port, fleet.Superuser, quoteValue(sc.password), quoteValue(database))
+		sc.Port, quoteValue(sc.role), quoteValue(sc.password), quoteValue(database))
 }
 
 // Connect opens a superuser session on database of the instance, with the
@@ -227,7 +260,7 @@ func (sc *Scratch) Remove(ctx context.Context) error {
 // daemon killed during a restore left behind.
 func (s *Stanza) ScratchFor(name string) *Scratch {
 	bin, _ := fleet.FindBinaries(15)
-	return &Scratch{Dir: s.ScratchDir(name), password: s.password, user: s.user, pgctl: bin.Path("pg_ctl")}
+	return s.scratch(name, bin.Path("pg_ctl"))
 }
 
 // freePort asks the kernel for a free loopback port.

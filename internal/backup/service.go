@@ -58,9 +58,10 @@ type Service struct {
 }
 
 // Configure gives every stanza the configured retention and rewrites its
-// config (`up` wrote it before the configuration was read).
+// config (`up` wrote it before the configuration was read). External
+// stanzas keep their operator's config and retention: they are not touched.
 func (s *Service) Configure() error {
-	for _, n := range s.clusters() {
+	for _, n := range s.managed() {
 		st := s.Stanzas[n]
 		st.Retention = s.Schedule.Retention.D()
 		if err := st.Prepare(); err != nil {
@@ -134,25 +135,47 @@ func (s *Service) clusters() []string {
 	return names
 }
 
+// managed is clusters without the external ones: those pgtenant backs up.
+func (s *Service) managed() []string {
+	var names []string
+	for _, n := range s.clusters() {
+		if !s.Stanzas[n].External {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// TakesBackups reports whether any stanza is pgtenant's to back up (not
+// only external ones): the daemon runs backup jobs only then.
+func (s *Service) TakesBackups() bool { return len(s.managed()) > 0 }
+
 // Now starts a backup of one cluster, or of every cluster backed up when
 // cluster is "". A cluster whose backup is already queued or running
 // answers a *BusyError naming that job: a second backup is refused, not
-// queued behind the first.
+// queued behind the first. An external cluster answers an *ExternalError:
+// its operator's schedule takes its backups ("" leaves it out).
 func (s *Service) Now(ctx context.Context, cluster, typ string) ([]jobs.Job, error) {
 	if !ValidType(typ) {
 		return nil, fmt.Errorf("backup type %q: want full, diff or incr", typ)
 	}
 	names := []string{cluster}
 	if cluster == "" {
-		names = s.clusters()
-		if len(names) == 0 {
+		names = s.managed()
+		if all := s.clusters(); len(all) == 0 {
 			return nil, ErrNotConfigured
+		} else if len(names) == 0 {
+			return nil, fmt.Errorf("no cluster here is backed up by pgtenant: %w", s.Stanzas[all[0]].externalError())
 		}
 	}
 	var out []jobs.Job
 	for _, n := range names {
-		if _, err := s.Stanza(n); err != nil {
+		st, err := s.Stanza(n)
+		if err != nil {
 			return out, err
+		}
+		if st.External {
+			return out, st.externalError()
 		}
 		j, err := s.enqueue(ctx, Args{Cluster: n, Type: typ})
 		if err != nil {
@@ -185,9 +208,10 @@ func (s *Service) enqueue(ctx context.Context, a Args) (jobs.Job, error) {
 
 // EnsureFirst starts a full backup of each cluster whose repository holds
 // none yet (a cluster just made): its recovery window starts there.
+// External clusters are left to their operator's schedule.
 func (s *Service) EnsureFirst(ctx context.Context) error {
 	var errs []error
-	for _, n := range s.clusters() {
+	for _, n := range s.managed() {
 		info, err := s.Stanzas[n].Info(ctx)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cluster %s: %w", n, err))
@@ -225,6 +249,9 @@ func (s *Service) backup(ctx context.Context, r *jobs.Run, a Args) error {
 	st, err := s.Stanza(a.Cluster)
 	if err != nil {
 		return jobs.Permanent(err)
+	}
+	if st.External {
+		return jobs.Permanent(st.externalError())
 	}
 	from := "primary"
 	if st.Standby != nil {

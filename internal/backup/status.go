@@ -97,6 +97,9 @@ type Disk struct {
 // RepoDisk reads the file system of the stanza's repository (statfs; the
 // space a non-root user may use counts as free).
 func (s *Stanza) RepoDisk() (Disk, error) {
+	if s.RepoPath() == "" {
+		return Disk{}, ErrRepoNotLocal
+	}
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(s.RepoPath(), &st); err != nil {
 		return Disk{}, fmt.Errorf("statfs %s: %w", s.RepoPath(), err)
@@ -107,6 +110,9 @@ func (s *Stanza) RepoDisk() (Disk, error) {
 // RepoSize adds up the files under the repository: backups and archived
 // WAL, as they take space (compressed).
 func (s *Stanza) RepoSize() (int64, error) {
+	if s.RepoPath() == "" {
+		return 0, ErrRepoNotLocal
+	}
 	var n int64
 	err := filepath.WalkDir(s.RepoPath(), func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -151,7 +157,7 @@ func (c *sizeCache) get(st *Stanza, info Info) (int64, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if v, ok := c.m[st.Name]; ok && time.Since(v.at) < sizeTTL && v.backups == labels.String() {
+	if v, ok := c.m[st.cluster]; ok && time.Since(v.at) < sizeTTL && v.backups == labels.String() {
 		return v.size, nil
 	}
 	n, err := st.RepoSize()
@@ -161,6 +167,6 @@ func (c *sizeCache) get(st *Stanza, info Info) (int64, error) {
 	if c.m == nil {
 		c.m = map[string]sizeAt{}
 	}
-	c.m[st.Name] = sizeAt{n, time.Now(), labels.String()}
+	c.m[st.cluster] = sizeAt{n, time.Now(), labels.String()}
 	return n, nil
 }

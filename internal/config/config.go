@@ -194,6 +194,32 @@ type ClusterConfig struct {
 	// runs on its host (docs/connections.md); nil: tenants connect to
 	// the server directly.
 	Pooler *PoolerConfig `yaml:"pooler"`
+	// Backup names the cluster's existing pgBackRest stanza and its
+	// config (docs/operations/backups.md, "External clusters"): pgtenant
+	// reads its backups and restores from them for rewinds and forks; it
+	// never writes that config nor takes backups. nil: no backups here.
+	Backup *ClusterBackupConfig `yaml:"backup"`
+}
+
+// DefaultPgBackRestConfig is where pgBackRest itself looks for its config
+// when run without --config.
+const DefaultPgBackRestConfig = "/etc/pgbackrest/pgbackrest.conf"
+
+// ClusterBackupConfig is an external cluster's own pgBackRest setup, as
+// its operator made it.
+type ClusterBackupConfig struct {
+	// Stanza is the stanza the cluster archives to and is backed up to
+	// (its [section] in the config). Required in the block.
+	Stanza string `yaml:"stanza"`
+	// Config is the operator's pgbackrest.conf that defines the stanza and
+	// its repository (absolute; default DefaultPgBackRestConfig). It is
+	// passed as --config to every pgbackrest pgtenant runs, and never
+	// written.
+	Config string `yaml:"config"`
+	// Program is the pgbackrest to run (absolute; "" = pgbackrest on
+	// PATH): one that reads the repository's format, e.g. the version the
+	// operator's servers run.
+	Program string `yaml:"program"`
 }
 
 // PoolerConfig is a PgBouncer pgtenant runs on this host in front of a
@@ -592,6 +618,9 @@ func Parse(raw []byte) (Config, error) {
 	if err := poolerDefaults(&cfg, []byte(expanded)); err != nil {
 		return Config{}, err
 	}
+	if err := backupDefaults(&cfg, []byte(expanded)); err != nil {
+		return Config{}, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -642,6 +671,31 @@ func poolerDefaults(cfg *Config, raw []byte) error {
 			return fmt.Errorf("clusters[%d].pooler: %w", i, err)
 		}
 		cfg.Clusters[i].Pooler = &p
+	}
+	return nil
+}
+
+// backupDefaults gives each cluster's backup block its defaults, and makes
+// a block written with no keys (`backup:` alone) present, so that
+// validation asks for its stanza instead of ignoring it.
+func backupDefaults(cfg *Config, raw []byte) error {
+	var nodes struct {
+		Clusters []struct {
+			Backup yaml.Node `yaml:"backup"`
+		} `yaml:"clusters"`
+	}
+	if err := yaml.Unmarshal(raw, &nodes); err != nil {
+		return err
+	}
+	for i, n := range nodes.Clusters {
+		if i >= len(cfg.Clusters) || n.Backup.Kind == 0 { // 0: no backup key
+			continue
+		}
+		b := ClusterBackupConfig{Config: DefaultPgBackRestConfig}
+		if err := n.Backup.Decode(&b); err != nil {
+			return fmt.Errorf("clusters[%d].backup: %w", i, err)
+		}
+		cfg.Clusters[i].Backup = &b
 	}
 	return nil
 }
@@ -698,6 +752,11 @@ func (c Config) Validate() error {
 		if cl.Pooler != nil {
 			if err := cl.Pooler.Validate(); err != nil {
 				bad(f+".pooler."+err.field, "%s", err.msg)
+			}
+		}
+		if cl.Backup != nil {
+			if err := cl.Backup.Validate(); err != nil {
+				bad(f+".backup."+err.field, "%s", err.msg)
 			}
 		}
 	}
@@ -928,6 +987,30 @@ func (p PoolerConfig) Validate() *fieldError {
 		return &fieldError{"coalesce", "must be between 0 and 10s"}
 	case p.SyncInterval.D() < time.Second:
 		return &fieldError{"sync_interval", "must be at least 1s"}
+	}
+	return nil
+}
+
+// stanzaRE is what a stanza name may hold here: it is passed to pgbackrest
+// and written into the restore_command of scratch instances, which a
+// shell runs.
+var stanzaRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// shellPathRE is an absolute path the shell takes literally: the config
+// and program paths are written into restore_command too.
+var shellPathRE = regexp.MustCompile(`^/[A-Za-z0-9._/+-]*$`)
+
+// Validate checks an external cluster's backup block.
+func (b ClusterBackupConfig) Validate() *fieldError {
+	switch {
+	case b.Stanza == "":
+		return &fieldError{"stanza", "required: the name of the cluster's existing pgBackRest stanza (its [section] in the config; `pgbackrest info` lists them)"}
+	case !stanzaRE.MatchString(b.Stanza):
+		return &fieldError{"stanza", fmt.Sprintf("%q: letters, digits, '.', '_' and '-' only, at most 64 (it is passed to pgbackrest and to the shell of a scratch instance's restore_command)", b.Stanza)}
+	case b.Config != "" && !shellPathRE.MatchString(b.Config):
+		return &fieldError{"config", fmt.Sprintf("%q: an absolute path without spaces or quotes, e.g. %s", b.Config, DefaultPgBackRestConfig)}
+	case b.Program != "" && !shellPathRE.MatchString(b.Program):
+		return &fieldError{"program", fmt.Sprintf("%q: an absolute path without spaces or quotes, e.g. /usr/bin/pgbackrest (or leave it out: pgbackrest on PATH)", b.Program)}
 	}
 	return nil
 }

@@ -224,20 +224,29 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	plc := &placement.Service{Store: store, Clusters: d.clusters, Runner: d.runner, Provision: prov, Move: mov, Config: cfg.Move, Tiers: cfg.Tiers, Logger: log}
 	d.runner.Register(jobs.ClusterDrain, plc.DrainHandler())
 	d.runner.Register(jobs.Rebalance, plc.RebalanceHandler())
-	bk := &backup.Service{Store: store, Runner: d.runner, Stanzas: opts.Backups, Clusters: d.clusters, Schedule: cfg.Backups,
+	// External clusters' own stanzas (their backup blocks) are read and
+	// restored from; their scratch instances live beside the token file.
+	stanzas, err := backup.WithExternal(opts.Backups, cfg.Clusters, filepath.Join(filepath.Dir(cfg.TokenFile), "scratch"))
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	bk := &backup.Service{Store: store, Runner: d.runner, Stanzas: stanzas, Clusters: d.clusters, Schedule: cfg.Backups,
 		Logger: log.With("component", "backup")}
 	d.backups = &backup.Scheduler{S: bk}
 	mov.Backups = bk // forks and rewinds read the repositories
 	reg.MustRegister(backup.NewCollector(bk))
 	// Only the daemon that holds the stanzas (up's) runs backups: another
 	// daemon on the same catalog would claim the jobs and fail them.
-	if len(opts.Backups) > 0 {
+	if len(stanzas) > 0 {
 		// The stanzas' retention follows backups.retention.
 		if err := bk.Configure(); err != nil {
 			d.Close()
 			return nil, fmt.Errorf("write the stanzas' config (backups.retention): %w", err)
 		}
-		d.runner.Register(jobs.ClusterBackup, bk.Handler())
+		if bk.TakesBackups() { // not with external stanzas only: their operators take their backups
+			d.runner.Register(jobs.ClusterBackup, bk.Handler())
+		}
 		d.runner.Register(jobs.TenantFork, mov.ForkHandler())
 		d.runner.Register(jobs.TenantRewind, mov.ForkHandler())
 		// A cluster just made gets its first full backup: its recovery
