@@ -91,8 +91,23 @@ func (s *Service) checkPast(ctx context.Context, t catalog.Tenant, at time.Time,
 	if err := s.Store.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM analytics WHERE tenant = $1)`, t.ID).Scan(&mirrored); err != nil {
 		return err
 	}
-	if mirrored && what == "rewound" {
+	if what != "rewound" {
+		return nil
+	}
+	if mirrored {
 		return fmt.Errorf("%w: tenant %s has an analytics mirror, which follows its storage: disable it (`pgtenant analytics disable %s`), rewind, then enable it again", catalog.ErrConflict, t.ID, t.ID)
+	}
+	// The swap gives the tenant's objects to the copy's role and back: a
+	// lock role's would stay behind.
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return err
+	}
+	if why, err := quotaEnforced(ctx, cl, t.ID); err != nil || why != "" {
+		if err == nil {
+			err = fmt.Errorf("%w: tenant %s cannot be rewound now: %s; a fork (`pgtenant tenant fork %s --at TIME`) reads the same past", catalog.ErrConflict, t.ID, why, t.ID)
+		}
+		return err
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/backup/backuptest"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	managed "github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -141,6 +142,14 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 			t.Errorf("rewind to %s: err = %v, want invalid naming the recovery window", bad, err)
 		}
 	}
+	// While its storage quota is enforced (its objects owned by its lock
+	// role, which the swap would leave behind): refused, saying so.
+	lock := cluster.Ident(tenant.LockRole(victim.Tenant.ID))
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), "CREATE ROLE "+lock+" NOLOGIN")
+	if _, err := c.RewindTenant(ctx, victim.Tenant.ID, at); !errors.Is(err, catalog.ErrConflict) || !strings.Contains(err.Error(), "quota is enforced") {
+		t.Errorf("rewind of an enforced tenant: err = %v, want a conflict saying its quota is enforced", err)
+	}
+	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), "DROP ROLE "+lock)
 
 	// The neighbour writes all along.
 	var wrote, failed atomic.Int64

@@ -334,12 +334,10 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 	}
 	// While its quota is enforced, a tenant's objects belong to its lock
 	// role (internal/quota), which the target has not got.
-	var locked bool
-	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, tenant.LockRole(t.ID)).Scan(&locked); err != nil {
-		return nil, cluster.Classify(err)
-	}
-	if locked {
-		out = append(out, fmt.Sprintf("its storage quota is enforced (its objects belong to role %s until it is back under its quota, or its tier's quota is raised)", tenant.LockRole(t.ID)))
+	if locked, err := quotaEnforced(ctx, src, t.ID); err != nil {
+		return nil, err
+	} else if locked != "" {
+		out = append(out, locked)
 	}
 	role := tenant.PhysicalName(t.ID)
 	conn, err := src.Connect(ctx, t.Database)
@@ -417,6 +415,24 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 		out = append(out, fmt.Sprintf("template %s is not built on cluster %s (no %s)", t.Template, dst.Name(), t.Database))
 	}
 	return out, nil
+}
+
+// quotaEnforced says, when tenant id's storage quota is enforced on cl,
+// why its objects cannot be moved or swapped ("" when it is not): they
+// belong to its lock role (internal/quota) until it is back under quota.
+func quotaEnforced(ctx context.Context, cl *cluster.Cluster, id string) (string, error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return "", err
+	}
+	var locked bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1)`, tenant.LockRole(id)).Scan(&locked); err != nil {
+		return "", cluster.Classify(err)
+	}
+	if !locked {
+		return "", nil
+	}
+	return fmt.Sprintf("its storage quota is enforced (its objects belong to role %s until it is back under its quota, or its tier's quota is raised)", tenant.LockRole(id)), nil
 }
 
 // tenantSchemas are the schemas a move carries: the tenant's own (schema
