@@ -87,7 +87,7 @@ The password is stored in the catalog and never printed.`,
 		},
 	}
 	cmd.AddCommand(add, list, show, newClusterSetCmd(g), newClusterDrainCmd(g), newClusterUndrainCmd(g),
-		newClusterSwitchoverCmd(g), newClusterFailoverCmd(g))
+		newClusterSwitchoverCmd(g), newClusterFailoverCmd(g), newClusterRestoreCmd(g))
 	return cmd
 }
 

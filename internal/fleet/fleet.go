@@ -340,6 +340,100 @@ func (c *Cluster) Promote(ctx context.Context, name string) error {
 	return c.saveState()
 }
 
+// Restore makes the cluster anew from a backup once it lost its nodes: each
+// node's dir still there is moved aside (to NAME.lost-TIME, never deleted:
+// it may hold what the operator wants to look at), fill writes the
+// primary's data dir (a pgBackRest restore, its recovery settings with
+// it), the primary gets its settings and port back, starts and recovers;
+// Restore returns once its recovery is over and it takes writes. Its
+// standbys are recorded as not ready: the next Start makes them anew from
+// it. No node may be running (`up` supervises them: stop it first).
+func (c *Cluster) Restore(ctx context.Context, fill func(ctx context.Context, dir string) error) error {
+	nodes := append([]Node{c.st.Primary}, c.st.Standbys...)
+	for _, n := range nodes {
+		if c.running(c.nodeDir(n.Name)) {
+			return fmt.Errorf("cluster %s: node %s is running; stop it (stop `pgtenant up`, which supervises it) before a restore", c.opts.Name, n.Name)
+		}
+	}
+	stamp := time.Now().UTC().Format("20060102T150405")
+	for _, n := range nodes {
+		dir := c.nodeDir(n.Name)
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		aside := dir + ".lost-" + stamp
+		c.log.Warn("moving a node's directory aside for the restore", "dir", dir, "moved_to", aside)
+		if err := os.Rename(dir, aside); err != nil {
+			return err
+		}
+	}
+	for i := range c.st.Standbys {
+		c.st.Standbys[i].Ready = false
+	}
+	if err := c.saveState(); err != nil {
+		return err
+	}
+	p := c.st.Primary
+	dir := c.nodeDir(p.Name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := c.user.own(dir); err != nil {
+		return err
+	}
+	if err := fill(ctx, dir); err != nil {
+		return err
+	}
+	// A backup read from a standby brings its standby.signal when there
+	// was one: this node is the primary.
+	_ = os.Remove(filepath.Join(dir, "standby.signal"))
+	if err := c.writeConf(dir, p.Port); err != nil {
+		return err
+	}
+	if err := c.startNode(ctx, p); err != nil {
+		return err
+	}
+	for {
+		conn, err := pgx.Connect(ctx, c.PrimaryDSN("postgres"))
+		if err == nil {
+			var recovering bool
+			err = conn.QueryRow(ctx, "SELECT pg_catalog.pg_is_in_recovery()").Scan(&recovering)
+			if err == nil && !recovering {
+				err = resetRecovery(ctx, conn)
+				conn.Close(context.WithoutCancel(ctx))
+				if err != nil {
+					return fmt.Errorf("cluster %s: the restored primary: %w", c.opts.Name, err)
+				}
+				c.log.Info("restored", "node", p.Name, "port", p.Port)
+				return nil
+			}
+			conn.Close(context.WithoutCancel(ctx))
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster %s: the restored primary is still recovering: %w (its log: %s)", c.opts.Name, ctx.Err(), filepath.Join(dir, "log"))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// recoverySettings are what a restore writes into postgresql.auto.conf.
+var recoverySettings = []string{"restore_command", "recovery_target", "recovery_target_time", "recovery_target_xid",
+	"recovery_target_lsn", "recovery_target_name", "recovery_target_inclusive", "recovery_target_timeline", "recovery_target_action"}
+
+// resetRecovery removes a finished recovery's settings from
+// postgresql.auto.conf: a standby made from this node copies the file, and
+// with a recovery_target_time in the past it would stop there and promote
+// itself instead of following the primary.
+func resetRecovery(ctx context.Context, conn *pgx.Conn) error {
+	for _, name := range recoverySettings {
+		if _, err := conn.Exec(ctx, "ALTER SYSTEM RESET "+name); err != nil {
+			return fmt.Errorf("reset %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
 func (c *Cluster) node(name string) (Node, bool) {
 	if name == c.st.Primary.Name {
 		return c.st.Primary, true
