@@ -25,12 +25,6 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dsn, direct, err := s.Provision.DSNs(c.Tenant)
-	if err != nil {
-		return err
-	}
-	resp := CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN, DirectDSN: c.Direct, Password: c.Password,
-		Existing: c.Existing, Path: c.Path, Note: c.Note, Job: c.Job}
 	status := http.StatusCreated
 	switch {
 	case c.Existing:
@@ -38,7 +32,18 @@ func (s *Server) createTenant(w http.ResponseWriter, r *http.Request) error {
 	case c.Job != nil:
 		status = http.StatusAccepted
 	}
-	writeJSON(w, status, resp)
+	return s.writeCreated(w, status, c)
+}
+
+// writeCreated answers with a new tenant, its credentials and the job that
+// makes or fills it.
+func (s *Server) writeCreated(w http.ResponseWriter, status int, c provision.Created) error {
+	dsn, direct, err := s.Provision.DSNs(c.Tenant)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, status, CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN, DirectDSN: c.Direct,
+		Password: c.Password, Existing: c.Existing, Path: c.Path, Note: c.Note, Job: c.Job})
 	return nil
 }
 
@@ -266,13 +271,8 @@ func (s *Server) forkTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dsn, direct, err := s.Provision.DSNs(c.Tenant)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusAccepted, CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN,
-		DirectDSN: c.Direct, Password: c.Password, Path: c.Path, Job: &j})
-	return nil
+	c.Job = &j
+	return s.writeCreated(w, http.StatusAccepted, c)
 }
 
 // exportTenant answers with the tenant's archive (application/x-tar): its
@@ -312,13 +312,8 @@ func (s *Server) importTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dsn, direct, err := s.Provision.DSNs(c.Tenant)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusAccepted, CreateTenantResponse{Tenant: Tenant{Tenant: c.Tenant, DSN: dsn, DirectDSN: direct}, DSN: c.DSN,
-		DirectDSN: c.Direct, Password: c.Password, Path: c.Path, Job: &j})
-	return nil
+	c.Job = &j
+	return s.writeCreated(w, http.StatusAccepted, c)
 }
 
 func (s *Server) moveTenant(w http.ResponseWriter, r *http.Request) error {

@@ -33,7 +33,8 @@ func TestRestoreCluster_BothNodesLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	fc, st := backuptest.Cluster(t, ctx, 1)
-	cat := catalogCluster(t, ctx)
+	cat := backuptest.Server(t, ctx, "cat")
+	backuptest.Exec(t, ctx, cat.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
 	mod := func(cfg *config.Config) {
 		cfg.Catalog.DSN = cat.PrimaryDSN("catalog")
 		cfg.Provision.ReservedConnections = 5
@@ -168,35 +169,6 @@ func TestRestoreCluster_BothNodesLost(t *testing.T) {
 	if !lost {
 		t.Errorf("reconcile after the restore to TIME does not report tenant %s (made after TIME) as lost: %+v", late.Tenant.ID, rep.Findings)
 	}
-}
-
-// catalogCluster is a small cluster without backups holding database
-// catalog: a catalog that outlives the cluster it describes.
-func catalogCluster(t *testing.T, ctx context.Context) *fleet.Cluster {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pgtest-catalog-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "cat"), Name: "cat", Fast: true,
-		Settings: map[string]string{"shared_buffers": "16MB", "max_connections": "40", "logging_collector": "off"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = fc.Stop(sctx)
-	})
-	if err := fc.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	backuptest.Exec(t, ctx, fc.PrimaryDSN("postgres"), `CREATE DATABASE catalog`)
-	return fc
 }
 
 func waitBackup(t *testing.T, ctx context.Context, st *backup.Stanza) {

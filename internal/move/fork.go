@@ -178,16 +178,8 @@ func (s *Service) Fork(ctx context.Context, id string, at time.Time, name *strin
 		n := "fork of " + cmp.Or(t.Name, t.ID)
 		name = &n
 	}
-	c, err := s.Provision.Create(ctx, provision.Request{Template: t.Template, Mode: t.Mode, Name: name, Tier: cmp.Or(tier, t.Tier), Cluster: t.Cluster})
+	c, err := s.createLocked(ctx, provision.Request{Template: t.Template, Mode: t.Mode, Name: name, Tier: cmp.Or(tier, t.Tier), Cluster: t.Cluster})
 	if err != nil {
-		return c, jobs.Job{}, err
-	}
-	if c.Job != nil {
-		if _, err := s.Runner.Wait(ctx, c.Job.ID, nil); err != nil {
-			return c, jobs.Job{}, err
-		}
-	}
-	if _, err := s.Lifecycle.Suspend(ctx, c.Tenant.ID); err != nil {
 		return c, jobs.Job{}, err
 	}
 	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), forkSpec(t, copyArgs{Tenant: id, At: at.UTC(), Into: c.Tenant.ID}))
@@ -199,6 +191,23 @@ func (s *Service) Fork(ctx context.Context, id string, at time.Time, name *strin
 	}
 	c.Tenant, err = s.Store.GetTenant(ctx, nil, c.Tenant.ID)
 	return c, j, err
+}
+
+// createLocked makes a new tenant as req asks, waits for its build and
+// suspends it: it is let in once the job that fills it has succeeded (a
+// fork, a rewind's copy, an import).
+func (s *Service) createLocked(ctx context.Context, req provision.Request) (provision.Created, error) {
+	c, err := s.Provision.Create(ctx, req)
+	if err != nil {
+		return c, err
+	}
+	if c.Job != nil {
+		if _, err := s.Runner.Wait(ctx, c.Job.ID, nil); err != nil {
+			return c, err
+		}
+	}
+	_, err = s.Lifecycle.Suspend(ctx, c.Tenant.ID)
+	return c, err
 }
 
 // ForkHandler runs forks and rewinds (one handler: a rewind is a fork
@@ -287,17 +296,9 @@ func (f *forker) target(ctx context.Context, r *jobs.Run) error {
 		return err
 	}
 	name := fmt.Sprintf("%s before its rewind to %s", cmp.Or(src.Name, src.ID), f.a.At.Format(time.RFC3339))
-	c, err := f.s.Provision.Create(ctx, provision.Request{Template: src.Template, Mode: src.Mode, Name: &name,
+	c, err := f.s.createLocked(ctx, provision.Request{Template: src.Template, Mode: src.Mode, Name: &name,
 		ExternalID: fmt.Sprintf("pgtenant-rewind-%d", r.Job.ID), Tier: src.Tier, Cluster: src.Cluster})
 	if err != nil {
-		return err
-	}
-	if c.Job != nil {
-		if _, err := f.s.Runner.Wait(ctx, c.Job.ID, nil); err != nil {
-			return err
-		}
-	}
-	if _, err := f.s.Lifecycle.Suspend(ctx, c.Tenant.ID); err != nil {
 		return err
 	}
 	st.Into = c.Tenant.ID

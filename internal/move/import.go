@@ -126,16 +126,8 @@ func (s *Service) Import(ctx context.Context, r io.Reader, req ImportRequest) (p
 	if name == nil && m.Name != "" {
 		name = &m.Name
 	}
-	c, err := s.Provision.Create(ctx, provision.Request{Template: m.Template, Mode: m.Mode, Name: name, Tier: req.Tier, Cluster: req.Cluster})
+	c, err := s.createLocked(ctx, provision.Request{Template: m.Template, Mode: m.Mode, Name: name, Tier: req.Tier, Cluster: req.Cluster})
 	if err != nil {
-		return c, jobs.Job{}, err
-	}
-	if c.Job != nil {
-		if _, err := s.Runner.Wait(ctx, c.Job.ID, nil); err != nil {
-			return c, jobs.Job{}, err
-		}
-	}
-	if _, err := s.Lifecycle.Suspend(ctx, c.Tenant.ID); err != nil {
 		return c, jobs.Job{}, err
 	}
 	var j jobs.Job

@@ -30,6 +30,28 @@ func Cluster(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *
 	if _, err := backup.Find(); err != nil {
 		t.Skip(err)
 	}
+	fc := startCluster(t, ctx, fleet.Options{Name: "bk", Standbys: standbys, Backups: true})
+	st, err := backup.ForCluster(fc, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Setup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return fc, st
+}
+
+// Server starts a small cluster without standbys or backups, removed when
+// the test ends: e.g. a catalog that outlives the cluster it describes.
+func Server(t *testing.T, ctx context.Context, name string) *fleet.Cluster {
+	t.Helper()
+	return startCluster(t, ctx, fleet.Options{Name: name})
+}
+
+// startCluster makes and starts a small test cluster as o says, in a temp
+// dir, stopped and removed when the test ends.
+func startCluster(t *testing.T, ctx context.Context, o fleet.Options) *fleet.Cluster {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "pgtest-backup-")
 	if err != nil {
 		t.Fatal(err)
@@ -39,8 +61,9 @@ func Cluster(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, "bk"), Name: "bk", Standbys: standbys, Fast: true, Backups: true,
-		Settings: map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}})
+	o.Dir, o.Fast = filepath.Join(dir, o.Name), true
+	o.Settings = map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}
+	fc, err := fleet.Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,14 +75,7 @@ func Cluster(t *testing.T, ctx context.Context, standbys int) (*fleet.Cluster, *
 	if err := fc.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err := backup.ForCluster(fc, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Setup(ctx); err != nil {
-		t.Fatal(err)
-	}
-	return fc, st
+	return fc
 }
 
 // Daemon runs a daemon whose catalog is database catalogDB on fc, managing
