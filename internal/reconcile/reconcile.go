@@ -122,50 +122,39 @@ type finding struct {
 }
 
 func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool, rep *Report) error {
-	// Read the cluster first, then the catalog: rows are always written
-	// before the objects they describe, so an object seen here has its row
-	// visible below unless it really is an orphan. Rows created after the
-	// scan started are not judged.
-	scanStart := time.Now()
-	obs, err := r.observe(ctx, cl)
+	s, err := r.scan(ctx, cl)
 	if err != nil {
 		return err
 	}
-	s := &scan{r: r, cl: cl, obs: obs, scanStart: scanStart, rows: map[string]catalog.Tenant{}}
-	rows, err := r.Store.ListTenantsOnCluster(ctx, cl.Name())
-	if err != nil {
-		return err
-	}
-	for _, t := range rows {
-		s.rows[t.ID] = t
-	}
-	if s.builds, err = r.Store.Builds(ctx, ""); err != nil {
-		return err
-	}
-	tpls, err := r.Store.Templates(ctx)
-	if err != nil {
-		return err
-	}
-	s.templates = map[string]catalog.Template{}
-	for _, t := range tpls {
-		s.templates[t.Name] = t
-	}
-	if s.jobs, err = r.jobTargets(ctx); err != nil {
-		return err
-	}
-	rep.Checked["databases"] += len(obs.databases)
-	rep.Checked["roles"] += len(obs.roles)
-	for _, sc := range obs.schemas {
+	rep.Checked["databases"] += len(s.obs.databases)
+	rep.Checked["roles"] += len(s.obs.roles)
+	for _, sc := range s.obs.schemas {
 		rep.Checked["schemas"] += len(sc)
 	}
-	rep.Checked["tenant_rows"] += len(rows)
+	rep.Checked["tenant_rows"] += len(s.rows)
 	found := s.compare()
+	if len(found) > 0 {
+		// Jobs work while the scan reads: a purge drops a spare's role and
+		// then its row between the two reads, a build ends between the
+		// row and the job reads. Only what a second scan sees again is a
+		// finding: an object there before the scan started and still
+		// there after it, with no job of its tenant at work at any read.
+		again, err := r.scan(ctx, cl)
+		if err != nil {
+			return err
+		}
+		found = seenTwice(found, again.compare())
+	}
 	if front := r.Poolers.Get(cl.Name()); front != nil {
 		diffs, err := front.Compare(ctx)
 		if err != nil {
 			return fmt.Errorf("pooler: %w", err)
 		}
-		rep.Checked["pooler_entries"] += len(diffs)
+		n, err := poolerEntries(ctx, front)
+		if err != nil {
+			return fmt.Errorf("pooler: %w", err)
+		}
+		rep.Checked["pooler_entries"] += n
 		for _, d := range diffs {
 			kind := map[string]string{"missing": Missing, "extra": Orphan, "mismatch": Mismatch}[d.Kind]
 			id, _ := tenant.IDFromPhysical(d.Name)
@@ -186,6 +175,17 @@ func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool,
 	}
 	for _, f := range found {
 		f.Cluster = cl.Name()
+		// A job that started on the tenant since it was read owns its
+		// objects now: not a finding, and never repaired under it.
+		if f.Tenant != "" {
+			busy, err := r.tenantBusy(ctx, f.Tenant)
+			if err != nil {
+				return err
+			}
+			if busy {
+				continue
+			}
+		}
 		if fix && f.repair != nil {
 			if err := f.repair(ctx); err != nil {
 				f.Error = err.Error()
@@ -196,6 +196,87 @@ func (r *Reconciler) cluster(ctx context.Context, cl *cluster.Cluster, fix bool,
 		rep.Findings = append(rep.Findings, f.Finding)
 	}
 	return nil
+}
+
+// scan reads one cluster and then the catalog. Rows are always written
+// before the objects they describe, so an object seen here has its row
+// visible below unless it really is an orphan (or a job is at work on its
+// tenant: a purge drops the objects before the row, a move makes its copy
+// on the target before the row says it lives there). Jobs are read before
+// the cluster and again after the rows: a tenant with a job at work at
+// either read is left to its job. Rows created after the scan started are
+// not judged.
+func (r *Reconciler) scan(ctx context.Context, cl *cluster.Cluster) (*scan, error) {
+	scanStart := time.Now()
+	before, err := r.jobTargets(ctx)
+	if err != nil {
+		return nil, err
+	}
+	obs, err := r.observe(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	s := &scan{r: r, cl: cl, obs: obs, scanStart: scanStart, rows: map[string]catalog.Tenant{}}
+	rows, err := r.Store.ListTenantsOnCluster(ctx, cl.Name())
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range rows {
+		s.rows[t.ID] = t
+	}
+	if s.builds, err = r.Store.Builds(ctx, ""); err != nil {
+		return nil, err
+	}
+	tpls, err := r.Store.Templates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.templates = map[string]catalog.Template{}
+	for _, t := range tpls {
+		s.templates[t.Name] = t
+	}
+	if s.jobs, err = r.jobTargets(ctx); err != nil {
+		return nil, err
+	}
+	for target, ref := range before {
+		now := s.jobs[target]
+		now.any, now.active = true, now.active || ref.active
+		s.jobs[target] = now
+	}
+	return s, nil
+}
+
+// seenTwice keeps the findings of the second scan that the first one made
+// too (same kind, same object).
+func seenTwice(first, second []finding) []finding {
+	seen := map[[2]string]bool{}
+	for _, f := range first {
+		seen[[2]string{f.Kind, f.Object}] = true
+	}
+	var out []finding
+	for _, f := range second {
+		if seen[[2]string{f.Kind, f.Object}] {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// poolerEntries counts the entries the cluster's PgBouncer has now (SHOW
+// DATABASES, its admin console aside): the figure is the pooler's own, not
+// the differences Compare found.
+func poolerEntries(ctx context.Context, front *pooler.Front) (int, error) {
+	password, err := front.Proc.AdminPassword()
+	if err != nil {
+		return 0, err
+	}
+	a, err := pooler.DialAdmin(ctx, front.Addr(), pooler.AdminUser, password)
+	if err != nil {
+		return 0, err
+	}
+	defer a.Close()
+	dbs, err := a.Databases(ctx)
+	return len(dbs), err
 }
 
 func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed, error) {
@@ -302,7 +383,38 @@ func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
 		}
 		out[target] = ref
 	}
-	return out, nil
+	// A job works on tenants besides its target: a fork's and an import's
+	// new tenant (args.into), a rewind's copy (data.into).
+	rows, err := r.Store.Pool().Query(ctx, `SELECT x.id, bool_or(j.state IN `+activeStates+`)
+		FROM jobs j CROSS JOIN LATERAL (VALUES (j.args->>'tenant'), (j.args->>'into'), (j.data->>'into')) AS x(id)
+		WHERE j.target_kind = 'tenant' AND x.id <> '' GROUP BY x.id`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var active bool
+		if err := rows.Scan(&id, &active); err != nil {
+			return nil, err
+		}
+		ref := out[id]
+		ref.any, ref.active = true, ref.active || active
+		out[id] = ref
+	}
+	return out, rows.Err()
+}
+
+// activeStates are the states of an unfinished job (jobs.Finished's complement).
+const activeStates = `('queued', 'running', 'waiting', 'paused')`
+
+// tenantBusy reports whether a job is at work on tenant id now: its
+// target, or named in its args or data as jobTargets reads them.
+func (r *Reconciler) tenantBusy(ctx context.Context, id string) (bool, error) {
+	var busy bool
+	err := r.Store.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN `+activeStates+` AND (target = $1
+		OR (target_kind = 'tenant' AND $1 IN (args->>'tenant', args->>'into', data->>'into'))))`, id).Scan(&busy)
+	return busy, err
 }
 
 // scan is one cluster's comparison.
@@ -336,6 +448,9 @@ func (s *scan) databases() []finding {
 	names := sortedKeys(s.obs.databases)
 	for _, db := range names {
 		if id, ok := tenant.IDFromPhysical(db); ok {
+			if s.jobs[id].active {
+				continue // its job's to finish: a build, purge, move, fork, rewind, import …
+			}
 			t, has := s.rows[id]
 			switch {
 			case !has:
@@ -520,14 +635,12 @@ func (s *scan) dropRoles(roles ...string) func(context.Context) error {
 	}
 }
 
-// orphanTenantObject judges an object named after a tenant id without a row:
-// dropped when pgtenant's own jobs worked on that id (and none does now),
-// listed otherwise.
+// orphanTenantObject judges an object named after a tenant id without a row
+// and with no job at work on it (callers skip those): dropped when
+// pgtenant's own jobs worked on that id, listed otherwise.
 func (s *scan) orphanTenantObject(object, id string, drop func(context.Context) error) finding {
 	f := finding{Finding: Finding{Kind: Orphan, Object: object, Tenant: id, Detail: "no catalog row for tenant " + id}}
 	switch refs := s.jobs[id]; {
-	case refs.active:
-		f.Action = "none: a job is working on it"
 	case refs.any:
 		f.Action = "drop it (left by an interrupted job of pgtenant's)"
 		f.repair = drop
@@ -547,7 +660,7 @@ func (s *scan) roles() []finding {
 		if !ok {
 			id, ok = tenant.IDFromLockRole(role) // owns the tenant's objects while its quota is enforced
 		}
-		if !ok {
+		if !ok || s.jobs[id].active {
 			continue
 		}
 		t, has := s.rows[id]
@@ -565,7 +678,7 @@ func (s *scan) roles() []finding {
 			continue // an agent (it logs in whatever its tenant's state) or a lock role (the quota's)
 		}
 		canLogin := s.obs.roles[role]
-		if canLogin && (t.State == catalog.StateSpare || t.State == catalog.StateBuilding) && !s.jobs[id].active {
+		if canLogin && (t.State == catalog.StateSpare || t.State == catalog.StateBuilding) {
 			out = append(out, finding{Finding: Finding{Kind: Mismatch, Object: "role " + role, Tenant: id,
 				Detail: "a spare's role can log in (a claim was interrupted)", Action: "lock it out"},
 				repair: func(ctx context.Context) error { return purge.LockOut(ctx, s.cl, role) }})
@@ -579,7 +692,7 @@ func (s *scan) schemas() []finding {
 	for _, db := range sortedKeys(s.obs.schemas) {
 		for _, schema := range sortedKeys(s.obs.schemas[db]) {
 			id, ok := tenant.IDFromPhysical(schema)
-			if !ok {
+			if !ok || s.jobs[id].active {
 				continue
 			}
 			if _, has := s.rows[id]; has {

@@ -283,3 +283,230 @@ func waitSpares(t *testing.T, ctx context.Context, cat *pgx.Conn, n int) {
 		}
 	}
 }
+
+// slowSchemaBuild is a template whose schema tenants take half a second
+// each to build (the pause runs in the shared database only, so the
+// template's own build and database tenants' copies stay quick): spare
+// builds stay in flight long enough for reconciles to meet them.
+var slowSchemaBuild = []templates.Upload{{Name: "0001_init.sql", Body: `-- +goose StatementBegin
+DO $$ BEGIN IF pg_catalog.current_database() LIKE 'pgt\_shared\_%' THEN PERFORM pg_catalog.pg_sleep(0.5); END IF; END $$;
+-- +goose StatementEnd
+CREATE TABLE items (id int PRIMARY KEY);`}}
+
+// TestReconcile_InFlightBuildsAreNotFindings: while the spare pools are
+// being built (claims start more builds; a new version retires the old
+// spares, a purge each), reconcile, with and without fix, reports nothing
+// of this daemon's: every object it sees belongs to a tenant whose job is
+// at work, or was at work during the scan. Fix touches none of them: every
+// job succeeds and the pools fill. (Before the fix, a purge's role seen
+// before its row was deleted, or a build that ended between the row and
+// the job reads, were reported, and fix dropped or purged them.)
+func TestReconcile_InFlightBuildsAreNotFindings(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 3
+	cfg.Provision.RefillParallel = 2
+	cfg.Provision.PoolInterval = config.Duration(50 * time.Millisecond)
+	cat := daemontest.CatalogConn(t, pg, cfg)
+	_, c := daemontest.Start(t, pg, cfg)
+	daemontest.CreateTemplate(t, c, "rec_slow", slowSchemaBuild)
+
+	var reconciles, inFlight int
+	var wrong []reconcile.Finding
+	claims := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		var active int
+		if err := cat.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting')`).Scan(&active); err != nil {
+			t.Fatal(err)
+		}
+		if active == 0 && claims >= 4 {
+			break
+		}
+		if active > 0 {
+			inFlight++
+		}
+		rep, err := c.Reconcile(ctx, api.ReconcileRequest{Fix: reconciles%2 == 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		reconciles++
+		wrong = append(wrong, ours(t, ctx, cat, rep)...)
+		// Claims empty the pools again, and each starts a refill; a new
+		// version retires every spare of the old one (a purge each) and
+		// builds the pools anew.
+		if claims < 4 && reconciles%3 == 0 {
+			if _, err := c.CreateTenant(ctx, provision.Request{Template: "rec_slow", Mode: "schema"}); err != nil {
+				t.Fatal(err)
+			}
+			claims++
+			if claims == 2 {
+				if _, err := c.PushTemplate(ctx, "rec_slow", append(slowSchemaBuild, templates.Upload{Name: "0002_more.sql", Body: `ALTER TABLE items ADD COLUMN note text;`})); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	t.Logf("%d reconciles, %d with builds in flight, %d claims", reconciles, inFlight, claims)
+	if inFlight < 5 {
+		t.Fatalf("only %d of %d reconciles met builds in flight: the test did not test", inFlight, reconciles)
+	}
+	for _, f := range wrong {
+		t.Errorf("finding while builds were in flight: %+v", f)
+	}
+	waitNoActiveJobs(t, ctx, cat)
+	var failed, spares int
+	if err := cat.QueryRow(ctx, `SELECT (SELECT count(*) FROM jobs WHERE state NOT IN ('succeeded')),
+		(SELECT count(*) FROM tenants WHERE state = 'spare' AND template = 'rec_slow')`).Scan(&failed, &spares); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := failed, 0; got != want {
+		t.Errorf("jobs not succeeded = %d, want %d (a fix dropped what a build was making?)", got, want)
+	}
+	if got, want := spares, 6; got != want {
+		t.Errorf("spares of rec_slow = %d, want %d", got, want)
+	}
+	after, err := c.Reconcile(ctx, api.ReconcileRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ours(t, ctx, cat, after); len(got) != 0 {
+		t.Errorf("findings once the builds are done: %+v", got)
+	}
+}
+
+// ours returns the findings about this test's daemon's tenants and
+// templates (its catalog's rows and jobs): the test cluster also holds
+// what earlier tests' daemons left.
+func ours(t *testing.T, ctx context.Context, cat *pgx.Conn, rep reconcile.Report) []reconcile.Finding {
+	t.Helper()
+	var out []reconcile.Finding
+	for _, f := range rep.Findings {
+		mine := strings.Contains(f.Object, "rec_slow")
+		if f.Tenant != "" && !mine {
+			if err := cat.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)
+				OR EXISTS (SELECT 1 FROM jobs WHERE $1 IN (target, args->>'tenant', args->>'into', data->>'into'))`, f.Tenant).Scan(&mine); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if mine {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// TestReconcile_ObjectsOfATenantInAJobAreLeftToIt: objects of a tenant
+// that an unfinished job works on, here the new tenant of a fork held
+// paused (named in the job's args, not its target), are no finding and
+// fix leaves them; once the job is over they are an interrupted job's
+// leftovers, reported and dropped.
+func TestReconcile_ObjectsOfATenantInAJobAreLeftToIt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cat := daemontest.CatalogConn(t, pg, cfg)
+	_, c := daemontest.Start(t, pg, cfg)
+	admin := pg.Conn(t, "postgres")
+
+	source, into := tenant.NewID(), tenant.NewID()
+	role, db := tenant.PhysicalName(into), tenant.PhysicalName(into)
+	exec(t, cat, `INSERT INTO jobs (type, target_kind, target, state, args) VALUES ('tenant.fork', 'tenant', '`+source+`', 'paused',
+		'{"tenant": "`+source+`", "into": "`+into+`"}')`)
+	exec(t, admin, "CREATE ROLE "+role+" NOLOGIN")
+	exec(t, admin, "CREATE DATABASE "+db+" OWNER "+role)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
+		_, _ = admin.Exec(context.Background(), "DROP ROLE IF EXISTS "+role)
+	})
+	exists := func() (dbs, roles int) {
+		t.Helper()
+		if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_database WHERE datname = $1), (SELECT count(*) FROM pg_roles WHERE rolname = $1)`,
+			db).Scan(&dbs, &roles); err != nil {
+			t.Fatal(err)
+		}
+		return dbs, roles
+	}
+
+	for _, fix := range []bool{false, true} {
+		rep, err := c.Reconcile(ctx, api.ReconcileRequest{Fix: fix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range rep.Findings {
+			if f.Tenant == into {
+				t.Errorf("fix=%v: finding for a tenant a job works on: %+v", fix, f)
+			}
+		}
+	}
+	if dbs, roles := exists(); dbs != 1 || roles != 1 {
+		t.Fatalf("fix dropped what a job works on: %d databases, %d roles left, want 1 and 1", dbs, roles)
+	}
+
+	// The job is cancelled: what it left is pgtenant's to drop.
+	exec(t, cat, `UPDATE jobs SET state = 'cancelled' WHERE target = '`+source+`'`)
+	rep, err := c.Reconcile(ctx, api.ReconcileRequest{Fix: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, object := range []string{"database " + db, "role " + role} {
+		f, ok := findingFor(rep, object)
+		if !ok || f.Kind != reconcile.Orphan || f.Tenant != into || !f.Fixed || f.Error != "" {
+			t.Errorf("%s once its job is over: %+v (found %v), want an orphan of tenant %s, fixed", object, f, ok, into)
+		}
+	}
+	if dbs, roles := exists(); dbs != 0 || roles != 0 {
+		t.Errorf("after fix: %d databases, %d roles of the cancelled job's tenant, want none", dbs, roles)
+	}
+}
+
+// TestReconcile_CountsThePoolersEntries: the report's pooler_entries is
+// the number of entries the cluster's PgBouncer has, one per active or
+// suspended tenant, not the number of differences found.
+func TestReconcile_CountsThePoolersEntries(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cat := daemontest.CatalogConn(t, pg, cfg)
+	d, c := daemontest.StartPooled(t, pg, cfg)
+	daemontest.CreateTemplate(t, c, "rec_pooled", []templates.Upload{{Name: "0001_init.sql", Body: `CREATE TABLE a (id int);`}})
+	var ids []string
+	for _, mode := range []tenant.Mode{"database", "schema", "database"} {
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "rec_pooled", Mode: mode})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.Tenant.ID)
+	}
+	if _, err := c.TenantAction(ctx, ids[2], "suspend"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Poolers().Get("local").Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var withEntries int
+	if err := cat.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE state IN ('active', 'suspended')`).Scan(&withEntries); err != nil {
+		t.Fatal(err)
+	}
+	if withEntries != len(ids) {
+		t.Fatalf("tenants with entries = %d, want %d", withEntries, len(ids))
+	}
+	rep, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "local"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rep.Checked["pooler_entries"], withEntries; got != want {
+		t.Errorf("checked pooler_entries = %d, want %d (the tenants with entries); report: %+v", got, want, rep)
+	}
+	for _, f := range rep.Findings {
+		if strings.HasPrefix(f.Object, "pooler entry ") {
+			t.Errorf("finding on a synced pooler: %+v", f)
+		}
+	}
+	if len(rep.Errors) != 0 {
+		t.Errorf("reconcile could not check: %v", rep.Errors)
+	}
+}
