@@ -157,11 +157,11 @@ func (s *Stanza) config() string {
 	if s.Primary.Port != 0 { // 0: a cluster not made yet
 		kv("pg1-port", strconv.Itoa(s.Primary.Port))
 	}
-	kv("pg1-user", fleet.Superuser)
+	kv("pg1-user", s.superuser)
 	if s.Standby != nil {
 		kv("pg2-path", s.Standby.Path)
 		kv("pg2-port", strconv.Itoa(s.Standby.Port))
-		kv("pg2-user", fleet.Superuser)
+		kv("pg2-user", s.superuser)
 		kv("backup-standby", "y")
 	}
 	return b.String()
@@ -204,7 +204,7 @@ func (s *Stanza) Prepare() error {
 	}
 	// libpq reads the password from the passfile; PGPASSWORD would show in
 	// the process's environment.
-	pass := fmt.Sprintf("127.0.0.1:*:*:%s:%s\n", fleet.Superuser, s.password)
+	pass := fmt.Sprintf("127.0.0.1:*:*:%s:%s\n", s.superuser, s.password)
 	for path, body := range map[string]string{s.ConfigPath(): s.config(), s.passFile(): pass} {
 		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 			return fmt.Errorf("write %s: %w", path, err)
@@ -216,8 +216,10 @@ func (s *Stanza) Prepare() error {
 	return nil
 }
 
-// Setup runs Prepare and creates the stanza (stanza-create is idempotent:
-// a second run finds it there). An external stanza exists already, made by
+// Setup runs Prepare and creates the stanza once: a repository that has
+// it already is left as it is (stanza-create would take the archive lock,
+// which the archiver's async archive-push holds while it pushes what
+// piled up during a restart). An external stanza exists already, made by
 // its operator: nothing is run.
 func (s *Stanza) Setup(ctx context.Context) error {
 	if s.External {
@@ -226,8 +228,22 @@ func (s *Stanza) Setup(ctx context.Context) error {
 	if err := s.Prepare(); err != nil {
 		return err
 	}
+	if s.created() {
+		return nil
+	}
 	_, err := s.run(ctx, "stanza-create")
 	return err
+}
+
+// created reports whether the repository holds the stanza (its archive
+// and backup info files, which stanza-create writes).
+func (s *Stanza) created() bool {
+	for _, f := range []string{filepath.Join(s.RepoPath(), "archive", s.Name, "archive.info"), filepath.Join(s.RepoPath(), "backup", s.Name, "backup.info")} {
+		if _, err := os.Stat(f); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Stanza) passFile() string { return filepath.Join(s.Dir, "pgpass") }

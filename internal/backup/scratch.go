@@ -165,6 +165,9 @@ hba_file = '%s'
 ssl = off
 hot_standby = off
 archive_mode = off
+# No standby: a restored primary of a synchronous cluster (Patroni) would wait for one at each commit.
+synchronous_standby_names = ''
+synchronous_commit = local
 shared_buffers = '128MB'
 cluster_name = 'pgtenant-scratch'
 shared_preload_libraries = ''

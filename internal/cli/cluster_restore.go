@@ -65,7 +65,7 @@ runbook: docs/operations/backups.md, "Disaster recovery".`,
 			}
 			cdir := filepath.Join(dir, name)
 			if _, err := os.Stat(filepath.Join(cdir, "patroni.json")); err == nil {
-				return fmt.Errorf("cluster %s runs under Patroni, whose clusters have no pgBackRest backups yet: nothing to restore from", name)
+				return fmt.Errorf("cluster %s runs under Patroni: cluster restore does not rebuild Patroni's nodes yet (its backups serve tenant rewind and fork)", name)
 			}
 			unlock, err := lockDir(dir)
 			if err != nil {

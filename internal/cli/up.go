@@ -88,7 +88,8 @@ With --patroni, a new data dir's clusters run under Patroni: up starts an etcd
 servers: a standby is promoted when the primary's node dies, the daemon follows the
 new leader (catalog, pools, PgBouncer), and ` + "`cluster switchover`" + ` works. Such a data
 dir is always run so (plain up detects it); one made without Patroni refuses
---patroni. Clusters under Patroni get no pgBackRest backups yet.
+--patroni. Clusters under Patroni archive and are backed up with pgBackRest as the
+others are (pgBackRest finds whichever node leads).
 
 While it runs, up restarts a server of the cluster that dies (checked every 2 s;
 backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
@@ -241,39 +242,34 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		}
 	}()
 	stanzas := map[string]*backup.Stanza{}
+	// New clusters archive their WAL and get backups with pgBackRest when it
+	// is installed (internal/backup), under Patroni too.
+	pgbackrest, noBackRest := backup.Find()
+	if noBackRest != nil {
+		fmt.Fprintln(g.stderr, "pgbackrest is not installed: new clusters get no WAL archive and no backups; to have them: "+backup.InstallHint)
+	}
+	var etcd []string
 	if underPatroni {
-		var etcd []string
 		if etcd, stopEtcd, err = startUpEtcd(ctx, g, dir, log); err != nil {
 			return err
 		}
-		fmt.Fprintln(g.stderr, "clusters run under Patroni: pgbackrest backups are not set up for them yet (docs/operations/failover.md)")
-		for i := range o.clusters {
-			uc, err := startPatroniCluster(ctx, g, dir, ClusterName(i), o.standbys, etcd, log)
-			if uc.stop != nil {
-				ucs = append(ucs, uc)
-			}
-			if err != nil {
-				return err
-			}
+	}
+	for i := range o.clusters {
+		var uc upCluster
+		var st *backup.Stanza
+		if underPatroni {
+			uc, st, err = startPatroniCluster(ctx, g, dir, ClusterName(i), o.standbys, etcd, pgbackrest, log)
+		} else {
+			uc, st, err = startFleetCluster(ctx, g, dir, ClusterName(i), o.standbys, noBackRest == nil, i == 0, log)
 		}
-	} else {
-		// New clusters archive their WAL and get backups with pgBackRest when it
-		// is installed (internal/backup).
-		_, noBackRest := backup.Find()
-		if noBackRest != nil {
-			fmt.Fprintln(g.stderr, "pgbackrest is not installed: new clusters get no WAL archive and no backups; to have them: "+backup.InstallHint)
+		if uc.stop != nil {
+			ucs = append(ucs, uc)
 		}
-		for i := range o.clusters {
-			uc, st, err := startFleetCluster(ctx, g, dir, ClusterName(i), o.standbys, noBackRest == nil, i == 0, log)
-			if uc.stop != nil {
-				ucs = append(ucs, uc)
-			}
-			if err != nil {
-				return err
-			}
-			if st != nil {
-				stanzas[uc.name] = st
-			}
+		if err != nil {
+			return err
+		}
+		if st != nil {
+			stanzas[uc.name] = st
 		}
 	}
 

@@ -138,13 +138,23 @@ func startUpEtcd(ctx context.Context, g *globals, dir string, log *slog.Logger) 
 // startPatroniCluster starts (or makes) a cluster of 1 + standbys nodes
 // under Patroni, with the settings up gives its own clusters, and waits
 // for its leader.
-func startPatroniCluster(ctx context.Context, g *globals, dir, name string, standbys int, etcd []string, log *slog.Logger) (upCluster, error) {
+func startPatroniCluster(ctx context.Context, g *globals, dir, name string, standbys int, etcd []string, pgbackrest string, log *slog.Logger) (upCluster, *backup.Stanza, error) {
 	settings := patroni.DefaultSettings()
 	settings.Parameters = patroniParameters(fleet.DefaultSettings())
 	pc, err := patroni.NewCluster(patroni.ClusterOptions{Scope: name, Dir: filepath.Join(dir, name), Nodes: 1 + standbys, Etcd: etcd,
-		Settings: settings, Logger: log})
+		Settings: settings, PgBackRest: pgbackrest, Logger: log})
 	if err != nil {
-		return upCluster{}, err
+		return upCluster{}, nil, err
+	}
+	var st *backup.Stanza
+	if pc.Backups() {
+		// The config is there before the archiver first needs it.
+		if st, err = backup.ForPatroni(pc); err != nil {
+			return upCluster{}, nil, err
+		}
+		if err := st.Prepare(); err != nil {
+			return upCluster{}, nil, fmt.Errorf("cluster %s: backups: %w", name, err)
+		}
 	}
 	fmt.Fprintf(g.stderr, "starting cluster %s under Patroni (%d nodes; ttl %v, loop_wait %v, retry_timeout %v, synchronous_mode %v) in %s\n",
 		name, len(pc.Nodes), settings.TTL, settings.LoopWait, settings.RetryTimeout, settings.SynchronousMode, filepath.Join(dir, name))
@@ -158,21 +168,26 @@ func startPatroniCluster(ctx context.Context, g *globals, dir, name string, stan
 	}
 	uc := upCluster{name: name, sup: pc, stop: stop, catalogDSN: pc.PrimaryDSN("pgtenant")}
 	if err := pc.Start(ctx); err != nil {
-		return uc, err
+		return uc, nil, err
 	}
 	// The superuser's password where a cluster up runs itself keeps it.
 	if err := os.WriteFile(filepath.Join(dir, name, "superuser.password"), []byte(pc.Passwords.Superuser+"\n"), 0o600); err != nil {
-		return uc, err
+		return uc, nil, err
 	}
 	primary, replicas, err := failover.Topology(ctx, pc.URLs, pc.DSN(1, "postgres"), nil)
 	if err != nil {
-		return uc, fmt.Errorf("cluster %s: %w", name, err)
+		return uc, nil, fmt.Errorf("cluster %s: %w", name, err)
 	}
 	uc.managed = catalog.Cluster{Name: name, DSN: primary, StandbyDSNs: replicas, PatroniURLs: pc.URLs}
 	for _, n := range pc.Nodes {
 		uc.nodes = append(uc.nodes, newNodeInfo(n.Name(), patroni.SuperuserName, n.Port()))
 	}
-	return uc, nil
+	if st != nil {
+		if err := st.Setup(ctx); err != nil {
+			return uc, nil, fmt.Errorf("cluster %s: backups: %w", name, err)
+		}
+	}
+	return uc, st, nil
 }
 
 // patroniParameters are up's postgresql.conf settings as Patroni's

@@ -216,8 +216,19 @@ func (c *Cluster) Password() string { return c.password }
 // and its paths for the shell that runs it. The config path must be
 // absolute: the archiver runs it from the data dir.
 func ArchiveCommand(program, config, stanza string) string {
-	cmd := fmt.Sprintf("%s --config=%s --stanza=%s archive-push %%p", shellQuote(program), shellQuote(config), shellQuote(stanza))
-	return "'" + strings.ReplaceAll(cmd, "'", "''") + "'"
+	return "'" + strings.ReplaceAll(ArchivePush(program, config, stanza, ""), "'", "''") + "'"
+}
+
+// ArchivePush is the shell command of an archive_command running
+// pgBackRest's archive-push, its paths quoted for the shell; pgPath, when
+// set, is the data dir of the server that runs it (pgBackRest reads %p
+// relative to it): for a node whose data dir is not the config's pg1-path.
+func ArchivePush(program, config, stanza, pgPath string) string {
+	pg := ""
+	if pgPath != "" {
+		pg = " --pg1-path=" + shellQuote(pgPath)
+	}
+	return fmt.Sprintf("%s --config=%s --stanza=%s%s archive-push %%p", shellQuote(program), shellQuote(config), shellQuote(stanza), pg)
 }
 
 // shellQuote quotes s for /bin/sh unless it is made of characters the

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/background"
+	"github.com/pgtenant/pgtenant/internal/fleet"
 )
 
 // ClusterOptions describe the Patroni nodes of one cluster on this
@@ -29,12 +30,20 @@ type ClusterOptions struct {
 	Nodes    int      // nodes to run, named n1, n2, …; nodes the state has beyond it are run too
 	Etcd     []string // etcd client endpoints, host:port
 	Settings Settings
-	Logger   *slog.Logger
+	// PgBackRest, when set, is the pgbackrest program: a cluster being
+	// made archives its WAL with it from its creation (archive_mode needs
+	// a restart to turn on), each node's archive_command running
+	// archive-push with the config at BackupConfigPath, which
+	// internal/backup writes. It is recorded in the state: an existing
+	// cluster keeps what it was made with.
+	PgBackRest string
+	Logger     *slog.Logger
 }
 
 // Cluster is the Patroni nodes of one cluster on this machine.
 type Cluster struct {
 	opts      ClusterOptions
+	backups   bool
 	Passwords Passwords
 	Nodes     []*Node
 	URLs      []string // the nodes' REST APIs, as Nodes
@@ -45,6 +54,8 @@ type Cluster struct {
 type clusterState struct {
 	Passwords Passwords   `json:"passwords"`
 	Nodes     []nodePorts `json:"nodes"`
+	// Backups: the cluster was made archiving (ClusterOptions.Archive).
+	Backups bool `json:"backups,omitempty"`
 }
 
 type nodePorts struct {
@@ -74,17 +85,26 @@ func NewCluster(opts ClusterOptions) (*Cluster, error) {
 		if st.Passwords, err = NewPasswords(); err != nil {
 			return nil, err
 		}
+		st.Backups = opts.PgBackRest != ""
 	default:
 		return nil, err
 	}
-	c := &Cluster{opts: opts, Passwords: st.Passwords}
+	if st.Backups && opts.PgBackRest == "" {
+		return nil, fmt.Errorf("patroni cluster %s archives its WAL with pgbackrest, which is not installed: "+
+			"apt-get install -y pgbackrest (without it the WAL piles up in the data dirs)", opts.Scope)
+	}
+	c := &Cluster{opts: opts, Passwords: st.Passwords, backups: st.Backups}
 	for i := range max(opts.Nodes, len(st.Nodes)) {
 		if i == len(st.Nodes) {
 			st.Nodes = append(st.Nodes, nodePorts{Name: "n" + strconv.Itoa(i+1)})
 		}
 		np := &st.Nodes[i]
-		n, err := NewNode(NodeOptions{Cluster: opts.Scope, Name: np.Name, Dir: filepath.Join(opts.Dir, np.Name), Etcd: opts.Etcd,
-			Port: np.Port, RESTPort: np.RESTPort, Settings: opts.Settings, Passwords: st.Passwords, Logger: opts.Logger})
+		no := NodeOptions{Cluster: opts.Scope, Name: np.Name, Dir: filepath.Join(opts.Dir, np.Name), Etcd: opts.Etcd,
+			Port: np.Port, RESTPort: np.RESTPort, Settings: opts.Settings, Passwords: st.Passwords, Logger: opts.Logger}
+		if st.Backups {
+			no.Archive = fleet.ArchivePush(opts.PgBackRest, backupConfigPath(opts.Dir), opts.Scope, dataDir(no.Dir))
+		}
+		n, err := NewNode(no)
 		if err != nil {
 			return nil, err
 		}
@@ -261,6 +281,20 @@ func (c *Cluster) PrimaryDSN(database string) string {
 
 // Name is the cluster's name (Patroni's scope).
 func (c *Cluster) Name() string { return c.opts.Scope }
+
+// Backups reports whether the cluster archives its WAL with pgBackRest: it
+// was made with ClusterOptions.PgBackRest.
+func (c *Cluster) Backups() bool { return c.backups }
+
+// BackupDir holds the cluster's pgBackRest files (internal/backup), as a
+// cluster of internal/fleet has them; BackupConfigPath is the config its
+// nodes' archive_command names.
+func (c *Cluster) BackupDir() string { return backupDir(c.opts.Dir) }
+
+func (c *Cluster) BackupConfigPath() string { return backupConfigPath(c.opts.Dir) }
+
+func backupDir(dir string) string        { return filepath.Join(dir, "backup") }
+func backupConfigPath(dir string) string { return filepath.Join(backupDir(dir), "pgbackrest.conf") }
 
 // SupervisedNodes, Running, StartNode and LogHint let a fleet.Supervisor
 // keep the nodes' Patroni processes running (Patroni keeps its

@@ -131,8 +131,10 @@ type NodeOptions struct {
 	Port, RESTPort int
 	BinDir         string // default DefaultBinDir
 	Settings       Settings
-	Passwords      Passwords
-	Logger         *slog.Logger
+	// Archive is the node's archive_command (unquoted; "": no archiving).
+	Archive   string
+	Passwords Passwords
+	Logger    *slog.Logger
 }
 
 // Node is one Patroni node: Patroni, started as a child process, runs
@@ -190,7 +192,10 @@ func (n *Node) Port() int { return n.opts.Port }
 func (n *Node) APIURL() string { return "http://127.0.0.1:" + strconv.Itoa(n.opts.RESTPort) }
 
 // DataDir is the node's PostgreSQL data dir.
-func (n *Node) DataDir() string { return filepath.Join(n.opts.Dir, "data") }
+func (n *Node) DataDir() string { return dataDir(n.opts.Dir) }
+
+// dataDir is the data dir of the node whose dir is dir.
+func dataDir(dir string) string { return filepath.Join(dir, "data") }
 
 // ConfigPath is the node's Patroni config file.
 func (n *Node) ConfigPath() string { return filepath.Join(n.opts.Dir, "patroni.yml") }
@@ -409,6 +414,14 @@ func (n *Node) writeConfig() error {
 		// not writable by the server user, and two nodes must not share a
 		// socket dir on one port.
 		"unix_socket_directories": o.Dir,
+	}
+	if o.Archive != "" {
+		// On a replica archive_mode=on archives nothing until it leads.
+		pg.Parameters["archive_mode"] = "on"
+		pg.Parameters["archive_command"] = o.Archive
+		// A quiet cluster still ships its WAL within a minute: the most a
+		// restore can lose (RPO) is bounded by this.
+		pg.Parameters["archive_timeout"] = "60s"
 	}
 	// Loopback only, passwords everywhere (SCRAM, PostgreSQL 15's default
 	// password_encryption).
