@@ -629,19 +629,20 @@ func (f *forker) swap(ctx context.Context, r *jobs.Run, e *fenv) error {
 	}
 	var paused time.Time
 	if have != e.st.Restored {
-		if front != nil {
-			pctx, cancel := context.WithTimeout(ctx, cmp.Or(f.s.PauseTimeout, 10*time.Second))
-			err := front.Pause(pctx, srcName)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("pause tenant %s's pool (in session mode its clients must disconnect first): %w", e.src.ID, err)
-			}
+		ended, err := f.s.pause(ctx, front, e.cl, e.src, srcName)
+		if err != nil {
+			return err
 		}
 		paused = time.Now()
 		resume := func(cause error) error {
 			uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 			defer cancel()
 			return errors.Join(cause, f.unlock(uctx, e), f.resume(uctx, front, srcName))
+		}
+		if ended > 0 {
+			if err := f.s.Store.AddEvent(ctx, f.s.Store.Pool(), e.src.ID, "rewind_sessions_ended", map[string]any{"sessions": ended, "job": r.Job.ID}); err != nil {
+				return resume(err)
+			}
 		}
 		if err := lockOut(ctx, e.cl, srcName, tenant.AgentRole(e.src.ID), intoName, tenant.AgentRole(e.into.ID)); err != nil {
 			return resume(err)

@@ -89,6 +89,11 @@ type state struct {
 	// fire in the apply worker) and enabled back at the cut-over.
 	Triggers []trigger `json:"triggers,omitempty"`
 	PauseMS  int64     `json:"pause_ms,omitempty"`
+	// LeftoverJob: the purge job of the copy an earlier move left on the
+	// target, cancelled by check, which purges that copy itself (see
+	// purgeLeftover); kept so that a check resumed after a crash goes on
+	// with it.
+	LeftoverJob int64 `json:"leftover_job,omitempty"`
 }
 
 type trigger struct {
@@ -112,7 +117,8 @@ type Service struct {
 	Provision *provision.Service
 	Lifecycle *purge.Service
 	// PauseTimeout bounds the wait for the tenant's pool to pause (in
-	// session mode, its clients must disconnect); SwitchTimeout the wait
+	// session mode its clients must disconnect: past it their sessions
+	// are ended, see pause); SwitchTimeout the wait
 	// for the target to apply the source's last write while paused (at
 	// most what the pooler's query_wait_timeout leaves: switchWait);
 	// CopyTimeout the initial copy; CatchUpTimeout the unpaused catch-up
@@ -307,9 +313,22 @@ func (m *mover) check(ctx context.Context, r *jobs.Run) error {
 	if err != nil {
 		return jobs.Permanent(err)
 	}
-	reasons, err := Refusals(ctx, src, dst, t)
+	left, hint, err := m.leftoverJob(ctx, st, t)
 	if err != nil {
 		return err
+	}
+	reasons, err := Refusals(ctx, src, dst, t, hint)
+	if err != nil {
+		return err
+	}
+	if len(reasons) == 0 && left.ID != 0 {
+		if err := m.purgeLeftover(ctx, r, &st, t, left); err != nil {
+			return err
+		}
+		reasons, err = Refusals(ctx, src, dst, t, "the purge of the earlier move's leftover left it: drop it by hand")
+		if err != nil {
+			return err
+		}
 	}
 	if len(reasons) > 0 {
 		return jobs.Permanent(fmt.Errorf("%w: tenant %s cannot move to %s: %s", ErrRefused, t.ID, m.a.To, strings.Join(reasons, "; ")))
@@ -318,8 +337,98 @@ func (m *mover) check(ctx context.Context, r *jobs.Run) error {
 	return r.SaveData(ctx, st)
 }
 
+// leftoverJob finds the purge job (purge.LeftoverSpec) of the copy of
+// tenant t that an earlier move left on the target, when the tenant moves
+// back to it within drop.retention and that job is pending: the copy is
+// the same tenant's data, older, locked out since, and the move purges
+// it first (purgeLeftover). The hint returned is Refusals' for a copy
+// there is no such job of: "" when there is one.
+func (m *mover) leftoverJob(ctx context.Context, st state, t catalog.Tenant) (jobs.Job, string, error) {
+	pool := m.s.Store.Pool()
+	if st.LeftoverJob != 0 { // a check resumed: it had begun the purge
+		j, err := jobs.Get(ctx, pool, st.LeftoverJob)
+		return j, "", err
+	}
+	js, err := jobs.List(ctx, pool, jobs.Filter{Type: jobs.TenantPurge, TargetKind: "tenant", Target: t.ID})
+	if err != nil {
+		return jobs.Job{}, "", err
+	}
+	key := purge.LeftoverKey(t.ID, m.a.To)
+	var left jobs.Job
+	for _, j := range js { // newest first
+		if j.Key == key {
+			left = j
+			break
+		}
+	}
+	switch {
+	case left.ID == 0 || left.State == jobs.Succeeded:
+		return jobs.Job{}, fmt.Sprintf("pgtenant has no purge of it pending, so it is no leftover of the tenant's moves that pgtenant purges: drop it by hand (role %s and its database or schema, role %s) once you know it is not needed",
+			tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)), nil
+	case jobs.Finished(left.State):
+		how := "failed"
+		if left.State == jobs.Cancelled {
+			how = "was cancelled"
+		}
+		return jobs.Job{}, fmt.Sprintf("it is the leftover of an earlier move, whose purge (job %d) %s: `pgtenant job retry %d` purges it, then move the tenant again",
+			left.ID, how, left.ID), nil
+	case m.s.Lifecycle == nil:
+		return jobs.Job{}, fmt.Sprintf("it is the leftover of an earlier move, purged by job %d once its retention ends (%s)",
+			left.ID, left.RunAfter.UTC().Format(time.RFC3339)), nil
+	}
+	return left, "", nil
+}
+
+// leftoverWait bounds the wait for a running purge of the target's
+// leftover to stop once cancelled (it stops at its next lease renewal).
+const leftoverWait = time.Minute
+
+// purgeLeftover purges the copy of tenant t an earlier move left on the
+// target, found by leftoverJob: its purge job is cancelled first (it must
+// not run while this move builds the tenant there), then its steps run in
+// this job, and the tenant gets a move_leftover_purged event. The job is
+// recorded in st first: a check resumed after a crash goes on with it.
+func (m *mover) purgeLeftover(ctx context.Context, r *jobs.Run, st *state, t catalog.Tenant, left jobs.Job) error {
+	pool := m.s.Store.Pool()
+	if st.LeftoverJob == 0 {
+		st.LeftoverJob = left.ID
+		if err := r.SaveData(ctx, *st); err != nil {
+			return err
+		}
+	}
+	left, err := jobs.Cancel(ctx, pool, left.ID)
+	if err != nil && !errors.Is(err, jobs.ErrWrongState) {
+		return err
+	}
+	// Cancelled while running, it stops at its next lease renewal; queued,
+	// it runs no step more.
+	for deadline := time.Now().Add(leftoverWait); left.State == jobs.Running || left.State == jobs.Waiting; {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the purge job %d of tenant %s's leftover on %s still runs after its cancel", left.ID, t.ID, m.a.To)
+		}
+		r.Progress(ctx, 0, 1, fmt.Sprintf("waiting for the cancelled purge job %d of the leftover on %s to stop", left.ID, m.a.To))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+		if left, err = jobs.Get(ctx, pool, left.ID); err != nil {
+			return err
+		}
+	}
+	r.Progress(ctx, 0, 1, fmt.Sprintf("purging the leftover of an earlier move of tenant %s on %s first (its purge job %d cancelled)", t.ID, m.a.To, left.ID))
+	if err := m.s.Lifecycle.PurgeLeftover(ctx, r, left); err != nil {
+		return fmt.Errorf("purge tenant %s's leftover on %s: %w", t.ID, m.a.To, err)
+	}
+	m.s.Logger.Info("leftover of an earlier move purged for the move back", "component", "move", "tenant", t.ID, "cluster", m.a.To, "purge_job", left.ID)
+	return m.s.Store.AddEvent(ctx, pool, t.ID, "move_leftover_purged", map[string]any{"cluster": m.a.To, "job": r.Job.ID, "purge_job": left.ID})
+}
+
 // Refusals lists why tenant t cannot move from src to dst (none: it can).
-func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) ([]string, error) {
+// copyHint says what to do about a copy of the tenant dst has already;
+// "": it is an earlier move's leftover that the move purges first
+// (leftoverJob), not a reason.
+func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant, copyHint string) ([]string, error) {
 	var out []string
 	admin, err := src.Admin(ctx)
 	if err != nil {
@@ -394,8 +503,9 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 		out = append(out, fmt.Sprintf("table %s %s", b.rel, b.why))
 	}
 	// The target must be free: no database or role of the tenant's name
-	// (a leftover of an earlier move is purged first), and in schema mode
-	// the template's shared database built there.
+	// (but an earlier move's leftover whose purge is pending: check purges
+	// it first, see leftoverJob), and in schema mode the template's shared
+	// database built there.
 	dadmin, err := dst.Admin(ctx)
 	if err != nil {
 		return nil, err
@@ -408,8 +518,8 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant) 
 		role, t.Database).Scan(&hasRole, &hasDB, &hasShared); err != nil {
 		return nil, cluster.Classify(err)
 	}
-	if hasRole || (t.Mode == tenant.ModeDatabase && hasDB) {
-		out = append(out, fmt.Sprintf("cluster %s still has a copy of the tenant (role or database %s; a move's leftover is purged once its retention ends, or purge it with `pgtenant job list --target %s`)", dst.Name(), role, t.ID))
+	if copyHint != "" && (hasRole || (t.Mode == tenant.ModeDatabase && hasDB)) {
+		out = append(out, fmt.Sprintf("cluster %s still has a copy of the tenant (role or database %s): %s", dst.Name(), role, copyHint))
 	}
 	if t.Mode == tenant.ModeSchema && !hasShared {
 		out = append(out, fmt.Sprintf("template %s is not built on cluster %s (no %s)", t.Template, dst.Name(), t.Database))
@@ -1001,15 +1111,12 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		phases[name] = time.Since(mark).Milliseconds()
 		mark = time.Now()
 	}
-	// 1. Clients queue at the pooler once their transactions end.
+	// 1. Clients queue at the pooler once their transactions end (in
+	//    session mode: once they disconnect, or their sessions are ended).
 	pausing := time.Now()
-	if front != nil {
-		pctx, cancel := context.WithTimeout(ctx, cmp.Or(m.s.PauseTimeout, 10*time.Second))
-		err := front.Pause(pctx, e.role)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("pause tenant %s's pool (in session mode its clients must disconnect first): %w", e.t.ID, err)
-		}
+	ended, err := m.s.pause(ctx, front, e.src, e.t, e.role)
+	if err != nil {
+		return err
 	}
 	paused := time.Now()
 	phase("pause")
@@ -1017,6 +1124,12 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 		defer cancel()
 		return errors.Join(cause, m.unlock(uctx, e), m.resume(uctx, front, e))
+	}
+	if ended > 0 {
+		if err := m.s.Store.AddEvent(ctx, m.s.Store.Pool(), e.t.ID, "move_sessions_ended", map[string]any{"sessions": ended,
+			"from": e.st.From, "to": m.a.To, "job": r.Job.ID, "waited_ms": paused.Sub(pausing).Milliseconds()}); err != nil {
+			return undo(err)
+		}
 	}
 	// 2. Nobody writes on the source any more: NOLOGIN, sessions ended
 	//    (a direct client's transaction in flight is aborted).
@@ -1082,6 +1195,63 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	m.s.Logger.Info("tenant moved", "component", "move", "tenant", e.t.ID, "from", e.st.From, "to", m.a.To, "pause_ms", e.st.PauseMS, "phases_ms", phases)
 	return r.SaveData(ctx, e.st)
+}
+
+// endedPauseWait bounds the wait for the pause to complete once pause has
+// ended the sessions holding it up: the pooler notices their ends at once.
+const endedPauseWait = 10 * time.Second
+
+// pause pauses tenant t's pool (role) at its pooler (none: nothing to
+// pause) and returns how many of the tenant's sessions on cl it ended for
+// it. PAUSE completes once the pool's server connections are released: in
+// transaction mode when the transactions in flight end, in session mode
+// when the clients disconnect, which a client keeping its connection open
+// never does. So, after PauseTimeout, in session mode the tenant's
+// sessions on cl are ended (as the lock-out that follows ends them, and as
+// a switchover cuts a session-mode client's server connection): each
+// client holding one loses its connection, the pause completes, and the
+// clients queued at the pooler since the PAUSE, or reconnecting, wait for
+// the resume. In transaction mode the pause gives up after PauseTimeout (a
+// transaction that long is the client's work, not ours to abort): the
+// step is retried. A move's cut-over and a rewind's swap pause so.
+func (s *Service) pause(ctx context.Context, front *pooler.Front, cl *cluster.Cluster, t catalog.Tenant, role string) (int, error) {
+	if front == nil {
+		return 0, nil
+	}
+	wait := cmp.Or(s.PauseTimeout, 10*time.Second)
+	if front.Snapshot().Databases[role].PoolMode != pooler.ModeSession {
+		pctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		if err := front.Pause(pctx, role); err != nil {
+			return 0, fmt.Errorf("pause tenant %s's pool (its transactions in flight must end first; at most %s): %w", t.ID, wait, err)
+		}
+		return 0, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, wait+endedPauseWait)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- front.Pause(pctx, role) }()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			return 0, fmt.Errorf("pause tenant %s's pool: %w", t.ID, err)
+		}
+		return 0, nil
+	case <-timer.C:
+	}
+	ended, err := purge.EndSessions(ctx, cl, role)
+	if err != nil {
+		cancel()
+		return 0, errors.Join(err, <-done)
+	}
+	s.Logger.Info("the tenant's session-mode clients did not leave for the pause: their sessions ended", "component", "move",
+		"tenant", t.ID, "sessions", ended, "waited", wait)
+	if err := <-done; err != nil {
+		return ended, fmt.Errorf("pause tenant %s's pool (its %d sessions ended after %s): %w", t.ID, ended, wait, err)
+	}
+	return ended, nil
 }
 
 // resetTarget puts the target back as the copy needs it (idempotent): the

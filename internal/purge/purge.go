@@ -39,8 +39,35 @@ type args struct {
 // on that cluster again by then.
 func LeftoverSpec(left catalog.Tenant, reason string) jobs.Spec {
 	l := catalog.Tenant{ID: left.ID, Mode: left.Mode, Cluster: left.Cluster, Database: left.Database, Template: left.Template}
-	return jobs.Spec{Type: jobs.TenantPurge, Key: "purge-leftover:" + left.ID + ":" + left.Cluster, TargetKind: "tenant", Target: left.ID, Cluster: left.Cluster,
+	return jobs.Spec{Type: jobs.TenantPurge, Key: LeftoverKey(left.ID, left.Cluster), TargetKind: "tenant", Target: left.ID, Cluster: left.Cluster,
 		Args: args{Tenant: left.ID, Reason: reason, Leftover: &l}}
+}
+
+// LeftoverKey is the key of the job of LeftoverSpec that purges the copy of
+// tenant id left on cluster clusterName.
+func LeftoverKey(id, clusterName string) string { return "purge-leftover:" + id + ":" + clusterName }
+
+// PurgeLeftover runs now, as a part of the caller's job r, what j (a job of
+// LeftoverSpec, which the caller has cancelled and which runs no more)
+// would have run at the end of the retention: the copy is locked out,
+// dropped and its roles removed. A tenant that moves back to the cluster
+// of its leftover runs it (internal/move). Like j, it does nothing if the
+// tenant lives on that cluster; run again, it finds done what was done.
+func (s *Service) PurgeLeftover(ctx context.Context, r *jobs.Run, j jobs.Job) error {
+	var a args
+	if err := j.DecodeArgs(&a); err != nil {
+		return err
+	}
+	if j.Type != jobs.TenantPurge || a.Leftover == nil {
+		return fmt.Errorf("job %d purges no leftover of a move", j.ID)
+	}
+	p := &purger{s: s, id: a.Tenant, reason: a.Reason, leftover: a.Leftover}
+	for _, step := range []func(context.Context, *jobs.Run) error{p.lockOut, p.analytics, p.storage, p.role, p.catalog} {
+		if err := step(ctx, r); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Spec is the job that purges a tenant.

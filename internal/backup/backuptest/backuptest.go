@@ -62,7 +62,7 @@ func startCluster(t *testing.T, ctx context.Context, o fleet.Options) *fleet.Clu
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	o.Dir, o.Fast = filepath.Join(dir, o.Name), true
-	o.Settings = map[string]string{"shared_buffers": "16MB", "max_connections": "30", "logging_collector": "off"}
+	o.Settings = map[string]string{"shared_buffers": "16MB", "max_connections": "60", "logging_collector": "off"}
 	fc, err := fleet.Open(o)
 	if err != nil {
 		t.Fatal(err)
