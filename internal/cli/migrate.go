@@ -14,6 +14,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/bench"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 )
 
@@ -241,7 +242,7 @@ func (g *globals) followRollout(ctx context.Context, c *api.Client, id int64, st
 	case catalog.RolloutFailed, catalog.RolloutCancelled:
 		return fmt.Errorf("rollout %d %s", id, st.State)
 	case catalog.RolloutPaused:
-		fmt.Fprintf(g.stderr, "rollout %d is paused after its canary: check the tenants above, then `pgtenant rollout continue %d`\n", id, id)
+		fmt.Fprintf(g.stderr, "rollout %d is paused after its canary: check the canary tenants above, then `pgtenant rollout continue %d`\n", id, id)
 	}
 	return nil
 }
@@ -296,7 +297,7 @@ func rolloutDetail(w io.Writer, st migrate.Status) {
 	row(tw, "clusters", cl)
 	row(tw, "state", st.State)
 	if st.Canary > 0 {
-		row(tw, "canary", fmt.Sprintf("%d tenant(s), passed: %v", st.Canary, st.CanaryPassed))
+		row(tw, "canary", canaryLine(st))
 	}
 	row(tw, "parallel", st.Parallel)
 	c := st.Counts
@@ -309,6 +310,16 @@ func rolloutDetail(w io.Writer, st migrate.Status) {
 	if st.Error != "" {
 		row(tw, "error", st.Error)
 	}
+	// The canary's tenants as they ended then: done ones are not in the
+	// tenants below by default, and they are what a paused rollout asks to
+	// check.
+	if len(st.CanaryTenants) > 0 {
+		fmt.Fprintln(tw)
+		row(tw, "CANARY TENANT", "CLUSTER", "MODE", "STATE", "FROM", "AT", "ATTEMPTS", "ERROR")
+		for _, t := range st.CanaryTenants {
+			row(tw, t.Tenant, t.Cluster, t.Mode, t.State, t.FromVersion, t.Version, t.Attempts, t.Error)
+		}
+	}
 	if len(st.Tenants) > 0 {
 		fmt.Fprintln(tw)
 		row(tw, "TENANT", "CLUSTER", "MODE", "STATE", "FROM", "AT", "ATTEMPTS", "ERROR")
@@ -316,6 +327,30 @@ func rolloutDetail(w io.Writer, st migrate.Status) {
 			row(tw, t.Tenant, t.Cluster, t.Mode, t.State, t.FromVersion, t.Version, t.Attempts, t.Error)
 		}
 	}
+}
+
+// canaryLine says how a rollout's canary went: passed when every one of its
+// tenants was migrated, and whether the rollout was let go on past it.
+func canaryLine(st migrate.Status) string {
+	if st.CanarySucceeded == nil {
+		if st.Job != nil && jobs.Finished(st.Job.State) {
+			return fmt.Sprintf("%d tenant(s), none tried", st.Canary)
+		}
+		return fmt.Sprintf("%d tenant(s), not done yet", st.Canary)
+	}
+	var done, failed int
+	for _, t := range st.CanaryTenants {
+		if t.State == catalog.RolloutTenantDone {
+			done++
+		} else {
+			failed++
+		}
+	}
+	line := fmt.Sprintf("%d tenant(s), passed: %v (%d done, %d failed)", st.Canary, *st.CanarySucceeded, done, failed)
+	if st.CanaryPassed {
+		line += ", continued"
+	}
+	return line
 }
 
 func newBenchMigrateCmd(g *globals, env *bench.Env) *cobra.Command {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -362,12 +363,20 @@ func (d *dispatcher) run(ctx context.Context, work []catalog.RolloutWork) (err e
 			if stopping {
 				return stopErr
 			}
-			if canary && tried >= d.ro.Canary && d.pending(queues) {
-				if err := d.canary(ctx); err != nil {
+			if canary && (tried >= d.ro.Canary || !d.pending(queues)) {
+				// Every tenant settled so far is one of the canary's: record
+				// them, whether the rollout pauses now or has no one left.
+				ro, canaryTenants, err := d.recordCanary(ctx)
+				if err != nil {
 					return err
 				}
-				canary = false
-				continue
+				if tried >= d.ro.Canary && d.pending(queues) {
+					if err := d.canary(ctx, ro, canaryTenants); err != nil {
+						return err
+					}
+					canary = false
+					continue
+				}
 			}
 			if !d.pending(queues) {
 				d.progress(ctx, true, "")
@@ -508,16 +517,42 @@ func (d *dispatcher) end(tenant string, state catalog.RolloutTenantState, reason
 	d.settled[state]++
 }
 
-// canary pauses the rollout once its canary tenants are done, or lets it go
-// on when canary_auto_continue is set and none of them failed.
-func (d *dispatcher) canary(ctx context.Context) error {
+// jobData is what a rollout's job keeps (jobs.Run.SaveData): its canary's
+// tenants as they ended, which Get shows. The catalog cannot tell them
+// apart once the rollout has gone on.
+type jobData struct {
+	Canary []catalog.RolloutTenant `json:"canary,omitempty"`
+}
+
+// recordCanary records the canary's tenants on the job: while the canary
+// holds the rollout back, every tenant done or failed is one of them
+// (skipped ones were never tried).
+func (d *dispatcher) recordCanary(ctx context.Context) (catalog.Rollout, []catalog.RolloutTenant, error) {
 	if err := d.flush(ctx, true); err != nil {
-		return err
+		return catalog.Rollout{}, nil, err
 	}
 	ro, err := d.s.Store.GetRollout(ctx, nil, d.id)
 	if err != nil {
-		return err
+		return ro, nil, err
 	}
+	tried := ro.Counts[catalog.RolloutTenantDone] + ro.Counts[catalog.RolloutTenantFailed]
+	if tried == 0 {
+		return ro, nil, nil
+	}
+	ts, err := d.s.Store.RolloutTenants(ctx, d.id, []catalog.RolloutTenantState{catalog.RolloutTenantFailed, catalog.RolloutTenantDone}, min(tried, 100000))
+	if err != nil {
+		return ro, nil, err
+	}
+	if err := d.r.SaveData(ctx, jobData{Canary: ts}); err != nil {
+		return ro, nil, fmt.Errorf("record the canary of rollout %d: %w", d.id, err)
+	}
+	return ro, ts, nil
+}
+
+// canary pauses the rollout once its canary tenants are done, or lets it go
+// on when canary_auto_continue is set and none of them failed. The pause
+// names the tenants to check, with how each ended.
+func (d *dispatcher) canary(ctx context.Context, ro catalog.Rollout, ts []catalog.RolloutTenant) error {
 	failed := ro.Counts[catalog.RolloutTenantFailed]
 	if d.s.Migrate.CanaryAutoContinue && failed == 0 {
 		d.s.Logger.Info("canary succeeded; continuing (migrate.canary_auto_continue)", "component", "migrate", "rollout", d.id)
@@ -527,8 +562,29 @@ func (d *dispatcher) canary(ctx context.Context) error {
 	if err := d.s.Store.SetRolloutState(ctx, d.s.Store.Pool(), d.id, catalog.RolloutPaused); err != nil {
 		return err
 	}
-	return d.r.Pause(ctx, fmt.Sprintf("canary: %d tenant(s) migrated to v%d, %d failed; check them, then `pgtenant rollout continue %d`",
-		ro.Counts[catalog.RolloutTenantDone], ro.TargetVersion, failed, d.id))
+	return d.r.Pause(ctx, fmt.Sprintf("canary: %d tenant(s) migrated to v%d, %d failed (%s); check them (`pgtenant rollout show %d`), then `pgtenant rollout continue %d`",
+		ro.Counts[catalog.RolloutTenantDone], ro.TargetVersion, failed, canaryList(ts), d.id, d.id))
+}
+
+// canaryList names the canary's tenants and how each ended, the failed
+// first, at most maxListed of them.
+func canaryList(ts []catalog.RolloutTenant) string {
+	const maxListed = 10
+	var b strings.Builder
+	for i, t := range ts {
+		if i == maxListed {
+			fmt.Fprintf(&b, ", and %d more", len(ts)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %s", t.Tenant, t.State)
+		if t.State == catalog.RolloutTenantFailed {
+			fmt.Fprintf(&b, ": %s", strings.Join(strings.Fields(t.Error), " "))
+		}
+	}
+	return b.String()
 }
 
 // progress records the rollout's progress on its job, at most every 250 ms

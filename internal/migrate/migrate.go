@@ -18,6 +18,7 @@ package migrate
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -96,12 +97,21 @@ type Started struct {
 	Rollout *Status `json:"rollout,omitempty"`
 }
 
-// Status is a rollout as shown: its row, its job and (for one rollout) its tenants.
+// Status is a rollout as shown: its row, its job and (for one rollout) its
+// tenants and its canary's. CanaryPassed (canary_passed) says that the
+// rollout was let go on past its canary (`rollout continue`, or
+// canary_auto_continue); CanarySucceeded that every canary tenant was
+// migrated.
 type Status struct {
 	catalog.Rollout
 	Job     *jobs.Job               `json:"job,omitempty"`
 	Error   string                  `json:"error,omitempty"` // why the job failed
 	Tenants []catalog.RolloutTenant `json:"tenants,omitempty"`
+	// CanaryTenants are the tenants the canary tried, as they ended then
+	// (failed first): the ones to check before `rollout continue`.
+	CanaryTenants []catalog.RolloutTenant `json:"canary_tenants,omitempty"`
+	// CanarySucceeded is set with CanaryTenants (not in lists).
+	CanarySucceeded *bool `json:"canary_succeeded,omitempty"`
 }
 
 type jobArgs struct {
@@ -261,8 +271,9 @@ func (s *Service) scope(clusterName string) []string {
 	return out
 }
 
-// Get returns a rollout with its job and its tenants in the given states
-// (with no states: every tenant not done, up to limit).
+// Get returns a rollout with its job, its tenants in the given states (with
+// no states: every tenant not done, up to limit) and, once its canary is
+// done, the canary's tenants whatever their state.
 func (s *Service) Get(ctx context.Context, id int64, states []catalog.RolloutTenantState, limit int) (Status, error) {
 	r, err := s.Store.GetRollout(ctx, nil, id)
 	if err != nil {
@@ -282,6 +293,19 @@ func (s *Service) Get(ctx context.Context, id int64, states []catalog.RolloutTen
 			}
 			if j.State == jobs.Failed {
 				st.Error = j.LastError
+			}
+			var data jobData
+			if r.Canary > 0 && len(j.Data) > 0 {
+				if err := json.Unmarshal(j.Data, &data); err != nil {
+					return Status{}, fmt.Errorf("rollout %d: the canary recorded on job %d: %w", id, j.ID, err)
+				}
+				if len(data.Canary) > 0 {
+					succeeded := true
+					for _, t := range data.Canary {
+						succeeded = succeeded && t.State == catalog.RolloutTenantDone
+					}
+					st.CanaryTenants, st.CanarySucceeded = data.Canary, &succeeded
+				}
 			}
 		}
 	}

@@ -1,11 +1,14 @@
 package migrate_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cli"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -580,5 +584,111 @@ func TestRollout_CanaryAutoContinue(t *testing.T) {
 	st := e.wait(t, e.rollout(t, migrate.Request{Template: "mig_auto", Canary: 1}).ID)
 	if st.State != catalog.RolloutSucceeded || st.Counts[catalog.RolloutTenantDone] != len(ts) || !st.CanaryPassed {
 		t.Fatalf("rollout = %s %+v canary passed %v, want succeeded without a pause", st.State, st.Counts, st.CanaryPassed)
+	}
+}
+
+// TestRollout_CanaryShowsItsTenants: a rollout paused after its canary
+// names the canary's tenants, with how each ended, in its job's message,
+// in `rollout show` (its done tenants included, which the default listing
+// leaves out) and in its JSON; its canary passed when every one of them was
+// migrated, and not when one failed; a tenant migrated at its first attempt
+// shows one attempt.
+func TestRollout_CanaryShowsItsTenants(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	t.Setenv("PGTENANT_TOKEN", e.c.Token)
+	show := func(args ...string) string {
+		t.Helper()
+		var out bytes.Buffer
+		err := cli.Run(ctx, append([]string{"--server", e.c.BaseURL, "rollout", "show"}, args...), &out, &out)
+		if err != nil {
+			t.Fatalf("rollout show %v: %v\n%s", args, err, out.String())
+		}
+		return out.String()
+	}
+	v2 := templates.Upload{Name: "0002_check.sql", Body: `ALTER TABLE accounts ADD CONSTRAINT balance_positive CHECK (balance >= 0);`}
+
+	// A canary that succeeds.
+	e.upload(t, "mig_canary_ok", v1)
+	ts := e.tenants(t, "mig_canary_ok", 1, 2)
+	e.upload(t, "mig_canary_ok", v1, v2)
+	id := e.rollout(t, migrate.Request{Template: "mig_canary_ok", Canary: 1}).ID
+	e.wait(t, id)
+	paused, err := e.c.Rollout(ctx, id, nil) // the default listing: tenants not done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paused.State != catalog.RolloutPaused || paused.Counts[catalog.RolloutTenantDone] != 1 {
+		t.Fatalf("rollout = %s %+v, want paused after 1 done", paused.State, paused.Counts)
+	}
+	if len(paused.CanaryTenants) != 1 {
+		t.Fatalf("canary tenants = %+v, want the 1 tenant the canary migrated", paused.CanaryTenants)
+	}
+	ct := paused.CanaryTenants[0]
+	if ct.State != catalog.RolloutTenantDone || ct.Version != 2 || ct.Attempts != 1 || e.catalogVersion(t, ct.Tenant) != 2 {
+		t.Errorf("canary tenant = %+v (catalog version %d), want done at v2 after 1 attempt", ct, e.catalogVersion(t, ct.Tenant))
+	}
+	if paused.CanarySucceeded == nil || !*paused.CanarySucceeded || paused.CanaryPassed {
+		t.Errorf("canary succeeded %v, let go on %v; want succeeded, not let go on yet", paused.CanarySucceeded, paused.CanaryPassed)
+	}
+	if msg := paused.Job.ProgressMsg; !strings.Contains(msg, ct.Tenant+" done") {
+		t.Errorf("paused job's message = %q, want it to name canary tenant %s and how it ended", msg, ct.Tenant)
+	}
+	out := show(strconv.FormatInt(id, 10), "--wait")
+	t.Logf("rollout show %d --wait:\n%s", id, out)
+	for _, want := range []string{"passed: true (1 done, 0 failed)", "CANARY TENANT", ct.Tenant, "check the canary tenants above"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rollout show --wait lacks %q:\n%s", want, out)
+		}
+	}
+	out = show(strconv.FormatInt(id, 10), "-o", "json")
+	for _, want := range []string{`"canary_passed": false`, `"canary_succeeded": true`, `"canary_tenants"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rollout show -o json lacks %s:\n%s", want, out)
+		}
+	}
+	if _, err := e.c.ContinueRollout(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	final := e.wait(t, id)
+	if final.State != catalog.RolloutSucceeded || final.Counts[catalog.RolloutTenantDone] != len(ts) {
+		t.Fatalf("after continue: %s %+v (%s), want succeeded", final.State, final.Counts, final.Error)
+	}
+	if final.CanarySucceeded == nil || !*final.CanarySucceeded || !final.CanaryPassed || len(final.CanaryTenants) != 1 || final.CanaryTenants[0].Tenant != ct.Tenant {
+		t.Errorf("after continue: canary succeeded %v, let go on %v, tenants %+v; want the same canary, let go on",
+			final.CanarySucceeded, final.CanaryPassed, final.CanaryTenants)
+	}
+	for _, rt := range final.Tenants {
+		if rt.Attempts != 1 {
+			t.Errorf("tenant %s (%s) migrated at its first attempt shows %d attempts, want 1", rt.Tenant, rt.Mode, rt.Attempts)
+		}
+	}
+
+	// A canary that fails: the rollout's first tenant (by id) violates the
+	// new constraint.
+	e.upload(t, "mig_canary_bad", v1)
+	bad := slices.MinFunc(e.tenants(t, "mig_canary_bad", 0, 2), func(a, b catalog.Tenant) int { return strings.Compare(a.ID, b.ID) })
+	inTenant(t, bad, func(conn *pgx.Conn) {
+		if _, err := conn.Exec(ctx, `INSERT INTO accounts VALUES (3, -5)`); err != nil {
+			t.Fatal(err)
+		}
+	})
+	e.upload(t, "mig_canary_bad", v1, v2)
+	id = e.rollout(t, migrate.Request{Template: "mig_canary_bad", Canary: 1}).ID
+	e.wait(t, id)
+	paused, err = e.c.Rollout(ctx, id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paused.State != catalog.RolloutPaused || len(paused.CanaryTenants) != 1 || paused.CanaryTenants[0].Tenant != bad.ID ||
+		paused.CanaryTenants[0].State != catalog.RolloutTenantFailed || paused.CanarySucceeded == nil || *paused.CanarySucceeded {
+		t.Fatalf("rollout = %s, canary %+v succeeded %v; want paused with tenant %s failed, not succeeded",
+			paused.State, paused.CanaryTenants, paused.CanarySucceeded, bad.ID)
+	}
+	if msg := paused.Job.ProgressMsg; !strings.Contains(msg, bad.ID+" failed: ") || !strings.Contains(msg, "balance_positive") {
+		t.Errorf("paused job's message = %q, want it to name failed tenant %s and its error", msg, bad.ID)
+	}
+	if out := show(strconv.FormatInt(id, 10)); !strings.Contains(out, "passed: false (0 done, 1 failed)") {
+		t.Errorf("rollout show lacks the failed canary:\n%s", out)
 	}
 }

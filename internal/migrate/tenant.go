@@ -166,8 +166,13 @@ type outcome struct {
 // version (per segment when a version has NO TRANSACTION files). A failure
 // leaves the tenant at the last version it committed. It writes nothing to
 // the catalog: the dispatcher records outcomes in batches.
+//
+// Its attempts are 1 plus the retries of any of its steps: the tenant's lock
+// and each segment are retried on their own, and counting each step's first
+// try would make a tenant migrated at its first attempt show 2 (the lock,
+// then its version), or more with several versions.
 func (m *tenantMove) run(ctx context.Context) outcome {
-	out := outcome{tenant: m.t.ID, cluster: m.t.Cluster, version: m.t.Version}
+	out := outcome{tenant: m.t.ID, cluster: m.t.Cluster, version: m.t.Version, attempts: 1}
 	n, err := m.retry(ctx, func() error {
 		ok, err := m.locks.try(ctx, m.t.ID)
 		if err == nil && !ok {
@@ -175,7 +180,7 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 		}
 		return err
 	})
-	out.attempts += n
+	out.attempts += n - 1
 	if err != nil {
 		out.err = err
 		if ctx.Err() == nil {
@@ -194,7 +199,7 @@ func (m *tenantMove) run(ctx context.Context) outcome {
 	for _, v := range m.vs.after(m.t.Version) {
 		for _, seg := range m.vs.segments[v] {
 			n, err := m.segment(ctx, seg)
-			out.attempts += n
+			out.attempts += n - 1
 			if err != nil {
 				out.err = fmt.Errorf("version %d: %w", v, err)
 				if !errors.Is(err, errGone) && ctx.Err() == nil {

@@ -44,8 +44,9 @@ const (
 type TenantResult = catalog.PrewarmResult
 
 // Handler is the job handler of Job: one step that loads the hot sets of the
-// node's tenants in priority order. It never fails because of one tenant: a
-// tenant that cannot be prewarmed is recorded and skipped.
+// node's tenants in priority order. A tenant that cannot be prewarmed is
+// recorded and skipped while the others go on; the job's result line then
+// names it (`job show`), rather than say "done".
 func (s *Service) Handler() jobs.Handler {
 	return jobs.Handler{Steps: func(j *jobs.Job) ([]jobs.Step, error) {
 		var a Args

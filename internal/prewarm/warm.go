@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,7 +47,35 @@ func (s *Service) prewarm(ctx context.Context, r *jobs.Run, a Args) error {
 	for range max(s.Prewarm.Parallel, 1) {
 		g.Go(func() error { return w.work(gctx) })
 	}
-	return g.Wait()
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	// The others are prewarmed: the job succeeds (a tenant that holds its
+	// own tables locked, or a database that takes no connections, is not
+	// the node's fault, nor worth loading every tenant again for), and
+	// its result names the tenants it could not prewarm and why.
+	if len(w.failed) > 0 {
+		r.Result(fmt.Sprintf("%d of %d tenant(s) not prewarmed on %s/%s (%s); the others were: see `pgtenant tenant show ID`, then `pgtenant prewarm ID`",
+			len(w.failed), len(plan), a.Cluster, a.Node, failedList(w.failed)))
+	}
+	return nil
+}
+
+// failedList names tenants that failed and why, at most maxListed of them.
+func failedList(failed []TenantResult) string {
+	const maxListed = 10
+	var b strings.Builder
+	for i, r := range failed {
+		if i == maxListed {
+			fmt.Fprintf(&b, "; and %d more", len(failed)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "tenant %s: %s", r.Tenant, r.Error)
+	}
+	return b.String()
 }
 
 // warmer loads one node's plan, within the buffer budget and the rate limit.
@@ -68,6 +97,7 @@ type warmer struct {
 	total     int64 // blocks of every hot set
 	done      int64
 	finished  int
+	failed    []TenantResult // tenants that could not be prewarmed, in the order they ended
 }
 
 // work is one worker: it prewarms tenants until the plan is empty. Its
@@ -90,6 +120,9 @@ func (w *warmer) work(ctx context.Context) error {
 			return err
 		}
 		w.mu.Lock()
+		if res.State == Failed {
+			w.failed = append(w.failed, res)
+		}
 		w.done += p.hot.Blocks
 		w.finished++
 		w.r.Progress(ctx, w.done, w.total, fmt.Sprintf("%d tenants done; %d blocks into shared_buffers, %d into the OS cache",
@@ -255,8 +288,9 @@ type warmConn struct {
 }
 
 // conn returns a worker's connection to a database on the node. A database
-// without pg_prewarm gets it on the primary (a standby gets it by
-// replication; until then its tenant fails this prewarm and is skipped).
+// without pg_prewarm gets it on the primary; on a standby, which cannot
+// create it and gets it by replication only, the worker then waits until
+// the standby has replayed it (at most extensionReplayWait).
 func (w *warmer) conn(ctx context.Context, conns map[string]*warmConn, database string) (*warmConn, error) {
 	if wc, ok := conns[database]; ok {
 		return wc, nil
@@ -267,13 +301,7 @@ func (w *warmer) conn(ctx context.Context, conns map[string]*warmConn, database 
 	}
 	schema, err := cluster.ExtensionSchema(ctx, c, "pg_prewarm")
 	if errors.Is(err, cluster.ErrNotFound) {
-		w.extMu.Lock()
-		if schema, err = cluster.ExtensionSchema(ctx, c, "pg_prewarm"); errors.Is(err, cluster.ErrNotFound) {
-			if err = w.ensureExtension(ctx, database); err == nil {
-				schema, err = cluster.ExtensionSchema(ctx, c, "pg_prewarm")
-			}
-		}
-		w.extMu.Unlock()
+		schema, err = w.ensureExtension(ctx, c, database)
 	}
 	if err != nil {
 		c.Close(context.WithoutCancel(ctx))
@@ -284,18 +312,74 @@ func (w *warmer) conn(ctx context.Context, conns map[string]*warmConn, database 
 	return wc, nil
 }
 
-// ensureExtension creates pg_prewarm in a database on the primary, in
-// pg_catalog so that it adds nothing to the tenant's own schemas.
-func (w *warmer) ensureExtension(ctx context.Context, database string) error {
+// extensionReplayWait bounds how long a standby's prewarm waits for the
+// standby to replay pg_prewarm created on the primary: replay is usually a
+// matter of milliseconds; a standby far behind fails the tenant instead.
+const extensionReplayWait = 30 * time.Second
+
+// ensureExtension makes pg_prewarm exist in a database of the node, whose
+// connection is c, and returns its schema: created on the primary, as the
+// admin (whose sessions pin search_path, so that nothing of the tenant's
+// is looked up), in pg_catalog so that it adds nothing to the tenant's own
+// schemas; waited for on a standby.
+func (w *warmer) ensureExtension(ctx context.Context, c *pgx.Conn, database string) (string, error) {
+	w.extMu.Lock()
+	lsn, err := w.createExtension(ctx, database)
+	w.extMu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	// On the primary itself (whatever its node's name) there is nothing to
+	// replay: waitReplay returns at once.
+	if err := w.waitReplay(ctx, c, lsn); err != nil {
+		return "", err
+	}
+	return cluster.ExtensionSchema(ctx, c, "pg_prewarm")
+}
+
+// createExtension creates pg_prewarm, if missing, in a database on the
+// primary and returns the primary's WAL position once it is committed.
+func (w *warmer) createExtension(ctx context.Context, database string) (string, error) {
 	c, err := w.cl.Connect(ctx, database)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	if _, err = c.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_prewarm SCHEMA pg_catalog`); err != nil {
-		return cluster.ExtensionError("pg_prewarm", w.cl.Name()+"/"+database, err)
+		if err := cluster.ExtensionError("pg_prewarm", w.cl.Name()+"/"+database, err); err != nil {
+			return "", err
+		}
 	}
-	return nil
+	var lsn string
+	if err := c.QueryRow(ctx, `SELECT pg_catalog.pg_current_wal_lsn()::text`).Scan(&lsn); err != nil {
+		return "", cluster.Classify(err)
+	}
+	return lsn, nil
+}
+
+// waitReplay waits until the standby whose connection is c has replayed
+// the primary's WAL up to lsn, at most extensionReplayWait.
+func (w *warmer) waitReplay(ctx context.Context, c *pgx.Conn, lsn string) error {
+	deadline := time.Now().Add(extensionReplayWait)
+	for {
+		var replayed bool
+		err := c.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`, lsn).Scan(&replayed)
+		if err != nil {
+			return cluster.Classify(err)
+		}
+		if replayed {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("created on the primary (at WAL %s), not replayed on %s after %s: is its replay paused or far behind? (`pgtenant cluster show %s`)",
+				lsn, w.node, extensionReplayWait, w.cl.Name())
+		}
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // limiter paces reads to a rate in bytes per second, over all workers.
