@@ -72,5 +72,3 @@ func TestCLI_BadFlagValuesAreUsageErrors(t *testing.T) {
 		}
 	}
 }
-
-func atLeastOld(_ any, _ int, _ ...string) error { return nil }
