@@ -108,7 +108,9 @@ func (s *Server) attachFigures(ts []Tenant) {
 	}
 	all := s.Metrics.All()
 	for i := range ts {
-		if f, ok := all[ts[i].ID]; ok {
+		// A purged tenant's last figures may still be the collector's:
+		// it stores nothing and does nothing any more.
+		if f, ok := all[ts[i].ID]; ok && ts[i].State != catalog.StatePurged {
 			ts[i].Metrics = &TenantMetrics{Tenant: ts[i].ID, Figures: &f}
 		}
 	}

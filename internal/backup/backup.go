@@ -115,6 +115,21 @@ func ForCluster(fc *fleet.Cluster, fromStandby bool) (*Stanza, error) {
 	if !fc.Backups() {
 		return nil, fmt.Errorf("cluster %s: %w", fc.Name(), ErrNotConfigured)
 	}
+	s, err := ownStanza(fc.Name(), fc.BackupDir(), fc.BackupConfigPath(), fleet.Superuser, fc.Password())
+	if err != nil {
+		return nil, err
+	}
+	s.Primary = Node{Path: fc.DataDir(fc.Primary().Name), Port: fc.Primary().Port}
+	if sbs := fc.Standbys(); fromStandby && len(sbs) > 0 && sbs[0].Ready {
+		s.Standby = &Node{Path: fc.DataDir(sbs[0].Name), Port: sbs[0].Port}
+	}
+	return s, nil
+}
+
+// ownStanza is the stanza of a cluster pgtenant runs (up's, itself or
+// under Patroni): its files in dir, config at configPath, its servers
+// reached as superuser with password; its nodes are the caller's to set.
+func ownStanza(name, dir, configPath, superuser, password string) (*Stanza, error) {
 	prog, err := Find()
 	if err != nil {
 		return nil, err
@@ -123,13 +138,8 @@ func ForCluster(fc *fleet.Cluster, fromStandby bool) (*Stanza, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Stanza{Name: fc.Name(), Dir: fc.BackupDir(), Program: prog, configPath: fc.BackupConfigPath(),
-		password: fc.Password(), user: user, superuser: fleet.Superuser, cluster: fc.Name(),
-		Primary: Node{Path: fc.DataDir(fc.Primary().Name), Port: fc.Primary().Port}}
-	if sbs := fc.Standbys(); fromStandby && len(sbs) > 0 && sbs[0].Ready {
-		s.Standby = &Node{Path: fc.DataDir(sbs[0].Name), Port: sbs[0].Port}
-	}
-	return s, nil
+	return &Stanza{Name: name, Dir: dir, Program: prog, configPath: configPath, password: password, user: user,
+		superuser: superuser, cluster: name}, nil
 }
 
 // config is pgbackrest.conf. Retention is by time: full backups (and the

@@ -3,7 +3,6 @@ package backup
 import (
 	"fmt"
 
-	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/patroni"
 )
 
@@ -18,18 +17,12 @@ func ForPatroni(pc *patroni.Cluster) (*Stanza, error) {
 	if !pc.Backups() {
 		return nil, fmt.Errorf("cluster %s: %w", pc.Name(), ErrNotConfigured)
 	}
-	prog, err := Find()
-	if err != nil {
-		return nil, err
-	}
-	user, err := fleet.ServerUser()
+	s, err := ownStanza(pc.Name(), pc.BackupDir(), pc.BackupConfigPath(), patroni.SuperuserName, pc.Passwords.Superuser)
 	if err != nil {
 		return nil, err
 	}
 	n1 := pc.Nodes[0]
-	s := &Stanza{Name: pc.Name(), Dir: pc.BackupDir(), Program: prog, configPath: pc.BackupConfigPath(),
-		password: pc.Passwords.Superuser, user: user, superuser: patroni.SuperuserName, cluster: pc.Name(),
-		Primary: Node{Path: n1.DataDir(), Port: n1.Port()}}
+	s.Primary = Node{Path: n1.DataDir(), Port: n1.Port()}
 	if len(pc.Nodes) > 1 {
 		n2 := pc.Nodes[1]
 		s.Standby = &Node{Path: n2.DataDir(), Port: n2.Port()}

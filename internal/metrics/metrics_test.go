@@ -408,6 +408,30 @@ func TestTenantCollector_CardinalityGuard(t *testing.T) {
 	if _, err := f.c.Tenants(ctx, url.Values{"sort": {"name"}}); err == nil {
 		t.Error("sort=name accepted")
 	}
+
+	// Purged, the tenant shows no figures any more, though the collector
+	// may still hold its last ones.
+	dropped, err := f.c.DropTenant(ctx, busy.Tenant.ID, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dropped.Job != nil {
+		if _, err := f.c.WaitJob(ctx, dropped.Job.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if shown, err := f.c.Tenant(ctx, busy.Tenant.ID); err != nil || shown.State != catalog.StatePurged || shown.Metrics != nil {
+		t.Errorf("tenant show of the purged tenant = %s %+v, %v; want purged, no figures", shown.State, shown.Metrics, err)
+	}
+	purged, err := f.c.Tenants(ctx, url.Values{"state": {"purged"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range purged {
+		if p.ID == busy.Tenant.ID && p.Metrics != nil {
+			t.Errorf("tenant list shows the purged tenant's figures: %+v", p.Metrics)
+		}
+	}
 }
 
 func ids(ts []api.Tenant) []string {

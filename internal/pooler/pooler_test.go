@@ -3,6 +3,7 @@ package pooler_test
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -335,5 +336,38 @@ func TestPooler_PauseQueuesClientsUntilResume(t *testing.T) {
 	}
 	if waited := time.Since(start); waited < 500*time.Millisecond {
 		t.Errorf("the query waited %s, want it held until resume", waited)
+	}
+}
+
+// TestProcess_CancelledStartLeavesNothingRunning: a daemon stopped while
+// its PgBouncer starts (pgbouncer -d has forked, its pid file not written
+// yet) leaves no PgBouncer behind, even one kept running across daemon
+// restarts (StopOnExit false): the cancelled start stops what it began.
+func TestProcess_CancelledStartLeavesNothingRunning(t *testing.T) {
+	proc, err := pooler.NewProcess(filepath.Join(pgtest.TempDir(t), "pooler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := pooler.LocalPort(proc.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	front := &pooler.Front{Cluster: "local", Proc: proc,
+		Settings: pooler.Settings{ListenHost: "127.0.0.1", ListenPort: port, ServerHost: "127.0.0.1", ServerPort: pg.Primary().Port,
+			MaxClientConn: 20, ServerIdleTimeout: 5 * time.Second, QueryWaitTimeout: 10 * time.Second},
+		Source: func(context.Context) ([]pooler.Entry, map[string]string, error) { return nil, nil, nil },
+		Logger: pgtest.Logger(t), CheckInterval: time.Second}
+	t.Cleanup(func() { _ = proc.Stop() })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := front.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if pid := proc.PID(); pid != 0 {
+		t.Errorf("a PgBouncer (pid %d) runs after its start was cancelled", pid)
+	}
+	if c, err := net.DialTimeout("tcp", front.Addr(), time.Second); err == nil {
+		c.Close()
+		t.Errorf("something listens on %s after the cancelled start", front.Addr())
 	}
 }

@@ -175,6 +175,9 @@ func (p *Process) Start(ctx context.Context, addr string) error {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
+		if ctx.Err() != nil {
+			return errors.Join(ctx.Err(), p.undoStart())
+		}
 		if p.Running() {
 			if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
 				c.Close()
@@ -186,10 +189,20 @@ func (p *Process) Start(ctx context.Context, addr string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// undoStart stops a PgBouncer whose start was given up (its caller is
+// stopping): pgbouncer -d forks and the child writes its pid file a moment
+// later, so a Stop right away would find no pid and leave it running,
+// listening, with nobody to stop it.
+func (p *Process) undoStart() error {
+	for i := 0; i < 40 && !p.Running(); i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p.Stop()
 }
 
 // Stop stops the PgBouncer of Dir (SIGTERM: immediate shutdown, clients
