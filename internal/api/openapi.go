@@ -3,12 +3,14 @@ package api
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/pgtenant/pgtenant/internal/analytics"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/analytics"
 
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -41,6 +43,10 @@ type operation struct {
 	// rawRequest and rawResponse are the media type of a body that is not
 	// JSON (request and response are then unset).
 	rawRequest, rawResponse string
+	// also are the other success statuses (same answer type); errors the
+	// error statuses the operation gives besides those errorStatuses
+	// declares for every operation of its kind.
+	also, errors []int
 }
 
 type param struct{ name, typ, desc string }
@@ -60,16 +66,16 @@ var (
 			request: SwitchoverRequest{}, status: 202, response: jobs.Job{}},
 		{method: "POST", path: "/v1/clusters/{name}/failover", summary: "force the member to leads a Patroni cluster (a job), even with a healthy leader or none",
 			request: SwitchoverRequest{}, status: 202, response: jobs.Job{}},
-		{method: "POST", path: "/v1/rebalance", summary: "plan moves that even out the clusters; without dry_run, start them (a job)", request: RebalanceRequest{}, status: 202, response: RebalanceResponse{}},
+		{method: "POST", path: "/v1/rebalance", summary: "plan moves that even out the clusters; without dry_run, start them (a job: 202; a dry run or nothing to move: 200)", request: RebalanceRequest{}, status: 202, also: []int{200}, response: RebalanceResponse{}},
 		{method: "GET", path: "/v1/backups", summary: "list a cluster's pgBackRest backups, archive and recovery window (every backed-up cluster without cluster)",
-			query: []param{{"cluster", "string", "only this cluster"}}, status: 200, response: []backup.ClusterBackups{}},
+			query: []param{{"cluster", "string", "only this cluster"}}, status: 200, errors: []int{409}, response: []backup.ClusterBackups{}},
 		{method: "POST", path: "/v1/backups", summary: "start a backup of a cluster (or every backed-up cluster): a job; 409 while one runs", request: BackupRequest{}, status: 202, response: []jobs.Job{}},
 		{method: "GET", path: "/v1/templates", summary: "list templates", status: 200, response: []TemplateSummary{}},
 		{method: "POST", path: "/v1/templates", summary: "create a template (version 1) and start its builds", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
 		{method: "GET", path: "/v1/templates/{name}", summary: "show a template: versions, builds, tenants by version", status: 200, response: TemplateDetail{}},
 		{method: "POST", path: "/v1/templates/{name}/versions", summary: "push the next version of a template", request: CreateTemplateRequest{}, status: 201, response: templates.Added{}},
 		{method: "DELETE", path: "/v1/templates/{name}", summary: "delete a template without tenants", status: 202, response: templates.Deleted{}},
-		{method: "POST", path: "/v1/tenants", summary: "create a tenant (201; 200 for a known external id; 202 while a cold build outlasts provision.cold_wait; 409 for a known external id asked with other parameters, naming them)", request: provision.Request{}, status: 201, response: CreateTenantResponse{}},
+		{method: "POST", path: "/v1/tenants", summary: "create a tenant (201; 200 for a known external id; 202 while a cold build outlasts provision.cold_wait; 409 for a known external id asked with other parameters, naming them)", request: provision.Request{}, status: 201, also: []int{200, 202}, response: CreateTenantResponse{}},
 		{method: "GET", path: "/v1/tenants", summary: "list tenants (spares are never listed)", query: []param{
 			{"q", "string", "search: the id, or part of the name or external id (case-insensitive)"},
 			{"state", "string", "active, suspended, dropped, provisioning, purging"},
@@ -102,7 +108,7 @@ var (
 		{method: "POST", path: "/v1/prewarm", summary: "start prewarm jobs for a tenant, a cluster or all", request: PrewarmRequest{}, status: 202, response: []jobs.Job{}},
 		{method: "POST", path: "/v1/tenants/{id}/prewarm", summary: "prewarm a tenant on every node", status: 202, response: []jobs.Job{}},
 		{method: "POST", path: "/v1/prewarm/capture", summary: "capture hot sets now", request: CaptureRequest{}, status: 200, response: []prewarm.CaptureResult{}},
-		{method: "POST", path: "/v1/templates/{name}/rollouts", summary: "start a rollout (201), or plan one with dry_run (200)", request: migrate.Request{}, status: 201, response: migrate.Started{}},
+		{method: "POST", path: "/v1/templates/{name}/rollouts", summary: "start a rollout (201), or plan one with dry_run (200)", request: migrate.Request{}, status: 201, also: []int{200}, response: migrate.Started{}},
 		{method: "GET", path: "/v1/rollouts", summary: "list rollouts, newest first", query: []param{{"template", "string", "template name"}, limitParam}, status: 200, response: []migrate.Status{}},
 		{method: "GET", path: "/v1/rollouts/{id}", summary: "show a rollout with its tenants", query: []param{
 			{"state", "string", "tenants in these states (comma-separated: pending, running, done, failed, skipped) or all; default all but done"}, limitParam}, status: 200, response: migrate.Status{}},
@@ -179,10 +185,15 @@ func buildOpenAPI() map[string]any {
 		if op.rawResponse == "" {
 			content = map[string]any{"application/json": map[string]any{"schema": sch.of(reflect.TypeOf(op.response))}}
 		}
-		o["responses"] = map[string]any{
-			fmt.Sprint(op.status): map[string]any{"description": "success", "content": content},
-			"default":             errResp,
+		resps := map[string]any{"default": errResp}
+		for _, st := range append([]int{op.status}, op.also...) {
+			resps[fmt.Sprint(st)] = map[string]any{"description": http.StatusText(st), "content": content}
 		}
+		for _, st := range errorStatuses(op) {
+			resps[fmt.Sprint(st)] = map[string]any{"description": http.StatusText(st) + ": " + errorMeaning[st], "content": errResp["content"]}
+		}
+		o["responses"] = resps
+		o["tags"] = []string{tagOf(op.path)}
 		if op.public {
 			o["security"] = []any{}
 		} else {
@@ -195,8 +206,14 @@ func buildOpenAPI() map[string]any {
 		}
 		item[strings.ToLower(op.method)] = o
 	}
+	var tags []any
+	for _, t := range tagList {
+		tags = append(tags, map[string]any{"name": t[0], "description": t[1]})
+	}
 	return map[string]any{
 		"openapi": "3.1.0",
+		"servers": []any{map[string]any{"url": "/", "description": "the daemon that serves this document"}},
+		"tags":    tags,
 		"info": map[string]any{"title": "pgtenant", "version": Version,
 			"description": "pgtenant's control-plane API. Every route but this document needs `Authorization: Bearer $PGTENANT_TOKEN`: the token file's admin token, or a scoped token (POST /v1/tokens). Each operation's x-pgtenant-scope is the scope it needs (read-only: any token; admin: every operation); a token without it gets 403. A request body is exactly one JSON object with known fields."},
 		"paths":    paths,
@@ -206,6 +223,74 @@ func buildOpenAPI() map[string]any {
 			"schemas":         sch.defs,
 		},
 	}
+}
+
+// errorStatuses are the error statuses op gives (besides 500, the default
+// answer): 401 and 403 and 503 (a database pgtenant needs does not answer)
+// unless public, 400 for what it reads (a body, a query, a write), 404 for
+// a path naming a resource, 409 for a write, and op.errors.
+func errorStatuses(op operation) []int {
+	if op.public {
+		return nil
+	}
+	out := []int{http.StatusUnauthorized, http.StatusForbidden, http.StatusServiceUnavailable}
+	if op.request != nil || op.rawRequest != "" || len(op.query) > 0 || op.method != "GET" {
+		out = append(out, http.StatusBadRequest)
+	}
+	if strings.Contains(op.path, "{") {
+		out = append(out, http.StatusNotFound)
+	}
+	if op.method != "GET" {
+		out = append(out, http.StatusConflict)
+	}
+	for _, st := range op.errors {
+		if !slices.Contains(out, st) {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// errorMeaning is what an error status means in this API (the error
+// body's code says it too).
+var errorMeaning = map[int]string{
+	http.StatusBadRequest:         "the request is invalid (code invalid); the message names what and what is accepted",
+	http.StatusUnauthorized:       "no token, or one not known or expired (code unauthorized)",
+	http.StatusForbidden:          "the token's scope does not allow this operation (code forbidden)",
+	http.StatusNotFound:           "what the path names does not exist (code not_found)",
+	http.StatusConflict:           "the request is fine but the state refuses it now (code conflict); the message says why and what to do",
+	http.StatusServiceUnavailable: "a database or pooler pgtenant needs does not answer, or there is no capacity (code unavailable or no_capacity); retried later, it may succeed",
+}
+
+// tagList are the document's tags, in order: the first path segment
+// after /v1/ picks one (tagOf).
+var tagList = [][2]string{
+	{"clusters", "clusters: register, inspect, cap, drain, rebalance, switch over"},
+	{"backups", "pgBackRest backups of the clusters"},
+	{"templates", "templates, their versions and rollouts"},
+	{"tenants", "tenants: create, inspect, drop, suspend, move, rewind, fork, export, import, metrics, analytics"},
+	{"jobs", "durable jobs: list, show, cancel, retry"},
+	{"operations", "reconcile, doctor, prewarm"},
+	{"access", "scoped API tokens and the audit log"},
+	{"meta", "this document"},
+}
+
+// tagOf is the tag of an operation's path.
+func tagOf(path string) string {
+	seg, _, _ := strings.Cut(strings.TrimPrefix(path, "/v1/"), "/")
+	switch seg {
+	case "clusters", "rebalance":
+		return "clusters"
+	case "backups", "templates", "tenants", "jobs":
+		return seg
+	case "rollouts":
+		return "templates"
+	case "reconcile", "doctor", "prewarm":
+		return "operations"
+	case "tokens", "audit":
+		return "access"
+	}
+	return "meta"
 }
 
 // operationID is e.g. "post_tenants_id_suspend".

@@ -133,3 +133,44 @@ func TestOpenAPI_APIDoc(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAPI_StatusesTagsServers: every operation has a tag the document
+// lists and declares its statuses (the other successes of a create, a dry
+// run, a slow build; the errors of its kind); the document names its
+// server.
+func TestOpenAPI_StatusesTagsServers(t *testing.T) {
+	_, doc := described(t)
+	if servers, _ := doc["servers"].([]any); len(servers) != 1 {
+		t.Errorf("servers = %v, want the daemon itself", doc["servers"])
+	}
+	listed := map[string]bool{}
+	for _, tg := range doc["tags"].([]any) {
+		listed[tg.(map[string]any)["name"].(string)] = true
+	}
+	for path, item := range doc["paths"].(map[string]any) {
+		for method, o := range item.(map[string]any) {
+			op := o.(map[string]any)
+			tags, _ := op["tags"].([]any)
+			if len(tags) != 1 || !listed[tags[0].(string)] {
+				t.Errorf("%s %s: tags %v, want one of the document's", method, path, op["tags"])
+			}
+		}
+	}
+	for _, c := range []struct {
+		method, path string
+		want         []string
+	}{
+		{"post", "/v1/tenants", []string{"200", "201", "202", "400", "401", "403", "409", "503", "default"}},
+		{"post", "/v1/templates/{name}/rollouts", []string{"200", "201", "404"}},
+		{"post", "/v1/rebalance", []string{"200", "202"}},
+		{"get", "/v1/backups", []string{"200", "409"}},
+		{"get", "/v1/openapi.json", []string{"200", "default"}},
+	} {
+		resps := doc["paths"].(map[string]any)[c.path].(map[string]any)[c.method].(map[string]any)["responses"].(map[string]any)
+		for _, st := range c.want {
+			if _, ok := resps[st]; !ok {
+				t.Errorf("%s %s does not declare %s", c.method, c.path, st)
+			}
+		}
+	}
+}
