@@ -474,3 +474,38 @@ func TestCLI_ClusterPlacement(t *testing.T) {
 		t.Errorf("rebalance --dry-run -o json: %v\n%s", err, out)
 	}
 }
+
+// TestCLI_LifecycleJSONIsTheTenant: with -o json, suspend, resume and
+// restore print the tenant as tenant show does (one shape per resource),
+// not the API's envelope around it.
+func TestCLI_LifecycleJSONIsTheTenant(t *testing.T) {
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var tn api.Tenant
+		tn.ID, tn.State = "t1", "suspended"
+		if strings.HasSuffix(r.URL.Path, "/t1") { // show
+			json.NewEncoder(w).Encode(tn)
+			return
+		}
+		json.NewEncoder(w).Encode(api.LifecycleResponse{Tenant: tn})
+	}))
+	defer fake.Close()
+	t.Setenv("PGTENANT_TOKEN", "x")
+	var shown map[string]any
+	for _, verb := range []string{"show", "suspend", "resume", "restore"} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), []string{"--server", fake.URL, "-o", "json", "tenant", verb, "t1"}, &globals{stdout: &stdout, stderr: &stderr}); err != nil {
+			t.Fatalf("tenant %s: %v %s", verb, err, stderr.String())
+		}
+		var got map[string]any
+		if err := json.Unmarshal(stdout.Bytes(), &got); err != nil {
+			t.Fatalf("tenant %s: %v: %s", verb, err, stdout.String())
+		}
+		if verb == "show" {
+			shown = got
+			continue
+		}
+		if got["id"] != "t1" || got["tenant"] != nil || len(got) != len(shown) {
+			t.Errorf("tenant %s -o json = %v, want the tenant as tenant show prints it (%v)", verb, got, shown)
+		}
+	}
+}

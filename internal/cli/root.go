@@ -113,6 +113,9 @@ certificates in FILE instead of the system's, for a daemon with a self-signed or
 private-CA certificate. A daemon that does not answer (not running, wrong
 --server) is the error "pgtenant server unreachable at URL: ...".
 
+With -o json a resource prints as its show command prints it (tenant suspend,
+resume and restore print the tenant as tenant show does).
+
 An error is printed on stderr, or with -o json on stdout as the API's error
 body, {"error": {"code": "...", "message": "..."}}. The exit status says what
 kind of error it was (docs/cli.md has the table in full):

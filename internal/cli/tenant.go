@@ -275,7 +275,8 @@ again is not an error.`,
 				if err != nil {
 					return err
 				}
-				return g.print(out, func(w io.Writer) { tenantDetail(w, out.Tenant) })
+				// The tenant as tenant show prints it: one shape per resource.
+				return g.print(out.Tenant, func(w io.Writer) { tenantDetail(w, out.Tenant) })
 			}}
 	}
 	var keepSessions bool
