@@ -150,13 +150,8 @@ func (s *Service) Enable(ctx context.Context, t catalog.Tenant, tables []string)
 	if t.State != catalog.StateActive {
 		return Status{}, fmt.Errorf("%w: tenant %s is %s (only active tenants get a mirror)", ErrInvalid, t.ID, t.State)
 	}
-	for _, tb := range tables {
-		if !tableRE.MatchString(tb) {
-			return Status{}, fmt.Errorf("%w: table %q: want name or schema.name", ErrInvalid, tb)
-		}
-		if t.Mode == tenant.ModeSchema && strings.Contains(tb, ".") {
-			return Status{}, fmt.Errorf("%w: table %q: a schema tenant names its tables without a schema", ErrInvalid, tb)
-		}
+	if err := checkNames(t, tables); err != nil {
+		return Status{}, err
 	}
 	if tables == nil {
 		tables = []string{}
@@ -174,39 +169,67 @@ func (s *Service) Enable(ctx context.Context, t catalog.Tenant, tables []string)
 	return s.Status(ctx, t)
 }
 
+// TablesExcept is every table of t a mirror would carry (its ordinary
+// tables, as the tenant names them: name, or schema.name in database mode
+// outside public) but those of exclude, which must each name one: the
+// explicit --tables list of a mirror of all tables but a few. Tables made
+// later are not in it.
+func (s *Service) TablesExcept(ctx context.Context, t catalog.Tenant, exclude []string) ([]string, error) {
+	if err := checkNames(t, exclude); err != nil {
+		return nil, err
+	}
+	found, err := s.tenantTables(ctx, t, "")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	left := slices.Clone(exclude)
+	for _, x := range found {
+		name := tableName(t, x)
+		if i := slices.IndexFunc(left, func(e string) bool { return e == name || (x[0] == "public" && e == x[1]) || e == x[0]+"."+x[1] }); i >= 0 {
+			left = slices.Delete(left, i, i+1)
+			continue
+		}
+		out = append(out, name)
+	}
+	switch {
+	case len(left) > 0:
+		return nil, fmt.Errorf("%w: tenant %s has no table %s to leave out", ErrInvalid, t.ID, strings.Join(left, ", "))
+	case len(out) == 0:
+		return nil, fmt.Errorf("%w: every table of tenant %s is left out: nothing to mirror", ErrInvalid, t.ID)
+	}
+	return out, nil
+}
+
+// tableName is a table as the tenant names it in --tables.
+func tableName(t catalog.Tenant, x [2]string) string {
+	if t.Mode == tenant.ModeSchema || x[0] == "public" {
+		return x[1]
+	}
+	return x[0] + "." + x[1]
+}
+
+// checkNames refuses table names a tenant cannot mean.
+func checkNames(t catalog.Tenant, tables []string) error {
+	for _, tb := range tables {
+		if !tableRE.MatchString(tb) {
+			return fmt.Errorf("%w: table %q: want name or schema.name", ErrInvalid, tb)
+		}
+		if t.Mode == tenant.ModeSchema && strings.Contains(tb, ".") {
+			return fmt.Errorf("%w: table %q: a schema tenant names its tables without a schema", ErrInvalid, tb)
+		}
+	}
+	return nil
+}
+
 // checkIdentity refuses a mirror of tables without a replica identity (no
 // primary key, no REPLICA IDENTITY USING INDEX or FULL): once published,
 // PostgreSQL would refuse their UPDATEs and DELETEs to the tenant.
 func (s *Service) checkIdentity(ctx context.Context, t catalog.Tenant, tables []string) error {
-	cl, err := s.Clusters.Get(t.Cluster)
+	found, err := s.tenantTables(ctx, t, `AND (c.relreplident = 'n' OR c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
+			OR c.relreplident = 'i' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisreplident))`)
 	if err != nil {
 		return err
-	}
-	conn, err := cl.Connect(ctx, t.Database)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	scope := `n.nspname NOT IN ('pg_catalog', 'information_schema', '` + stateSchema + `') AND n.nspname NOT LIKE 'pg\_%'`
-	args := []any{}
-	if t.Mode == tenant.ModeSchema {
-		scope = `n.nspname = $1`
-		args = append(args, tenant.PhysicalName(t.ID))
-	}
-	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-		WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND `+scope+`
-		AND (c.relreplident = 'n' OR c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)
-			OR c.relreplident = 'i' AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_index i WHERE i.indrelid = c.oid AND i.indisreplident))
-		ORDER BY 1, 2`, args...)
-	if err != nil {
-		return fmt.Errorf("tables of %s: %w", t.ID, cluster.Classify(err))
-	}
-	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
-		var x [2]string
-		return x, r.Scan(&x[0], &x[1])
-	})
-	if err != nil {
-		return fmt.Errorf("tables of %s: %w", t.ID, cluster.Classify(err))
 	}
 	var bad []string
 	for _, x := range found {
@@ -220,10 +243,44 @@ func (s *Service) checkIdentity(ctx context.Context, t catalog.Tenant, tables []
 		bad = append(bad, name)
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("%w: tables without a primary key: %s (once mirrored, PostgreSQL would refuse their updates and deletes): add a primary key, or ALTER TABLE … REPLICA IDENTITY FULL, or leave them out with --tables",
+		return fmt.Errorf("%w: tables without a primary key: %s (once mirrored, PostgreSQL would refuse their updates and deletes): add a primary key, or ALTER TABLE … REPLICA IDENTITY FULL, or leave them out with --tables or --exclude-tables",
 			ErrInvalid, strings.Join(bad, ", "))
 	}
 	return nil
+}
+
+// tenantTables lists t's ordinary permanent tables a mirror may carry
+// (schema, name), those that also meet cond (SQL on pg_class c, "": all).
+func (s *Service) tenantTables(ctx context.Context, t catalog.Tenant, cond string) ([][2]string, error) {
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := cl.Connect(ctx, t.Database)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	scope := `n.nspname NOT IN ('pg_catalog', 'information_schema', '` + stateSchema + `') AND n.nspname NOT LIKE 'pg\_%'`
+	args := []any{}
+	if t.Mode == tenant.ModeSchema {
+		scope = `n.nspname = $1`
+		args = append(args, tenant.PhysicalName(t.ID))
+	}
+	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.relkind = 'r' AND c.relpersistence = 'p' AND `+scope+` `+cond+`
+		ORDER BY 1, 2`, args...)
+	if err != nil {
+		return nil, fmt.Errorf("tables of %s: %w", t.ID, cluster.Classify(err))
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([2]string, error) {
+		var x [2]string
+		return x, r.Scan(&x[0], &x[1])
+	})
+	if err != nil {
+		return nil, fmt.Errorf("tables of %s: %w", t.ID, cluster.Classify(err))
+	}
+	return found, nil
 }
 
 // Disable asks for the mirror to go: its owner stops it and drops its

@@ -15,6 +15,9 @@ type EnableAnalyticsRequest struct {
 	// Tables limits the mirror to these tables (name, or schema.name in
 	// database mode); empty: every table of the tenant, new ones included.
 	Tables []string `json:"tables,omitempty"`
+	// ExcludeTables mirrors every table the tenant has now but these (not
+	// with Tables): the tables made later are not mirrored.
+	ExcludeTables []string `json:"exclude_tables,omitempty"`
 }
 
 // errNoAnalytics answers the analytics routes of a server built without
@@ -32,6 +35,14 @@ func (s *Server) enableAnalytics(w http.ResponseWriter, r *http.Request) error {
 	var req EnableAnalyticsRequest
 	if r.ContentLength != 0 {
 		if err := decode(r, &req); err != nil {
+			return err
+		}
+	}
+	if len(req.ExcludeTables) > 0 {
+		if len(req.Tables) > 0 {
+			return invalid("tables and exclude_tables: give one or the other")
+		}
+		if req.Tables, err = s.Analytics.TablesExcept(r.Context(), t, req.ExcludeTables); err != nil {
 			return err
 		}
 	}
@@ -77,8 +88,13 @@ func (s *Server) analyticsStatus(w http.ResponseWriter, r *http.Request) error {
 
 // EnableAnalytics asks for a tenant's mirror (tables nil: all of them).
 func (c *Client) EnableAnalytics(ctx context.Context, id string, tables []string) (analytics.Status, error) {
+	return c.EnableAnalyticsRequest(ctx, id, EnableAnalyticsRequest{Tables: tables})
+}
+
+// EnableAnalyticsRequest starts a tenant's mirror as req says.
+func (c *Client) EnableAnalyticsRequest(ctx context.Context, id string, req EnableAnalyticsRequest) (analytics.Status, error) {
 	var out analytics.Status
-	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/analytics", EnableAnalyticsRequest{Tables: tables}, &out)
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/analytics", req, &out)
 }
 
 // DisableAnalytics asks for a tenant's mirror to be dropped.

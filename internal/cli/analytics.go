@@ -21,18 +21,21 @@ initial copy in the slot's snapshot, then its changes applied in batches to a
 DuckDB file the daemon owns. The tenant queries it with its own login on the
 analytics port (its DSN is in 'analytics status' and 'tenant show'), read-only.`,
 	}
-	var tables []string
+	var tables, exclude []string
 	var wait bool
 	enable := &cobra.Command{
 		Use:   "enable ID",
-		Short: "Start a tenant's mirror (all its tables, or --tables)",
+		Short: "Start a tenant's mirror (all its tables, --tables, or all but --exclude-tables)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(tables) > 0 && len(exclude) > 0 {
+				return usagef("--tables and --exclude-tables: give one or the other")
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			st, err := c.EnableAnalytics(cmd.Context(), args[0], tables)
+			st, err := c.EnableAnalyticsRequest(cmd.Context(), args[0], api.EnableAnalyticsRequest{Tables: tables, ExcludeTables: exclude})
 			if err != nil {
 				return err
 			}
@@ -45,6 +48,7 @@ analytics port (its DSN is in 'analytics status' and 'tenant show'), read-only.`
 		},
 	}
 	enable.Flags().StringSliceVar(&tables, "tables", nil, "only these tables (name, or schema.name in database mode); default every table, new ones included")
+	enable.Flags().StringSliceVar(&exclude, "exclude-tables", nil, "every table the tenant has now but these (tables made later are not mirrored)")
 	enable.Flags().BoolVar(&wait, "wait", false, "wait until the initial copy is done and the mirror streams")
 	var waitOff bool
 	disable := &cobra.Command{
