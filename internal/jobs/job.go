@@ -112,6 +112,10 @@ type Spec struct {
 // catalog transaction so that a row and the job that works on it commit together.
 type Querier = catalog.Querier
 
+// UnfinishedStates is the SQL list of the states of a job not finished
+// (Finished's complement), for queries on the jobs table.
+const UnfinishedStates = `('queued', 'running', 'waiting', 'paused')`
+
 // ErrNotFound is returned for an unknown job id.
 var ErrNotFound = errors.New("job not found")
 
@@ -162,11 +166,11 @@ func Enqueue(ctx context.Context, q Querier, s Spec, defaultAttempts int) (Job, 
 		j, err := scanJob(q.QueryRow(ctx, `
 		INSERT INTO jobs (type, key, target_kind, target, cluster, args, max_attempts, run_after, priority)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-		ON CONFLICT (key) WHERE key IS NOT NULL AND state IN ('queued', 'running', 'waiting', 'paused') DO NOTHING
+		ON CONFLICT (key) WHERE key IS NOT NULL AND state IN `+UnfinishedStates+` DO NOTHING
 		RETURNING `+jobColumns, s.Type, key, s.TargetKind, s.Target, cluster, args, s.MaxAttempts, s.RunAfter, s.Priority))
 		if errors.Is(err, pgx.ErrNoRows) && key != nil {
 			j, err = scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs
-			WHERE key = $1 AND state IN ('queued', 'running', 'waiting', 'paused')`, *key))
+			WHERE key = $1 AND state IN `+UnfinishedStates, *key))
 			if errors.Is(err, pgx.ErrNoRows) && round < 5 {
 				continue // the job that held the key ended in between: insert again
 			}
@@ -214,7 +218,7 @@ func List(ctx context.Context, q Querier, f Filter) ([]Job, error) {
 		f.Limit = 100
 	}
 	rows, err := q.Query(ctx, `SELECT `+jobColumns+` FROM jobs
-		WHERE ($1 = '' OR state = $1 OR ($1 = 'active' AND state IN ('queued', 'running', 'waiting', 'paused')))
+		WHERE ($1 = '' OR state = $1 OR ($1 = 'active' AND state IN `+UnfinishedStates+`))
 		  AND ($2 = '' OR type = $2) AND ($3 = '' OR target_kind = $3) AND ($4 = '' OR target = $4)
 		ORDER BY id DESC LIMIT $5`, f.State, f.Type, f.TargetKind, f.Target, f.Limit)
 	if err != nil {
@@ -346,7 +350,7 @@ func Busy(ctx context.Context, q Querier, typ Type, cluster string) (bool, error
 func Unfinished(ctx context.Context, q Querier, typ Type, target string) (bool, error) {
 	var ok bool
 	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE type = $1 AND target = $2
-		AND state IN ('queued', 'running', 'waiting', 'paused'))`, typ, target).Scan(&ok)
+		AND state IN `+UnfinishedStates+`)`, typ, target).Scan(&ok)
 	return ok, err
 }
 
@@ -372,7 +376,7 @@ type TargetJobs struct {
 // out), the newest job of type typ included: reconcile tells by it what
 // pgtenant ever had a job for.
 func Targets(ctx context.Context, q Querier, typ Type) (map[string]TargetJobs, error) {
-	rows, err := q.Query(ctx, `SELECT target, bool_or(state IN ('queued', 'running', 'waiting', 'paused')),
+	rows, err := q.Query(ctx, `SELECT target, bool_or(state IN `+UnfinishedStates+`),
 		       coalesce((array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1], 0),
 		       coalesce((array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1], ''),
 		       coalesce((array_agg(last_error ORDER BY id DESC) FILTER (WHERE type = $1))[1], '')

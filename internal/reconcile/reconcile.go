@@ -385,7 +385,7 @@ func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
 	}
 	// A job works on tenants besides its target: a fork's and an import's
 	// new tenant (args.into), a rewind's copy (data.into).
-	rows, err := r.Store.Pool().Query(ctx, `SELECT x.id, bool_or(j.state IN `+activeStates+`)
+	rows, err := r.Store.Pool().Query(ctx, `SELECT x.id, bool_or(j.state IN `+jobs.UnfinishedStates+`)
 		FROM jobs j CROSS JOIN LATERAL (VALUES (j.args->>'tenant'), (j.args->>'into'), (j.data->>'into')) AS x(id)
 		WHERE j.target_kind = 'tenant' AND x.id <> '' GROUP BY x.id`)
 	if err != nil {
@@ -405,14 +405,11 @@ func (r *Reconciler) jobTargets(ctx context.Context) (jobRefs, error) {
 	return out, rows.Err()
 }
 
-// activeStates are the states of an unfinished job (jobs.Finished's complement).
-const activeStates = `('queued', 'running', 'waiting', 'paused')`
-
 // tenantBusy reports whether a job is at work on tenant id now: its
 // target, or named in its args or data as jobTargets reads them.
 func (r *Reconciler) tenantBusy(ctx context.Context, id string) (bool, error) {
 	var busy bool
-	err := r.Store.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN `+activeStates+` AND (target = $1
+	err := r.Store.Pool().QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN `+jobs.UnfinishedStates+` AND (target = $1
 		OR (target_kind = 'tenant' AND $1 IN (args->>'tenant', args->>'into', data->>'into'))))`, id).Scan(&busy)
 	return busy, err
 }
