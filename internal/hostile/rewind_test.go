@@ -183,6 +183,11 @@ func TestRewindForkImport_ReplayTenantCodeAsTheTenant(t *testing.T) {
 		if _, err := c.ExportTenant(ctx, r.Tenant.ID, &archive, nil); err != nil {
 			t.Fatal(err)
 		}
+		// The export (pg_dump in an admin session) read the tenant and ran
+		// none of its code: the source's tripwire is still empty.
+		if trips := restoreTrips(t, ctx, r.DSN, schema); len(trips) > 0 {
+			t.Errorf("%s export: tenant code ran during it: %v", mode, trips)
+		}
 		imp, err := c.ImportTenant(ctx, &archive, api.ImportTenantQuery{})
 		if err != nil {
 			t.Fatal(err)
