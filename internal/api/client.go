@@ -376,6 +376,13 @@ func (c *Client) MoveTenant(ctx context.Context, id, to string) (jobs.Job, error
 	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/move", MoveTenantRequest{To: to}, &out)
 }
 
+// SetTenantTier changes a tenant's tier: in place, or the job of the move
+// that carries it (LifecycleResponse.Job).
+func (c *Client) SetTenantTier(ctx context.Context, id, tier string) (LifecycleResponse, error) {
+	var out LifecycleResponse
+	return out, c.Do(ctx, http.MethodPatch, "/v1/tenants/"+url.PathEscape(id), SetTenantRequest{Tier: tier}, &out)
+}
+
 // RotatePassword gives a tenant a new password and returns it with the DSN
 // (keepSessions: its open sessions stay).
 func (c *Client) RotatePassword(ctx context.Context, id string, keepSessions bool) (RotatePasswordResponse, error) {

@@ -117,6 +117,7 @@ func NewServer(d Deps) *Server {
 	s.handle("GET /v1/tenants", s.listTenants)
 	s.handle("POST /v1/tenants", s.createTenant)
 	s.handle("GET /v1/tenants/{id}", s.showTenant)
+	s.handle("PATCH /v1/tenants/{id}", s.setTenant)
 	s.handle("DELETE /v1/tenants/{id}", s.dropTenant)
 	s.handle("POST /v1/tenants/{id}/restore", s.lifecycle(s.Purge.Restore))
 	s.handle("POST /v1/tenants/{id}/suspend", s.lifecycle(s.Purge.Suspend))
@@ -181,6 +182,7 @@ var routeScopes = map[string]Scope{
 	"POST /v1/rollouts/{id}/retry":       ScopeTemplates,
 
 	"POST /v1/tenants":                    ScopeTenants,
+	"PATCH /v1/tenants/{id}":              ScopeTenants, // a plan change (its move, if any, too)
 	"DELETE /v1/tenants/{id}":             ScopeTenants,
 	"POST /v1/tenants/{id}/restore":       ScopeTenants,
 	"POST /v1/tenants/{id}/suspend":       ScopeTenants,

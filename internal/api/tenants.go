@@ -186,7 +186,7 @@ func (s *Server) dropTenant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return s.writeLifecycle(w, res)
+	return s.writeLifecycle(w, res, http.StatusOK)
 }
 
 // lifecycle adapts a restore/suspend/resume call to a handler.
@@ -196,11 +196,11 @@ func (s *Server) lifecycle(f func(context.Context, string) (purge.Result, error)
 		if err != nil {
 			return err
 		}
-		return s.writeLifecycle(w, res)
+		return s.writeLifecycle(w, res, http.StatusOK)
 	}
 }
 
-func (s *Server) writeLifecycle(w http.ResponseWriter, res purge.Result) error {
+func (s *Server) writeLifecycle(w http.ResponseWriter, res purge.Result, status int) error {
 	out := LifecycleResponse{Job: res.Job}
 	if res.Tenant.ID != "" {
 		v, err := s.tenantView(res.Tenant)
@@ -209,8 +209,33 @@ func (s *Server) writeLifecycle(w http.ResponseWriter, res purge.Result) error {
 		}
 		out.Tenant = v
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, status, out)
 	return nil
+}
+
+// setTenant changes a tenant's tier (PATCH /v1/tenants/{id}).
+func (s *Server) setTenant(w http.ResponseWriter, r *http.Request) error {
+	var req SetTenantRequest
+	if err := decode(r, &req); err != nil {
+		return err
+	}
+	if req.Tier == "" {
+		return invalid("tier: the tier to give the tenant is required")
+	}
+	ch, err := s.Provision.SetTier(r.Context(), r.PathValue("id"), req.Tier)
+	if err != nil {
+		return err
+	}
+	out := purge.Result{Tenant: ch.Tenant}
+	status := http.StatusOK
+	if ch.MoveTo != "" {
+		j, err := s.Move.StartTierChange(r.Context(), ch.Tenant.ID, ch.MoveTo, req.Tier)
+		if err != nil {
+			return err
+		}
+		out.Job, status = &j, http.StatusAccepted
+	}
+	return s.writeLifecycle(w, out, status)
 }
 
 // rotatePassword gives a tenant a new password (POST /v1/tenants/{id}/password).

@@ -182,6 +182,14 @@ type MoveTenantRequest struct {
 	To string `json:"to"`
 }
 
+// SetTenantRequest asks PATCH /v1/tenants/{id} to change a tenant: its
+// tier. The answer is a LifecycleResponse: 200 when the change was made in
+// place, 202 with the job of the move that carries it to a cluster the
+// tier needs (the tier is the new one once the move switches).
+type SetTenantRequest struct {
+	Tier string `json:"tier"`
+}
+
 // RotatePasswordRequest asks POST /v1/tenants/{id}/password for a new
 // password; an empty body is the defaults.
 type RotatePasswordRequest struct {
@@ -201,10 +209,10 @@ type RotatePasswordResponse struct {
 	Note string `json:"note,omitempty"`
 }
 
-// LifecycleResponse answers drop, restore, suspend and resume.
+// LifecycleResponse answers drop, restore, suspend, resume and a tier change.
 type LifecycleResponse struct {
 	Tenant Tenant    `json:"tenant"`
-	Job    *jobs.Job `json:"job,omitempty"` // the purge, when one started
+	Job    *jobs.Job `json:"job,omitempty"` // the purge, when one started; a tier change's move
 }
 
 // RetryRolloutRequest reruns a rollout's failed tenants, or only Tenant.

@@ -236,6 +236,13 @@ func (s *Store) SetTenantVersion(ctx context.Context, q Querier, id string, vers
 	return err
 }
 
+// SetTenantTier records a tenant's tier (a tier change, in place or at a
+// move's switch).
+func (s *Store) SetTenantTier(ctx context.Context, q Querier, id, tier string) error {
+	_, err := q.Exec(ctx, `UPDATE tenants SET tier = $2, updated_at = now() WHERE id = $1`, id, tier)
+	return err
+}
+
 // DropTenant soft-deletes a tenant: dropped, remembering the state it had
 // (what a restore brings back), to be purged after retention. The caller
 // holds the row (LockTenant) and has checked its state.

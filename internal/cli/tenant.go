@@ -319,7 +319,7 @@ makes a new password: if the answer is lost, rotate again.`,
 	}
 	password.Flags().BoolVar(&keepSessions, "keep-sessions", false, "leave the tenant's open sessions alone (default: end them on every node)")
 
-	cmd.AddCommand(create, list, show, connect, drop, password, newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantExportCmd(g), newTenantImportCmd(g), newTenantMetricsCmd(g),
+	cmd.AddCommand(create, list, show, connect, drop, password, newTenantSetCmd(g), newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantExportCmd(g), newTenantImportCmd(g), newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))
@@ -699,6 +699,60 @@ standard input.`,
 	cmd.Flags().StringVar(&tier, "tier", "", "the new tenant's tier (default: the default tier)")
 	cmd.Flags().BoolVar(&wait, "wait", false, "wait for the copy with a progress bar")
 	_ = cmd.MarkFlagRequired("from")
+	return cmd
+}
+
+func newTenantSetCmd(g *globals) *cobra.Command {
+	var tier string
+	var wait bool
+	cmd := &cobra.Command{
+		Use:   "set ID --tier TIER",
+		Short: "Change a tenant's tier: in place, or moved online to a cluster the tier needs",
+		Long: `Give a tenant another tier (a plan change). When its cluster admits a tenant of
+the new tier, the change is made in place at once: the role's connection limit and
+settings (statement_timeout, idle_in_transaction_session_timeout, work_mem,
+temp_file_limit), then the catalog, then the pooler entry (pool mode and sizes).
+New sessions get the new settings; the capper holds running ones to the new caps
+from its next pass, and the storage quota is judged by the new tier from then on.
+A session of the tenant that holds its role's row (an uncommitted ALTER ROLE of
+its own) is ended after 3s so that a downgrade cannot be held off.
+
+When the tier's placement needs another cluster (placement: dedicated, a
+cluster_label the cluster lacks, or connections it does not have), the tenant is
+moved there with the online cut-over of 'tenant move', and takes the new tier at
+the switch; the answer is the move's job (--wait follows it). Only active tenants
+move. The same tier again changes nothing.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			out, err := c.SetTenantTier(cmd.Context(), args[0], tier)
+			if err != nil {
+				return err
+			}
+			if out.Job != nil && wait {
+				j, err := g.waitJob(cmd.Context(), c, out.Job.ID)
+				if err != nil {
+					return err
+				}
+				out.Job = &j
+				if out.Tenant, err = c.Tenant(cmd.Context(), args[0]); err != nil {
+					return err
+				}
+			}
+			return g.print(out, func(w io.Writer) {
+				tenantDetail(w, out.Tenant)
+				if out.Job != nil {
+					row(w, "move job", fmt.Sprintf("%d to %s (%s)", out.Job.ID, out.Job.Cluster, out.Job.State))
+				}
+			})
+		},
+	}
+	cmd.Flags().StringVar(&tier, "tier", "", "the tier to give the tenant (required; one of the config's tiers)")
+	cmd.Flags().BoolVar(&wait, "wait", false, "when the tier needs another cluster, wait for the move with a progress bar")
+	_ = cmd.MarkFlagRequired("tier")
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -21,6 +22,22 @@ func CreateRole(ctx context.Context, q *pgxpool.Pool, role string) error {
 		return fmt.Errorf("create role %s: %w", role, err)
 	}
 	return nil
+}
+
+// ExecLockBounded runs sql in a transaction of its own whose every lock
+// wait ends after lockTimeout (then ErrLockNotAvailable): how the control
+// plane changes a tenant's role, whose row the tenant holds with an
+// uncommitted ALTER ROLE of its own. The error is classified.
+func ExecLockBounded(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, lockTimeout time.Duration, sql string) error {
+	return Classify(pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = "+Literal(fmt.Sprintf("%dms", lockTimeout.Milliseconds()))); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, sql)
+		return err
+	}))
 }
 
 // DropRoles drops roles that exist. DROP OWNED first, in the maintenance

@@ -146,7 +146,6 @@ func setPassword(ctx context.Context, cl *cluster.Cluster, role, verifier string
 		return 0, err
 	}
 	alter := fmt.Sprintf("ALTER ROLE %s PASSWORD %s", cluster.Ident(role), cluster.Literal(verifier))
-	timeout := "SET LOCAL lock_timeout = " + cluster.Literal(fmt.Sprintf("%dms", setPasswordLockTimeout.Milliseconds()))
 	ended := 0
 	for attempt := 1; ; attempt++ {
 		if !keep {
@@ -156,14 +155,7 @@ func setPassword(ctx context.Context, cl *cluster.Cluster, role, verifier string
 			}
 			ended += n
 		}
-		err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, timeout); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, alter)
-			return err
-		})
-		err = cluster.Classify(err)
+		err := cluster.ExecLockBounded(ctx, admin, setPasswordLockTimeout, alter)
 		if err == nil {
 			break
 		}

@@ -76,6 +76,9 @@ var ErrRolloutBusy = errors.New("a rollout is migrating the tenant")
 type args struct {
 	Tenant string `json:"tenant"`
 	To     string `json:"to"`
+	// Tier: the move carries a tier change (provision.SetTier): the
+	// target's role gets that tier's limits and the switch records it.
+	Tier string `json:"tier,omitempty"`
 }
 
 // state is what the job keeps between steps.
@@ -113,6 +116,7 @@ type Service struct {
 	// Backups, Provision and Lifecycle serve forks and rewinds (fork.go):
 	// the clusters' repositories, the making of the new tenant, and its
 	// suspend, resume and drop. Backups may be nil: no fork nor rewind.
+	// Provision also gives a tier change's limits (StartTierChange).
 	Backups   *backup.Service
 	Provision *provision.Service
 	Lifecycle *purge.Service
@@ -153,6 +157,17 @@ func Spec(t catalog.Tenant, to string) jobs.Spec {
 // moment makes it a conflict (retry later); a rollout that comes later
 // skips the tenant while its move is unfinished (internal/migrate).
 func (s *Service) Start(ctx context.Context, id, to string) (jobs.Job, error) {
+	return s.start(ctx, id, to, "")
+}
+
+// StartTierChange starts the move that carries tenant id to the cluster
+// its new tier needs (provision.SetTier chose it): at the switch the
+// tenant takes tier.
+func (s *Service) StartTierChange(ctx context.Context, id, to, tier string) (jobs.Job, error) {
+	return s.start(ctx, id, to, tier)
+}
+
+func (s *Service) start(ctx context.Context, id, to, tier string) (jobs.Job, error) {
 	t, err := s.Store.GetTenant(ctx, nil, id)
 	if err != nil {
 		return jobs.Job{}, err
@@ -182,7 +197,9 @@ func (s *Service) Start(ctx context.Context, id, to string) (jobs.Job, error) {
 		return jobs.Job{}, fmt.Errorf("%w: %w: a rollout is migrating tenant %s; move it once that is done", catalog.ErrConflict, ErrRolloutBusy, id)
 	}
 	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1, hashtext($2))`, migrate.TenantLockSpace, id)
-	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), Spec(t, to))
+	spec := Spec(t, to)
+	spec.Args = args{Tenant: id, To: to, Tier: tier}
+	j, err := s.Runner.Enqueue(ctx, s.Store.Pool(), spec)
 	if err != nil {
 		return j, err
 	}
@@ -606,6 +623,9 @@ func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
 	if e.t.Mode == tenant.ModeSchema {
 		// As provisioning sets it: a schema tenant finds its tables by its role.
 		fmt.Fprintf(&sql, "ALTER ROLE %s SET search_path = %s;\n", id, id)
+	}
+	if m.a.Tier != "" {
+		sql.WriteString(m.s.Provision.TierSQL(e.t.ID, m.a.Tier))
 	}
 	if _, err := dadmin.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("make role %s on %s: %w", e.role, e.dst.Name(), cluster.Classify(err))
@@ -1170,6 +1190,15 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		}
 		if err := m.s.Store.MoveTenant(ctx, tx, t.ID, e.st.From, m.a.To); err != nil {
 			return err
+		}
+		if m.a.Tier != "" && m.a.Tier != t.Tier {
+			if err := m.s.Store.SetTenantTier(ctx, tx, t.ID, m.a.Tier); err != nil {
+				return err
+			}
+			if err := m.s.Store.AddEvent(ctx, tx, t.ID, provision.EventTierChanged, map[string]any{"from": t.Tier, "to": m.a.Tier,
+				"moved_to": m.a.To, "job": r.Job.ID}); err != nil {
+				return err
+			}
 		}
 		return m.s.Store.AddEvent(ctx, tx, t.ID, "moved", map[string]any{"from": e.st.From, "to": m.a.To, "job": r.Job.ID})
 	})

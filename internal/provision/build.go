@@ -136,7 +136,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 	if b.a.Activate != nil {
 		tier = b.a.Activate.Tier
 	}
-	sql := b.s.tierSQL(t.ID, tier)
+	sql := b.s.TierSQL(t.ID, tier)
 	if t.Mode == tenant.ModeSchema {
 		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
 	}

@@ -493,13 +493,14 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 		fmt.Fprintf(&b, "GRANT ALL ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
 	}
 	if withTier {
-		b.WriteString(s.tierSQL(t.ID, t.Tier))
+		b.WriteString(s.TierSQL(t.ID, t.Tier))
 	}
 	return b.String()
 }
 
-// tierSQL applies a tier's limits to a tenant's role.
-func (s *Service) tierSQL(id, tierName string) string {
+// TierSQL applies a tier's limits to a tenant's role (a move that
+// carries a tier change runs it on the target).
+func (s *Service) TierSQL(id, tierName string) string {
 	tier := s.Tiers[tierName]
 	role := cluster.Ident(tenant.PhysicalName(id))
 	var b strings.Builder

@@ -546,15 +546,7 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 		if len(changes) == 0 {
 			continue
 		}
-		err := pgx.BeginFunc(ctx, admin, func(tx pgx.Tx) error {
-			lt := fmt.Sprintf("SET LOCAL lock_timeout = %s", cluster.Literal(fmt.Sprintf("%dms", restoreLockTimeout.Milliseconds())))
-			if _, err := tx.Exec(ctx, lt); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, sql)
-			return err
-		})
-		if err = cluster.Classify(err); errors.Is(err, cluster.ErrNotFound) {
+		if err := cluster.ExecLockBounded(ctx, admin, restoreLockTimeout, sql); errors.Is(err, cluster.ErrNotFound) {
 			continue // the role was purged meanwhile
 		} else if err != nil {
 			failed++

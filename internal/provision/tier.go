@@ -1,0 +1,211 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/purge"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// EventTierChanged is the tenant event of a tier change (in place, or at
+// the switch of the move that carried it).
+const EventTierChanged = "tier_changed"
+
+// TierChange is what SetTier did, or what is left to do.
+type TierChange struct {
+	Tenant catalog.Tenant // after an in-place change; as it is when a move must carry the change
+	From   string         // the tier it had
+	// MoveTo is set when the tenant's cluster does not admit a tenant of
+	// the new tier (Why says why) and placement chose this cluster: the
+	// caller starts the move (move.Service.StartTierChange), whose switch
+	// records the new tier. "" when the change was made in place.
+	MoveTo, Why string
+	// SessionsEnded: sessions of the tenant that held its role's row (an
+	// uncommitted ALTER ROLE of their own) and were ended so that the
+	// new limits could be set.
+	SessionsEnded int
+}
+
+// tierLockTimeout bounds each attempt's wait for the tenant's role row;
+// tierAttempts attempts are made, the tenant's sessions ended before each
+// one after the first.
+const (
+	tierLockTimeout = 3 * time.Second
+	tierAttempts    = 3
+	tierTimeout     = time.Minute
+)
+
+// SetTier changes a tenant's tier. When its cluster admits a tenant of the
+// new tier (the tier's placement: dedicated, cluster_label; and its
+// connections), the change is made in place: the role's connection limit
+// and settings (TierSQL), then the catalog, then the pooler entry (pool
+// mode and sizes); the capper and the storage quota read the tier from the
+// catalog on their next pass. Otherwise it chooses the cluster to move the
+// tenant to and leaves the move to the caller. The same tier again changes
+// nothing.
+func (s *Service) SetTier(ctx context.Context, id, tierName string) (TierChange, error) {
+	if !tenant.ValidID(id) {
+		return TierChange{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
+	}
+	if _, ok := s.Tiers[tierName]; !ok {
+		names := make([]string, 0, len(s.Tiers))
+		for n := range s.Tiers {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		return TierChange{}, invalid("tier %q is not configured; the tiers are %s (config: tiers)", tierName, strings.Join(names, ", "))
+	}
+	// Once begun, the change finishes even if its caller goes away.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), tierTimeout)
+	defer cancel()
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err != nil {
+		return TierChange{}, err
+	}
+	if err := tierSettable(t); err != nil {
+		return TierChange{}, err
+	}
+	out := TierChange{Tenant: t, From: t.Tier}
+	if t.Tier == tierName {
+		return out, nil
+	}
+	moving, err := jobs.Unfinished(ctx, s.Store.Pool(), jobs.TenantMove, id)
+	if err != nil {
+		return TierChange{}, err
+	}
+	if moving {
+		return TierChange{}, fmt.Errorf("%w: tenant %s is moving (`pgtenant job list --target %s`); change its tier once the move is done",
+			catalog.ErrConflict, id, id)
+	}
+	if out.Why, out.MoveTo, err = s.tierPlacement(ctx, t, tierName); err != nil || out.MoveTo != "" {
+		return out, err
+	}
+	cl, err := s.Clusters.Get(t.Cluster)
+	if err != nil {
+		return TierChange{}, err
+	}
+	if out.SessionsEnded, err = s.alterTier(ctx, cl, id, tierName); err != nil {
+		return TierChange{}, err
+	}
+	err = pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		locked, err := s.Store.LockTenant(ctx, tx, id)
+		if err != nil {
+			return err
+		}
+		if locked.Cluster != t.Cluster {
+			return fmt.Errorf("%w: tenant %s moved to %s meanwhile; set its tier again", catalog.ErrConflict, id, locked.Cluster)
+		}
+		if err := s.Store.SetTenantTier(ctx, tx, id, tierName); err != nil {
+			return err
+		}
+		if err := s.Store.AddEvent(ctx, tx, id, EventTierChanged, map[string]any{"from": t.Tier, "to": tierName,
+			"in_place": true, "sessions_ended": out.SessionsEnded}); err != nil {
+			return err
+		}
+		out.Tenant, err = s.Store.GetTenant(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		return TierChange{}, err
+	}
+	s.Invalidate()
+	s.Poolers.Sync(ctx, t.FrontCluster(), "tier "+id)
+	s.Logger.Info("tenant tier changed in place", "tenant", id, "from", t.Tier, "to", tierName, "sessions_ended", out.SessionsEnded)
+	return out, nil
+}
+
+// tierSettable refuses the tenants whose tier cannot change.
+func tierSettable(t catalog.Tenant) error {
+	switch {
+	case t.IsSpare():
+		return fmt.Errorf("tenant %q: %w", t.ID, catalog.ErrNotFound) // spares are invisible
+	case t.State == catalog.StateActive, t.State == catalog.StateSuspended:
+		return nil
+	case t.State == catalog.StateProvisioning:
+		return fmt.Errorf("%w: tenant %s is still being provisioned; set its tier once it is active", catalog.ErrConflict, t.ID)
+	case t.State == catalog.StateDropped:
+		return fmt.Errorf("%w: tenant %s is dropped; restore it first (`pgtenant tenant restore %s`)", catalog.ErrConflict, t.ID, t.ID)
+	}
+	return fmt.Errorf("%w: tenant %s is %s: it is being removed", catalog.ErrConflict, t.ID, t.State)
+}
+
+// tierPlacement says whether tenant t may stay on its cluster with tier
+// tierName: "" when it may; else why not, and the cluster placement
+// chooses for it among the others.
+func (s *Service) tierPlacement(ctx context.Context, t catalog.Tenant, tierName string) (why, to string, err error) {
+	fleet, err := s.LoadFleet(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	var size int64
+	sized, err := s.Store.SizedTenants(ctx, t.Cluster)
+	if err != nil {
+		return "", "", err
+	}
+	for _, st := range sized {
+		if st.ID == t.ID {
+			size = st.SizeBytes
+		}
+	}
+	// The cluster as it would be without the tenant: it is there already,
+	// so the caps and a drain do not count, its placement policy does.
+	fleet.Add(t.Cluster, t.Tier, size, -1)
+	here := slices.IndexFunc(fleet.Candidates(tierName), func(c tenant.Candidate) bool { return c.Name == t.Cluster })
+	if here < 0 {
+		return "", "", fmt.Errorf("%w: cluster %s did not answer; set the tier again once it does", cluster.ErrUnavailable, t.Cluster)
+	}
+	cand := fleet.Candidates(tierName)[here]
+	cand.Draining, cand.MaxTenants, cand.MaxSizeBytes = false, 0, 0
+	if why = tenant.Refusal(cand, fleet.Need(tierName, size)); why == "" {
+		return "", "", nil
+	}
+	if t.State != catalog.StateActive {
+		return "", "", fmt.Errorf("%w: tier %s needs another cluster than %s (%s) and only active tenants move: resume tenant %s first (`pgtenant tenant resume %s`)",
+			catalog.ErrConflict, tierName, t.Cluster, why, t.ID, t.ID)
+	}
+	to, err = fleet.Place("", tierName, size, t.Cluster)
+	if err != nil {
+		return "", "", fmt.Errorf("tier %s needs another cluster than %s (%s), and none other admits it: %w", tierName, t.Cluster, why, err)
+	}
+	return why, to, nil
+}
+
+// alterTier sets the tier's limits on the tenant's role, each attempt
+// bounded: a session of the tenant holding its role's row (an uncommitted
+// ALTER ROLE of its own, to keep its limits) is ended before the next
+// attempt, so that a downgrade cannot be held off by the tenant.
+func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, id, tierName string) (int, error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ended := 0
+	for attempt := 1; ; attempt++ {
+		err := cluster.ExecLockBounded(ctx, admin, tierLockTimeout, s.TierSQL(id, tierName))
+		if !errors.Is(err, cluster.ErrLockNotAvailable) {
+			if err != nil {
+				return ended, fmt.Errorf("set tier %s on the role of tenant %s: %w", tierName, id, err)
+			}
+			return ended, nil
+		}
+		if attempt == tierAttempts {
+			return ended, fmt.Errorf("%w: the tenant's sessions took its role's row (an ALTER ROLE of their own) before each of %d attempts; set the tier again",
+				catalog.ErrConflict, tierAttempts)
+		}
+		n, err := purge.EndSessions(ctx, cl, tenant.PhysicalName(id))
+		if err != nil {
+			return ended, err
+		}
+		ended += n
+	}
+}
