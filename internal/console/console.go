@@ -6,11 +6,15 @@
 // start, continue and retry a rollout), each confirmed on a page of its own.
 //
 // It reads and acts only through the API's own handlers, called in-process
-// with the token (inprocess.go): there is no second implementation of a
-// rule, and what the console shows is what the API answers. It asks for the
-// token once and answers with a server-side session: the cookie holds a
-// random session id, never the token. Its forms post only with the
-// session's CSRF token and from the console's own origin.
+// with the token the operator logged in with (inprocess.go): there is no
+// second implementation of a rule, and what the console shows is what the
+// API answers. The token may be the admin token or a scoped one: the API
+// checks it, and its scope, at every call and audits the console's actions
+// under its name; the console only hides what the scope cannot do
+// (access.go). It asks for the token once and answers with a server-side
+// session: the cookie holds a random session id, never the token. Its
+// forms post only with the session's CSRF token and from the console's own
+// origin. It also shows the API's audit log (/audit).
 package console
 
 import (
@@ -60,8 +64,11 @@ type Console struct {
 	Store    *catalog.Store
 	Clusters *cluster.Registry
 	// API is the API server: every page reads, and every action acts,
-	// through its handlers (inprocess.go).
-	API   http.Handler
+	// through its handlers (inprocess.go). When it can (the daemon's
+	// *api.Server), it also checks the tokens of logins (authenticator).
+	API http.Handler
+	// Token is the admin token. Only a console whose API checks no tokens
+	// (unit tests) compares it itself.
 	Token string
 	// SessionTTL is how long a login lasts, from the login (absolute expiry:
 	// a session in use is not extended, so a stolen cookie is good for at
@@ -127,6 +134,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /clusters", c.page(c.clusters))
 	m.HandleFunc("GET /clusters/{name}/switchover", c.page(c.confirmSwitchover))
 	m.HandleFunc("POST /clusters/{name}/switchover", c.action(c.switchover))
+	m.HandleFunc("GET /audit", c.page(c.audit))
 	c.mux = m
 }
 
@@ -144,7 +152,9 @@ func (c *Console) sameOriginOnly(h http.HandlerFunc) http.HandlerFunc {
 // view is what every page's layout needs; pages add their own fields.
 type view map[string]any
 
-// page serves a GET page to a logged-in operator; others get the login form.
+// page serves a GET page to a logged-in operator; others get the login
+// form, and so does one whose token was revoked or has expired since the
+// login (recheck).
 func (c *Console) page(h func(w http.ResponseWriter, r *http.Request, v view) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ss, ok := c.session(r)
@@ -152,15 +162,26 @@ func (c *Console) page(h func(w http.ResponseWriter, r *http.Request, v view) er
 			c.render(w, http.StatusOK, "login.html", view{"Failed": r.URL.Query().Has("failed") && r.URL.Path == "/"})
 			return
 		}
-		v := view{"LoggedIn": true, "CSRF": ss.csrf, "Now": c.clock(), "Path": r.URL.Path}
-		if err := h(w, r, v); err != nil {
+		v := view{"LoggedIn": true, "CSRF": ss.csrf, "Now": c.clock(), "Path": r.URL.Path, "Who": ss.who}
+		ss, err := c.recheck(w, r, ss)
+		if errors.Is(err, api.ErrUnauthorized) {
+			c.render(w, http.StatusUnauthorized, "login.html", view{"Ended": err.Error()})
+			return
+		}
+		if err != nil {
+			c.fail(w, r, v, err)
+			return
+		}
+		v["Who"] = ss.who
+		if err := h(w, r.WithContext(withSession(r.Context(), ss)), v); err != nil {
 			c.fail(w, r, v, err)
 		}
 	}
 }
 
-// action serves a POST that changes something: a session, a form from the
-// console's own origin and the session's CSRF token are all required.
+// action serves a POST that changes something: a session whose token is
+// still valid, a form from the console's own origin and the session's CSRF
+// token are all required.
 func (c *Console) action(h func(w http.ResponseWriter, r *http.Request, v view) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		ss, ok := c.session(r)
@@ -174,12 +195,66 @@ func (c *Console) action(h func(w http.ResponseWriter, r *http.Request, v view) 
 			http.Error(w, "refused: the form's CSRF token is missing or stale; reload the page and try again", http.StatusForbidden)
 			return
 		}
-		v := view{"LoggedIn": true, "CSRF": ss.csrf, "Now": c.clock(), "Path": r.URL.Path}
-		c.Logger.Info("console action", "component", "console", "path", r.URL.Path, "remote", r.RemoteAddr)
-		if err := h(w, r, v); err != nil {
+		v := view{"LoggedIn": true, "CSRF": ss.csrf, "Now": c.clock(), "Path": r.URL.Path, "Who": ss.who}
+		ss, err := c.recheck(w, r, ss)
+		if errors.Is(err, api.ErrUnauthorized) {
+			http.Error(w, "refused: "+err.Error()+"; log in again", http.StatusForbidden)
+			return
+		}
+		if err != nil {
+			c.fail(w, r, v, err)
+			return
+		}
+		v["Who"] = ss.who
+		c.Logger.Info("console action", "component", "console", "path", r.URL.Path, "remote", r.RemoteAddr, "actor", ss.who.Actor)
+		if err := h(w, r.WithContext(withSession(r.Context(), ss)), v); err != nil {
 			c.fail(w, r, v, err)
 		}
 	}
+}
+
+// recheck checks the session's token again, as the API checks a token at
+// every call (no cache): on every request, reads included, because some
+// pages (the overview) read the catalog directly rather than through the
+// API, and a revoked token must see nothing more. It costs one lookup by
+// hash in the catalog, as each API call does. A token revoked or expired
+// since the login ends the session (and its cookie); the error, wrapping
+// api.ErrUnauthorized, says why. A catalog that does not answer is another
+// error and leaves the session alone.
+func (c *Console) recheck(w http.ResponseWriter, r *http.Request, ss session) (session, error) {
+	who, err := c.authenticate(r.Context(), ss.token)
+	if errors.Is(err, api.ErrUnauthorized) {
+		if ck, cerr := r.Cookie(cookieName); cerr == nil {
+			c.sessions.delete(ck.Value)
+		}
+		http.SetCookie(w, &http.Cookie{Name: cookieName, Path: "/", MaxAge: -1,
+			HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		c.Logger.Warn("console session ended: its token is no longer valid", "component", "console", "actor", ss.who.Actor, "remote", r.RemoteAddr, "err", err)
+		return session{}, err
+	}
+	if err != nil {
+		return session{}, err
+	}
+	ss.who = who
+	return ss, nil
+}
+
+// authenticator checks an API token as the API does (*api.Server).
+type authenticator interface {
+	Authenticate(ctx context.Context, token string) (api.Principal, error)
+}
+
+// authenticate says whose token is: the API's own check when c.API has
+// one; else (a console without a real API, in unit tests) the admin token
+// compared in constant time.
+func (c *Console) authenticate(ctx context.Context, token string) (api.Principal, error) {
+	if a, ok := c.API.(authenticator); ok {
+		return a.Authenticate(ctx, token)
+	}
+	if c.Token == "" || subtle.ConstantTimeCompare([]byte(token), []byte(c.Token)) != 1 {
+		return api.Principal{}, fmt.Errorf("%w: wrong token", api.ErrUnauthorized)
+	}
+	return api.Principal{Actor: "admin token", Scope: api.ScopeAdmin}, nil
 }
 
 func (c *Console) clock() time.Time {
@@ -235,19 +310,27 @@ func sameOrigin(r *http.Request) bool {
 	return strings.EqualFold(u.Host, r.Host)
 }
 
-// login checks the token and starts a session. A wrong token gets the same
-// answer as an empty one, after failDelay; nothing tells how it was wrong.
+// login checks the token (the admin token or a scoped one, by the API's
+// own check) and starts a session of whom it names. A wrong, revoked or
+// expired token gets the same answer as an empty one, after failDelay;
+// nothing tells how it was wrong. A catalog that does not answer is a 503.
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	r.Body = http.MaxBytesReader(w, r.Body, 4<<10)
 	tok := r.PostFormValue("token")
-	if c.Token == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(c.Token)) != 1 {
+	who, err := c.authenticate(r.Context(), tok)
+	if err != nil && !errors.Is(err, api.ErrUnauthorized) {
+		c.fail(w, r, view{}, err)
+		return
+	}
+	if err != nil || tok == "" {
 		c.Logger.Warn("console login refused", "component", "console", "remote", r.RemoteAddr)
 		sleep(r.Context(), failDelay)
 		http.Redirect(w, r, "/?failed", http.StatusSeeOther)
 		return
 	}
+	c.Logger.Info("console login", "component", "console", "actor", who.Actor, "scope", who.Scope, "remote", r.RemoteAddr)
 	ttl := c.ttl()
-	id := c.sessions.create(c.clock(), ttl)
+	id := c.sessions.create(c.clock(), ttl, tok, who)
 	http.SetCookie(w, &http.Cookie{Name: cookieName, Value: id, Path: "/", MaxAge: int(ttl / time.Second),
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, "/", http.StatusSeeOther)

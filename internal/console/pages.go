@@ -120,7 +120,7 @@ func (c *Console) tenants(w http.ResponseWriter, r *http.Request, v view) error 
 		}
 	}
 	q.Del("per")
-	cl := c.client()
+	cl := c.client(r)
 	ts, err := cl.Tenants(r.Context(), q)
 	if err != nil {
 		return err
@@ -189,7 +189,7 @@ type actionLink struct{ Name, Title string }
 // tenant shows one tenant: its figures, quota, prewarm state, charts of
 // its minute history, events and the actions its state allows.
 func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
-	cl := c.client()
+	cl := c.client(r)
 	t, err := cl.Tenant(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
@@ -203,10 +203,18 @@ func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
 		return err
 	}
 	var links []actionLink
+	hidden := false
 	for _, name := range actionOrder {
 		if a := tenantActions[name]; slices.Contains(a.From, t.State) {
+			if !may(who(r), "tenant/"+name) {
+				hidden = true
+				continue
+			}
 			links = append(links, actionLink{name, a.Title})
 		}
+	}
+	if hidden {
+		v["Hidden"] = fmt.Sprintf("Actions hidden: you are logged in with scope %s; a tenant's actions need scope tenants (or admin).", who(r).Scope)
 	}
 	v["Tenant"], v["Metrics"], v["Actions"], v["Window"] = t, m, links, window
 	v["Windows"] = []string{"1h", "6h", "24h", "7d"}
@@ -238,11 +246,12 @@ func (c *Console) confirmTenant(w http.ResponseWriter, r *http.Request, v view) 
 		http.NotFound(w, r)
 		return nil
 	}
-	t, err := c.client().Tenant(r.Context(), r.PathValue("id"))
+	t, err := c.client(r).Tenant(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
 	v["Title"], v["Says"], v["Action"] = a.Title, a.Says, r.URL.Path
+	v["Refused"] = refusal(who(r), "tenant/"+r.PathValue("action"))
 	v["What"] = fmt.Sprintf("tenant %s (%s, %s)", t.ID, t.Name, t.State)
 	v["Back"] = "/tenants/" + t.ID
 	v["Danger"] = r.PathValue("action") == "purge" || r.PathValue("action") == "drop"
@@ -254,7 +263,7 @@ func (c *Console) confirmTenant(w http.ResponseWriter, r *http.Request, v view) 
 // back to the tenant page (a purge's job page; the new password's page).
 func (c *Console) tenantAction(w http.ResponseWriter, r *http.Request, v view) error {
 	id, name := r.PathValue("id"), r.PathValue("action")
-	cl, ctx := c.client(), r.Context()
+	cl, ctx := c.client(r), r.Context()
 	var res api.LifecycleResponse
 	var err error
 	switch name {
@@ -296,7 +305,7 @@ func (c *Console) jobs(w http.ResponseWriter, r *http.Request, v view) error {
 			q.Set(k, s)
 		}
 	}
-	js, err := c.client().Jobs(r.Context(), q)
+	js, err := c.client(r).Jobs(r.Context(), q)
 	if err != nil {
 		return err
 	}
@@ -319,7 +328,7 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, v view) error {
 		http.NotFound(w, r)
 		return nil
 	}
-	j, err := c.client().Job(r.Context(), id)
+	j, err := c.client(r).Job(r.Context(), id)
 	if err != nil {
 		return err
 	}
@@ -327,8 +336,8 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, v view) error {
 		v["Refresh"] = refreshSeconds
 	}
 	v["Job"] = j
-	v["CanCancel"] = !jobs.Finished(j.State) && !j.CancelRequested
-	v["CanRetry"] = j.State == jobs.Failed || j.State == jobs.Cancelled
+	v["CanCancel"] = !jobs.Finished(j.State) && !j.CancelRequested && may(who(r), "job/cancel")
+	v["CanRetry"] = (j.State == jobs.Failed || j.State == jobs.Cancelled) && may(who(r), "job/retry")
 	v["Done"] = doneMessages[r.URL.Query().Get("done")]
 	c.render(w, http.StatusOK, "job.html", v)
 	return nil
@@ -346,6 +355,7 @@ func (c *Console) confirmJob(w http.ResponseWriter, r *http.Request, v view) err
 		return nil
 	}
 	v["Title"], v["Says"], v["Action"] = a[0], a[1], r.URL.Path
+	v["Refused"] = refusal(who(r), "job/"+r.PathValue("action"))
 	v["What"] = "job " + r.PathValue("id")
 	v["Back"] = "/jobs/" + r.PathValue("id")
 	v["Danger"] = r.PathValue("action") == "cancel"
@@ -361,9 +371,9 @@ func (c *Console) jobAction(w http.ResponseWriter, r *http.Request, v view) erro
 	}
 	switch r.PathValue("action") {
 	case "cancel":
-		_, err = c.client().CancelJob(r.Context(), id)
+		_, err = c.client(r).CancelJob(r.Context(), id)
 	case "retry":
-		_, err = c.client().RetryJob(r.Context(), id)
+		_, err = c.client(r).RetryJob(r.Context(), id)
 	default:
 		http.NotFound(w, r)
 		return nil
@@ -378,15 +388,17 @@ func (c *Console) jobAction(w http.ResponseWriter, r *http.Request, v view) erro
 // template shows a template's versions and tenants by version, with the
 // form that starts a rollout.
 func (c *Console) template(w http.ResponseWriter, r *http.Request, v view) error {
-	d, err := c.client().Template(r.Context(), r.PathValue("name"))
+	d, err := c.client(r).Template(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err
 	}
-	ros, err := c.client().Rollouts(r.Context(), url.Values{"template": {d.Name}, "limit": {"10"}})
+	ros, err := c.client(r).Rollouts(r.Context(), url.Values{"template": {d.Name}, "limit": {"10"}})
 	if err != nil {
 		return err
 	}
 	v["Template"], v["Rollouts"] = d, ros
+	v["CanRollout"] = may(who(r), "template/rollout")
+	v["Scope"] = who(r).Scope
 	c.render(w, http.StatusOK, "template.html", v)
 	return nil
 }
@@ -417,7 +429,7 @@ func (c *Console) confirmStartRollout(w http.ResponseWriter, r *http.Request, v 
 		return err
 	}
 	req.DryRun = true
-	plan, err := c.client().StartRollout(r.Context(), req)
+	plan, err := c.client(r).StartRollout(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -436,7 +448,7 @@ func (c *Console) startRollout(w http.ResponseWriter, r *http.Request, v view) e
 	if err != nil {
 		return err
 	}
-	st, err := c.client().StartRollout(r.Context(), req)
+	st, err := c.client(r).StartRollout(r.Context(), req)
 	if err != nil {
 		return err
 	}
@@ -449,7 +461,7 @@ func (c *Console) startRollout(w http.ResponseWriter, r *http.Request, v view) e
 
 // rollouts lists rollouts, refreshing while one runs.
 func (c *Console) rollouts(w http.ResponseWriter, r *http.Request, v view) error {
-	ros, err := c.client().Rollouts(r.Context(), url.Values{"limit": {"100"}})
+	ros, err := c.client(r).Rollouts(r.Context(), url.Values{"limit": {"100"}})
 	if err != nil {
 		return err
 	}
@@ -475,7 +487,7 @@ func (c *Console) rollout(w http.ResponseWriter, r *http.Request, v view) error 
 		http.NotFound(w, r)
 		return nil
 	}
-	st, err := c.client().Rollout(r.Context(), id, url.Values{"state": {"all"}, "limit": {"1000"}})
+	st, err := c.client(r).Rollout(r.Context(), id, url.Values{"state": {"all"}, "limit": {"1000"}})
 	if err != nil {
 		return err
 	}
@@ -483,8 +495,8 @@ func (c *Console) rollout(w http.ResponseWriter, r *http.Request, v view) error 
 		v["Refresh"] = refreshSeconds
 	}
 	v["Rollout"] = st
-	v["CanContinue"] = st.State == catalog.RolloutPaused
-	v["CanRetry"] = st.Counts[catalog.RolloutTenantFailed] > 0 || st.State == catalog.RolloutFailed
+	v["CanContinue"] = st.State == catalog.RolloutPaused && may(who(r), "rollout/continue")
+	v["CanRetry"] = (st.Counts[catalog.RolloutTenantFailed] > 0 || st.State == catalog.RolloutFailed) && may(who(r), "rollout/retry")
 	v["Done"] = doneMessages[r.URL.Query().Get("done")]
 	c.render(w, http.StatusOK, "rollout.html", v)
 	return nil
@@ -502,6 +514,7 @@ func (c *Console) confirmRollout(w http.ResponseWriter, r *http.Request, v view)
 		return nil
 	}
 	v["Title"], v["Says"], v["Action"] = a[0], a[1], r.URL.Path
+	v["Refused"] = refusal(who(r), "rollout/"+r.PathValue("action"))
 	v["What"] = "rollout " + r.PathValue("id")
 	v["Back"] = "/rollouts/" + r.PathValue("id")
 	c.render(w, http.StatusOK, "confirm.html", v)
@@ -516,9 +529,9 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, v view) 
 	}
 	switch r.PathValue("action") {
 	case "continue":
-		_, err = c.client().ContinueRollout(r.Context(), id)
+		_, err = c.client(r).ContinueRollout(r.Context(), id)
 	case "retry":
-		_, err = c.client().RetryRollout(r.Context(), id, "")
+		_, err = c.client(r).RetryRollout(r.Context(), id, "")
 	default:
 		http.NotFound(w, r)
 		return nil
@@ -533,11 +546,11 @@ func (c *Console) rolloutAction(w http.ResponseWriter, r *http.Request, v view) 
 // clusters shows each cluster probed now, with its standbys and the
 // history of its lag and pacer kept by Run.
 func (c *Console) clusters(w http.ResponseWriter, r *http.Request, v view) error {
-	cls, err := c.client().Clusters(r.Context())
+	cls, err := c.client(r).Clusters(r.Context())
 	if err != nil {
 		return err
 	}
-	waiting, err := c.client().Jobs(r.Context(), url.Values{"state": {string(jobs.Waiting)}, "limit": {"100"}})
+	waiting, err := c.client(r).Jobs(r.Context(), url.Values{"state": {string(jobs.Waiting)}, "limit": {"100"}})
 	if err != nil {
 		return err
 	}
@@ -547,13 +560,14 @@ func (c *Console) clusters(w http.ResponseWriter, r *http.Request, v view) error
 		if len(cl.Patroni) == 0 {
 			continue
 		}
-		d, err := c.client().Cluster(r.Context(), cl.Name)
+		d, err := c.client(r).Cluster(r.Context(), cl.Name)
 		if err != nil {
 			return err
 		}
 		patroniClusters = append(patroniClusters, d)
 	}
 	v["Clusters"], v["Waiting"], v["Patroni"] = cls, waiting, patroniClusters
+	v["CanSwitchover"] = may(who(r), "cluster/switchover")
 	v["Done"] = doneMessages[r.URL.Query().Get("done")]
 	v["Charts"] = c.clusterCharts(c.clock())
 	v["Refresh"] = 10
@@ -565,10 +579,11 @@ func (c *Console) clusters(w http.ResponseWriter, r *http.Request, v view) error
 // switchover to a member (?to=; none: Patroni's choice).
 func (c *Console) confirmSwitchover(w http.ResponseWriter, r *http.Request, v view) error {
 	name, to := r.PathValue("name"), r.URL.Query().Get("to")
-	if _, err := c.client().Cluster(r.Context(), name); err != nil {
+	if _, err := c.client(r).Cluster(r.Context(), name); err != nil {
 		return err
 	}
 	v["Title"] = "Switch over"
+	v["Refused"] = refusal(who(r), "cluster/switchover")
 	v["What"] = "cluster " + name + ": the leader hands over to " + cmp.Or(to, "the synchronous standby")
 	v["Says"] = "The cluster's PgBouncer pauses its clients (transactions in flight end; session-mode clients lose their server connection once), " +
 		"Patroni stops the leader cleanly and promotes the standby, pgtenant follows it, and the clients go on through the same DSN. The old leader rejoins as a standby."
@@ -581,7 +596,7 @@ func (c *Console) confirmSwitchover(w http.ResponseWriter, r *http.Request, v vi
 // switchover starts a confirmed switchover through the API and shows its
 // job.
 func (c *Console) switchover(w http.ResponseWriter, r *http.Request, v view) error {
-	j, err := c.client().Switchover(r.Context(), r.PathValue("name"), api.SwitchoverRequest{To: r.PostFormValue("to")})
+	j, err := c.client(r).Switchover(r.Context(), r.PathValue("name"), api.SwitchoverRequest{To: r.PostFormValue("to")})
 	if err != nil {
 		return err
 	}

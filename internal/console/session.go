@@ -5,22 +5,30 @@ import (
 	"encoding/base64"
 	"sync"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/api"
 )
 
 // maxSessions bounds the logins kept at once; past it the one nearest its
-// expiry goes. Only a holder of the token can add one, so this guards
+// expiry goes. Only a holder of a valid token can add one, so this guards
 // against a script that logs in in a loop, not against strangers.
 const maxSessions = 1000
 
-// session is one login: its expiry and the token its pages' forms carry
-// (CSRF: a form posted from elsewhere cannot know it).
+// session is one login: its expiry, the token its pages' forms carry
+// (CSRF: a form posted from elsewhere cannot know it), and the API token
+// it logged in with, with whom that token named at login. Every API call
+// made for the session carries that token, so the API checks it (and its
+// scope) and audits the call as it does a call from the CLI; the token
+// stays in this daemon's memory, never in the browser.
 type session struct {
-	exp  time.Time
-	csrf string
+	exp   time.Time
+	csrf  string
+	token string
+	who   api.Principal
 }
 
 // sessions are the console's logins: a random id (the cookie's only
-// content) mapped to its expiry and CSRF token. They live in this daemon's memory only:
+// content) mapped to its expiry, CSRF token and API token. They live in this daemon's memory only:
 // a restart logs everyone out, and daemons sharing a catalog do not share
 // them (a load balancer in front of several needs sticky sessions). The
 // zero value is ready to use.
@@ -36,8 +44,9 @@ func newSessionID() string {
 	return base64.RawURLEncoding.EncodeToString(b)
 }
 
-// create starts a session lasting ttl from now, first dropping expired ones.
-func (s *sessions) create(now time.Time, ttl time.Duration) string {
+// create starts a session of token (who) lasting ttl from now, first
+// dropping expired ones.
+func (s *sessions) create(now time.Time, ttl time.Duration, token string, who api.Principal) string {
 	id := newSessionID()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -54,7 +63,7 @@ func (s *sessions) create(now time.Time, ttl time.Duration) string {
 		}
 		delete(s.byID, oldest)
 	}
-	s.byID[id] = session{exp: now.Add(ttl), csrf: newSessionID()}
+	s.byID[id] = session{exp: now.Add(ttl), csrf: newSessionID(), token: token, who: who}
 	return id
 }
 
