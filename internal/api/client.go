@@ -383,6 +383,30 @@ func (c *Client) SetTenantTier(ctx context.Context, id, tier string) (LifecycleR
 	return out, c.Do(ctx, http.MethodPatch, "/v1/tenants/"+url.PathEscape(id), SetTenantRequest{Tier: tier}, &out)
 }
 
+// CreateCredential gives a tenant another login.
+func (c *Client) CreateCredential(ctx context.Context, id string, req CreateCredentialRequest) (CredentialResponse, error) {
+	var out CredentialResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/credentials", req, &out)
+}
+
+// Credentials lists a tenant's extra logins.
+func (c *Client) Credentials(ctx context.Context, id string) ([]catalog.Login, error) {
+	var out []catalog.Login
+	return out, c.Do(ctx, http.MethodGet, "/v1/tenants/"+url.PathEscape(id)+"/credentials", nil, &out)
+}
+
+// RotateCredential gives one of a tenant's logins a new password.
+func (c *Client) RotateCredential(ctx context.Context, id, name string) (CredentialResponse, error) {
+	var out CredentialResponse
+	return out, c.Do(ctx, http.MethodPost, "/v1/tenants/"+url.PathEscape(id)+"/credentials/"+url.PathEscape(name)+"/password", nil, &out)
+}
+
+// RevokeCredential drops one of a tenant's logins and returns those left.
+func (c *Client) RevokeCredential(ctx context.Context, id, name string) ([]catalog.Login, error) {
+	var out []catalog.Login
+	return out, c.Do(ctx, http.MethodDelete, "/v1/tenants/"+url.PathEscape(id)+"/credentials/"+url.PathEscape(name), nil, &out)
+}
+
 // RotatePassword gives a tenant a new password and returns it with the DSN
 // (keepSessions: its open sessions stay).
 func (c *Client) RotatePassword(ctx context.Context, id string, keepSessions bool) (RotatePasswordResponse, error) {

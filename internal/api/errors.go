@@ -11,6 +11,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/analytics"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/failover"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
@@ -54,7 +55,8 @@ func statusOf(err error) (int, string) {
 	}
 	switch {
 	case errors.Is(err, ErrInvalid), errors.Is(err, provision.ErrInvalid), errors.Is(err, templates.ErrInvalid),
-		errors.Is(err, migrate.ErrInvalid), errors.Is(err, analytics.ErrInvalid), errors.Is(err, failover.ErrInvalid):
+		errors.Is(err, migrate.ErrInvalid), errors.Is(err, analytics.ErrInvalid), errors.Is(err, failover.ErrInvalid),
+		errors.Is(err, credentials.ErrInvalid):
 		return http.StatusBadRequest, "invalid"
 	case errors.Is(err, ErrUnauthorized):
 		return http.StatusUnauthorized, "unauthorized"

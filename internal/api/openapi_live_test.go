@@ -128,6 +128,14 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	must(err)
 	_, err = c.SetTenantTier(ctx, id, "default") // its tier already: changes nothing
 	must(err)
+	cred, err := c.CreateCredential(ctx, id, api.CreateCredentialRequest{Name: "reports", ReadOnly: true})
+	must(err)
+	_, err = c.Credentials(ctx, id)
+	must(err)
+	_, err = c.RotateCredential(ctx, id, cred.Credential.Name)
+	must(err)
+	_, err = c.RevokeCredential(ctx, id, cred.Credential.Name)
+	must(err)
 	var mv jobs.Job // 409: the tenant is on local already
 	if err := c.Do(ctx, "POST", "/v1/tenants/"+id+"/move", api.MoveTenantRequest{To: "local"}, &mv); err == nil {
 		t.Fatal("a move to the tenant's own cluster was accepted")

@@ -123,6 +123,10 @@ func NewServer(d Deps) *Server {
 	s.handle("POST /v1/tenants/{id}/suspend", s.lifecycle(s.Purge.Suspend))
 	s.handle("POST /v1/tenants/{id}/resume", s.lifecycle(s.Purge.Resume))
 	s.handle("POST /v1/tenants/{id}/password", s.rotatePassword)
+	s.handle("GET /v1/tenants/{id}/credentials", s.listCredentials)
+	s.handle("POST /v1/tenants/{id}/credentials", s.createCredential)
+	s.handle("POST /v1/tenants/{id}/credentials/{name}/password", s.rotateCredential)
+	s.handle("DELETE /v1/tenants/{id}/credentials/{name}", s.revokeCredential)
 	s.handle("POST /v1/tenants/{id}/move", s.moveTenant)
 	s.handle("POST /v1/tenants/{id}/rewind", s.rewindTenant)
 	s.handle("POST /v1/tenants/{id}/fork", s.forkTenant)
@@ -181,21 +185,24 @@ var routeScopes = map[string]Scope{
 	"POST /v1/rollouts/{id}/continue":    ScopeTemplates,
 	"POST /v1/rollouts/{id}/retry":       ScopeTemplates,
 
-	"POST /v1/tenants":                    ScopeTenants,
-	"PATCH /v1/tenants/{id}":              ScopeTenants, // a plan change (its move, if any, too)
-	"DELETE /v1/tenants/{id}":             ScopeTenants,
-	"POST /v1/tenants/{id}/restore":       ScopeTenants,
-	"POST /v1/tenants/{id}/suspend":       ScopeTenants,
-	"POST /v1/tenants/{id}/resume":        ScopeTenants,
-	"POST /v1/tenants/{id}/password":      ScopeTenants,
-	"POST /v1/tenants/{id}/rewind":        ScopeTenants,
-	"POST /v1/tenants/{id}/fork":          ScopeTenants,
-	"POST /v1/tenants/{id}/export":        ScopeTenants, // all of its data: not for read-only tokens
-	"POST /v1/tenants/import":             ScopeTenants,
-	"POST /v1/tenants/{id}/analytics":     ScopeTenants,
-	"DELETE /v1/tenants/{id}/analytics":   ScopeTenants,
-	"POST /v1/tenants/{id}/prewarm":       ScopeTenants,
-	"PUT /v1/tenants/{id}/metrics/export": ScopeTenants,
+	"POST /v1/tenants":                                  ScopeTenants,
+	"PATCH /v1/tenants/{id}":                            ScopeTenants, // a plan change (its move, if any, too)
+	"DELETE /v1/tenants/{id}":                           ScopeTenants,
+	"POST /v1/tenants/{id}/restore":                     ScopeTenants,
+	"POST /v1/tenants/{id}/suspend":                     ScopeTenants,
+	"POST /v1/tenants/{id}/resume":                      ScopeTenants,
+	"POST /v1/tenants/{id}/password":                    ScopeTenants,
+	"POST /v1/tenants/{id}/credentials":                 ScopeTenants,
+	"POST /v1/tenants/{id}/credentials/{name}/password": ScopeTenants,
+	"DELETE /v1/tenants/{id}/credentials/{name}":        ScopeTenants,
+	"POST /v1/tenants/{id}/rewind":                      ScopeTenants,
+	"POST /v1/tenants/{id}/fork":                        ScopeTenants,
+	"POST /v1/tenants/{id}/export":                      ScopeTenants, // all of its data: not for read-only tokens
+	"POST /v1/tenants/import":                           ScopeTenants,
+	"POST /v1/tenants/{id}/analytics":                   ScopeTenants,
+	"DELETE /v1/tenants/{id}/analytics":                 ScopeTenants,
+	"POST /v1/tenants/{id}/prewarm":                     ScopeTenants,
+	"PUT /v1/tenants/{id}/metrics/export":               ScopeTenants,
 
 	// Jobs of every kind, repairs and the tokens themselves.
 	"POST /v1/jobs/{id}/cancel": ScopeAdmin,

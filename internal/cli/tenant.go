@@ -319,7 +319,7 @@ makes a new password: if the answer is lost, rotate again.`,
 	}
 	password.Flags().BoolVar(&keepSessions, "keep-sessions", false, "leave the tenant's open sessions alone (default: end them on every node)")
 
-	cmd.AddCommand(create, list, show, connect, drop, password, newTenantSetCmd(g), newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantExportCmd(g), newTenantImportCmd(g), newTenantMetricsCmd(g),
+	cmd.AddCommand(create, list, show, connect, drop, password, newTenantSetCmd(g), newTenantCredentialCmd(g), newTenantMoveCmd(g), newTenantRewindCmd(g), newTenantForkCmd(g), newTenantExportCmd(g), newTenantImportCmd(g), newTenantMetricsCmd(g),
 		action("restore", "Bring a dropped tenant back, as it was, within its retention"),
 		action("suspend", "Lock a tenant out (no login, sessions ended) without deleting it"),
 		action("resume", "Let a suspended tenant log in again"))

@@ -19,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 )
 
@@ -34,6 +35,8 @@ type Service struct {
 	Logger *slog.Logger
 	// Poolers get a rotated password's verifier before Rotate answers.
 	Poolers *pooler.Set
+	// Tiers hold a tenant's extra logins to its tier (logins.go).
+	Tiers map[string]config.Tier
 }
 
 // Errors of Recall.

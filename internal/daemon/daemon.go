@@ -155,7 +155,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	d.creds = &credentials.Service{Store: store, Clusters: d.clusters, Key: key, Window: cfg.Credentials.RetryWindow.D(), Logger: log,
-		Poolers: d.poolers}
+		Poolers: d.poolers, Tiers: cfg.Tiers}
 	if others, err := d.creds.OtherKeys(ctx); err != nil {
 		d.Close()
 		return nil, err

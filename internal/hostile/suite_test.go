@@ -259,6 +259,42 @@ func paths(t *testing.T, e *env, hostiles []*hostile, neighbours []login, round 
 	}
 	check("statement cap")
 
+	// Extra logins, made, rotated and revoked against the plants: the
+	// admin's GRANTs, default privileges and DROP OWNED in the tenant's
+	// database run none of its code and wait boundedly behind its locks.
+	// A read-only login reads and cannot write; it is held to the
+	// tenant's cap whatever statement_timeout it sets, on its own role
+	// (put back by the capper) or in its session.
+	for _, h := range hostiles {
+		lctx, cancel := bounded()
+		ro, err := e.c.CreateCredential(lctx, h.ID, api.CreateCredentialRequest{Name: fmt.Sprintf("ro%d", round), ReadOnly: true})
+		if err == nil {
+			_, err = e.c.CreateCredential(lctx, h.ID, api.CreateCredentialRequest{Name: fmt.Sprintf("rw%d", round)})
+		}
+		if err == nil {
+			ro, err = e.c.RotateCredential(lctx, h.ID, ro.Credential.Name)
+		}
+		if err == nil {
+			_, err = e.c.RevokeCredential(lctx, h.ID, fmt.Sprintf("rw%d", round))
+		}
+		cancel()
+		if err != nil {
+			t.Fatalf("round %d: %s tenant %s: credentials: %v", round, h.Mode, h.ID, err)
+		}
+		conn := connect(t, ro.DSN)
+		mustExec(t, conn, `SELECT count(*) FROM `+cluster.Ident(h.Schema)+`.organizations`)
+		refused(t, conn, "25006", `INSERT INTO `+cluster.Ident(h.Schema)+`.organizations (name, slug) VALUES ('ro', 'ro')`)
+		mustExec(t, conn, `BEGIN READ WRITE; ALTER ROLE `+cluster.Ident(ro.User)+` SET statement_timeout = 0; COMMIT`)
+		sctx, cancel := bounded()
+		_, err = conn.Exec(sctx, `SET statement_timeout = 0; SELECT pg_sleep(60)`)
+		stuck := sctx.Err() != nil
+		cancel()
+		if err == nil || stuck {
+			t.Errorf("round %d: %s tenant %s: a read-only login's 60 s statement over the tenant's 5 s cap was not stopped: %v", round, h.Mode, h.ID, err)
+		}
+	}
+	check("credentials")
+
 	// A rollout: transactional files that set off the tenants' triggers,
 	// then a NO TRANSACTION file.
 	v := e.pushVersion(t,

@@ -13,6 +13,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -613,6 +614,12 @@ func storageOID(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, name
 func (f *forker) swap(ctx context.Context, r *jobs.Run, e *fenv) error {
 	srcName, intoName := tenant.PhysicalName(e.src.ID), tenant.PhysicalName(e.into.ID)
 	front := f.s.Poolers.Get(e.src.FrontCluster())
+	// The source's extra logins follow its storage: out during the swap,
+	// their grants made on the copy, back in with the tenant.
+	logins, err := f.s.Store.Logins(ctx, nil, e.src.ID)
+	if err != nil {
+		return err
+	}
 	if e.st.Restored == 0 {
 		oid, err := storageOID(ctx, e.cl, e.into, intoName)
 		if err != nil {
@@ -644,7 +651,7 @@ func (f *forker) swap(ctx context.Context, r *jobs.Run, e *fenv) error {
 				return resume(err)
 			}
 		}
-		if err := lockOut(ctx, e.cl, srcName, tenant.AgentRole(e.src.ID), intoName, tenant.AgentRole(e.into.ID)); err != nil {
+		if err := lockOut(ctx, e.cl, append([]string{srcName, tenant.AgentRole(e.src.ID), intoName, tenant.AgentRole(e.into.ID)}, catalog.LoginRoles(logins)...)...); err != nil {
 			return resume(err)
 		}
 		e.st.ReplacedAt = &paused
@@ -657,6 +664,11 @@ func (f *forker) swap(ctx context.Context, r *jobs.Run, e *fenv) error {
 	}
 	if err := f.exchangeOwners(ctx, e, srcName, intoName); err != nil {
 		return err
+	}
+	for _, l := range logins {
+		if err := credentials.GrantLogin(ctx, e.cl, e.src, l); err != nil {
+			return err
+		}
 	}
 	if err := f.unlock(ctx, e); err != nil {
 		return err
@@ -759,19 +771,18 @@ func (f *forker) exchangeOwners(ctx context.Context, e *fenv, srcName, intoName 
 	return nil
 }
 
-// unlock lets the source's role and agent log in again (the new tenant's
-// stay out: it is suspended, or dropped).
+// unlock lets the source's role, agent and extra logins log in again (the
+// new tenant's stay out: it is suspended, or dropped).
 func (f *forker) unlock(ctx context.Context, e *fenv) error {
 	t, err := f.s.Store.GetTenant(ctx, nil, e.src.ID)
 	if err != nil || t.State != catalog.StateActive {
 		return err
 	}
-	admin, err := e.cl.Admin(ctx)
+	logins, err := f.s.Store.Logins(ctx, nil, e.src.ID)
 	if err != nil {
 		return err
 	}
-	_, err = admin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s LOGIN; ALTER ROLE %s LOGIN", cluster.Ident(tenant.PhysicalName(e.src.ID)), cluster.Ident(tenant.AgentRole(e.src.ID))))
-	return cluster.Classify(err)
+	return setLogin(ctx, e.cl, true, append([]string{tenant.PhysicalName(e.src.ID), tenant.AgentRole(e.src.ID)}, catalog.LoginRoles(logins)...)...)
 }
 
 func (f *forker) resume(ctx context.Context, front *pooler.Front, name string) error {

@@ -129,6 +129,11 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 	backuptest.Exec(t, ctx, victim.DSN, tenantSetup)
 	backuptest.Exec(t, ctx, neighbour.DSN, `CREATE TABLE events (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())`)
 	want := checksums(t, ctx, victim.DSN)
+	// A read-only login of the victim: it reads the rewound data after.
+	reports, err := c.CreateCredential(ctx, victim.Tenant.ID, api.CreateCredentialRequest{Name: "reports", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(1100 * time.Millisecond)
 	at := time.Now()
 	time.Sleep(1100 * time.Millisecond)
@@ -201,8 +206,10 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 	}
 	nconn.Close(ctx)
 
-	// In place: the same DSN and password reach the data as it was.
+	// In place: the same DSN and password reach the data as it was, and
+	// so does the tenant's read-only login.
 	sameSums(t, "after the rewind", checksums(t, ctx, victim.DSN), want)
+	sameSums(t, "the read-only login after the rewind", checksums(t, ctx, reports.DSN), want)
 	conn, err := pgx.Connect(ctx, victim.DSN)
 	if err != nil {
 		t.Fatalf("the tenant's own DSN after the rewind: %v", err)

@@ -35,11 +35,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/credentials"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pooler"
@@ -264,6 +266,28 @@ type env struct {
 	src, dst *cluster.Cluster
 	role     string
 	switched bool // the catalog has the tenant on the target
+	// logins are the tenant's extra logins: their roles follow its own
+	// (made NOLOGIN on the target, locked out on the source, let in at
+	// the switch).
+	logins []catalog.Login
+}
+
+// setLogin runs ALTER ROLE … LOGIN (or NOLOGIN) for roles on cl's primary.
+func setLogin(ctx context.Context, cl *cluster.Cluster, login bool, roles ...string) error {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return err
+	}
+	verb := "NOLOGIN"
+	if login {
+		verb = "LOGIN"
+	}
+	var sql strings.Builder
+	for _, r := range roles {
+		fmt.Fprintf(&sql, "ALTER ROLE %s %s;\n", cluster.Ident(r), verb)
+	}
+	_, err = admin.Exec(ctx, sql.String())
+	return cluster.Classify(err)
 }
 
 func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
@@ -273,6 +297,9 @@ func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
 		return nil, err
 	}
 	if err := r.LoadData(&e.st); err != nil {
+		return nil, err
+	}
+	if e.logins, err = m.s.Store.Logins(ctx, nil, m.a.Tenant); err != nil {
 		return nil, err
 	}
 	if e.st.From == "" {
@@ -630,7 +657,37 @@ func (m *mover) roles(ctx context.Context, r *jobs.Run, e *env) error {
 	if _, err := dadmin.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("make role %s on %s: %w", e.role, e.dst.Name(), cluster.Classify(err))
 	}
+	if err := m.loginRoles(ctx, e, sadmin, dadmin); err != nil {
+		return err
+	}
 	return m.s.Agents.EnsureRole(ctx, dadmin, e.t.ID)
+}
+
+// loginRoles makes the roles of the tenant's extra logins on the target,
+// NOLOGIN until the switch, with their passwords (verifiers) on the
+// source and the tier the tenant has there (or takes with the move).
+func (m *mover) loginRoles(ctx context.Context, e *env, sadmin, dadmin *pgxpool.Pool) error {
+	tier := e.t.Tier
+	if m.a.Tier != "" {
+		tier = m.a.Tier
+	}
+	for _, l := range e.logins {
+		role := tenant.LoginRole(e.t.ID, l.Name)
+		var verifier string
+		if err := sadmin.QueryRow(ctx, `SELECT coalesce(rolpassword, '') FROM pg_catalog.pg_authid WHERE rolname = $1`, role).Scan(&verifier); err != nil {
+			return fmt.Errorf("read role %s on %s: %w", role, e.src.Name(), cluster.Classify(err))
+		}
+		if !pooler.ValidVerifier(verifier) {
+			verifier = "" // none (or not SCRAM): the target's login gets none either; rotate it
+		}
+		if err := cluster.CreateRole(ctx, dadmin, role); err != nil {
+			return err
+		}
+		if err := cluster.ExecLockBounded(ctx, dadmin, 10*time.Second, credentials.LoginRoleSQL(e.t, l, verifier, m.s.Provision.Tiers[tier], false)); err != nil {
+			return fmt.Errorf("make role %s on %s: %w", role, e.dst.Name(), err)
+		}
+	}
+	return nil
 }
 
 var copiedSettings = map[string]bool{
@@ -937,6 +994,13 @@ func (m *mover) subscribe(ctx context.Context, r *jobs.Run, e *env) error {
 	if e.switched {
 		return nil
 	}
+	// The read-only logins' grants on the schema restored (pg_dump ran
+	// without privileges): again on each run, they are idempotent.
+	for _, l := range e.logins {
+		if err := credentials.GrantLogin(ctx, e.dst, e.t, l); err != nil {
+			return err
+		}
+	}
 	name := Name(e.t.ID)
 	sentinel := cluster.Ident(SentinelSchema) + "." + cluster.Ident(e.role)
 	sentinelSQL := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s; REVOKE ALL ON SCHEMA %[1]s FROM PUBLIC;
@@ -1153,7 +1217,7 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	// 2. Nobody writes on the source any more: NOLOGIN, sessions ended
 	//    (a direct client's transaction in flight is aborted).
-	if err := lockOut(ctx, e.src, e.role, agent); err != nil {
+	if err := lockOut(ctx, e.src, append([]string{e.role, agent}, catalog.LoginRoles(e.logins)...)...); err != nil {
 		return undo(err)
 	}
 	phase("lock_out")
@@ -1287,7 +1351,7 @@ func (s *Service) pause(ctx context.Context, front *pooler.Front, cl *cluster.Cl
 // role NOLOGIN, the tenant's ALWAYS/REPLICA triggers disabled, the
 // subscription enabled.
 func (m *mover) resetTarget(ctx context.Context, e *env, dconn *pgx.Conn) error {
-	if err := lockOut(ctx, e.dst, e.role); err != nil {
+	if err := lockOut(ctx, e.dst, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...); err != nil {
 		return err
 	}
 	var sql strings.Builder
@@ -1399,12 +1463,7 @@ func (m *mover) prepareTarget(ctx context.Context, e *env, sconn, dconn *pgx.Con
 	if _, err := dconn.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("prepare tenant %s on %s: %w", e.t.ID, e.dst.Name(), cluster.Classify(err))
 	}
-	dadmin, err := e.dst.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = dadmin.Exec(ctx, "ALTER ROLE "+cluster.Ident(e.role)+" LOGIN")
-	return cluster.Classify(err)
+	return setLogin(ctx, e.dst, true, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...)
 }
 
 // unlock lets the tenant log in on the source again (a cut-over that did
@@ -1414,22 +1473,12 @@ func (m *mover) unlock(ctx context.Context, e *env) error {
 	if err != nil || t.Cluster != e.st.From || t.State != catalog.StateActive {
 		return err
 	}
-	admin, err := e.src.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = admin.Exec(ctx, fmt.Sprintf("ALTER ROLE %s LOGIN; ALTER ROLE %s LOGIN", cluster.Ident(e.role), cluster.Ident(tenant.AgentRole(e.t.ID))))
-	return cluster.Classify(err)
+	return setLogin(ctx, e.src, true, append([]string{e.role, tenant.AgentRole(e.t.ID)}, catalog.LoginRoles(e.logins)...)...)
 }
 
 // relock keeps the target's role out when the switch did not happen.
 func (m *mover) relock(ctx context.Context, e *env) error {
-	dadmin, err := e.dst.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = dadmin.Exec(ctx, "ALTER ROLE "+cluster.Ident(e.role)+" NOLOGIN")
-	return cluster.Classify(err)
+	return setLogin(ctx, e.dst, false, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...)
 }
 
 // resume brings the pooler's entry in line with the catalog (pointed at

@@ -40,15 +40,23 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, role := r.Tenant.ID, tenant.PhysicalName(r.Tenant.ID)
-	roleOn := func(clusterName string) (limit int, settings []string) {
+	login, err := c.CreateCredential(ctx, id, api.CreateCredentialRequest{Name: "reports", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	roleOn := func(clusterName string, roles ...string) (limit int, settings []string) {
 		t.Helper()
+		name := role
+		if len(roles) > 0 {
+			name = roles[0]
+		}
 		i := slices.IndexFunc(pgs, func(p *pgtest.Cluster) bool { return p.Name() == clusterName })
 		pool, err := pgs[i].Admin(t).Admin(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if err := pool.QueryRow(ctx, `SELECT r.rolconnlimit, coalesce((SELECT s.setconfig FROM pg_db_role_setting s
-			WHERE s.setrole = r.oid AND s.setdatabase = 0), '{}') FROM pg_roles r WHERE r.rolname = $1`, role).Scan(&limit, &settings); err != nil {
+			WHERE s.setrole = r.oid AND s.setdatabase = 0), '{}') FROM pg_roles r WHERE r.rolname = $1`, name).Scan(&limit, &settings); err != nil {
 			t.Fatal(err)
 		}
 		slices.Sort(settings)
@@ -83,6 +91,9 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	}
 	if limit, settings := roleOn("local"); limit != 9 || !slices.Equal(settings, []string{"statement_timeout=60000ms", "work_mem=8192kB"}) {
 		t.Errorf("role after the change: limit %d settings %v, want 9 and the big tier's", limit, settings)
+	}
+	if limit, settings := roleOn("local", login.User); limit != 9 || !slices.Contains(settings, "work_mem=8192kB") {
+		t.Errorf("the tenant's read-only login after the change: limit %d settings %v, want the big tier's", limit, settings)
 	}
 	front := d.Poolers().Get("local")
 	if db := front.Snapshot().Databases[role]; db.PoolMode != "session" || db.PoolSize != 4 || db.MaxConnections != 6 {
@@ -153,6 +164,9 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	}
 	if limit, settings := roleOn("local2"); limit != 7 || len(settings) != 0 {
 		t.Errorf("role on local2: limit %d settings %v, want the eu tier's (7, none)", limit, settings)
+	}
+	if limit, settings := roleOn("local2", login.User); limit != 7 || !slices.Equal(settings, []string{"default_transaction_read_only=on"}) {
+		t.Errorf("the read-only login on local2: limit %d settings %v, want the eu tier's and read-only", limit, settings)
 	}
 	if evs := tierEvents(); len(evs) != 3 || evs[2]["moved_to"] != "local2" {
 		t.Errorf("tier events %v, want the last one recorded at the move's switch", evs)

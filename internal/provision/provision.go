@@ -501,17 +501,5 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 // TierSQL applies a tier's limits to a tenant's role (a move that
 // carries a tier change runs it on the target).
 func (s *Service) TierSQL(id, tierName string) string {
-	tier := s.Tiers[tierName]
-	role := cluster.Ident(tenant.PhysicalName(id))
-	var b strings.Builder
-	fmt.Fprintf(&b, "ALTER ROLE %s CONNECTION LIMIT %d;\n", role, tier.ConnectionLimit)
-	set := tenant.RoleSettings(tier)
-	for _, k := range []string{"statement_timeout", "idle_in_transaction_session_timeout", "work_mem", "temp_file_limit"} {
-		if v, ok := set[k]; ok {
-			fmt.Fprintf(&b, "ALTER ROLE %s SET %s = %s;\n", role, k, cluster.Literal(v))
-		} else {
-			fmt.Fprintf(&b, "ALTER ROLE %s RESET %s;\n", role, k)
-		}
-	}
-	return b.String()
+	return tenant.TierSQL(tenant.PhysicalName(id), s.Tiers[tierName])
 }

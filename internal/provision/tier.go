@@ -180,7 +180,7 @@ func (s *Service) tierPlacement(ctx context.Context, t catalog.Tenant, tierName 
 	return why, to, nil
 }
 
-// alterTier sets the tier's limits on the tenant's role, each attempt
+// alterTier sets the tier's limits on the tenant's roles, each attempt
 // bounded: a session of the tenant holding its role's row (an uncommitted
 // ALTER ROLE of its own, to keep its limits) is ended before the next
 // attempt, so that a downgrade cannot be held off by the tenant.
@@ -189,9 +189,18 @@ func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, id, tierNa
 	if err != nil {
 		return 0, err
 	}
+	// Its extra logins are held to its tier too.
+	logins, err := s.Store.Logins(ctx, nil, id)
+	if err != nil {
+		return 0, err
+	}
+	roles, sql := []string{tenant.PhysicalName(id)}, s.TierSQL(id, tierName)
+	for _, role := range catalog.LoginRoles(logins) {
+		roles, sql = append(roles, role), sql+tenant.TierSQL(role, s.Tiers[tierName])
+	}
 	ended := 0
 	for attempt := 1; ; attempt++ {
-		err := cluster.ExecLockBounded(ctx, admin, tierLockTimeout, s.TierSQL(id, tierName))
+		err := cluster.ExecLockBounded(ctx, admin, tierLockTimeout, sql)
 		if !errors.Is(err, cluster.ErrLockNotAvailable) {
 			if err != nil {
 				return ended, fmt.Errorf("set tier %s on the role of tenant %s: %w", tierName, id, err)
@@ -202,7 +211,7 @@ func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, id, tierNa
 			return ended, fmt.Errorf("%w: the tenant's sessions took its role's row (an ALTER ROLE of their own) before each of %d attempts; set the tier again",
 				catalog.ErrConflict, tierAttempts)
 		}
-		n, err := purge.EndSessions(ctx, cl, tenant.PhysicalName(id))
+		n, err := purge.EndSessions(ctx, cl, roles...)
 		if err != nil {
 			return ended, err
 		}

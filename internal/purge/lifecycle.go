@@ -31,7 +31,11 @@ func (s *Service) Drop(ctx context.Context, id string, purgeNow bool) (Result, e
 		clusterName = t.FrontCluster()
 		switch t.State {
 		case catalog.StateActive, catalog.StateSuspended:
-			if err := LockOut(ctx, cl, tenant.PhysicalName(t.ID)); err != nil {
+			roles, err := s.loginRoles(ctx, tx, t)
+			if err != nil {
+				return err
+			}
+			if err := LockOut(ctx, cl, roles...); err != nil {
 				return err
 			}
 			if err := s.Store.DropTenant(ctx, tx, t.ID, s.Config.Retention.D()); err != nil {
@@ -116,12 +120,15 @@ func (s *Service) transition(ctx context.Context, id string, from, to catalog.Te
 		if from == catalog.StateDropped && t.PurgeAfter != nil && time.Now().After(*t.PurgeAfter) {
 			return fmt.Errorf("%w: tenant %s's retention ended at %s; it is being purged", catalog.ErrConflict, t.ID, t.PurgeAfter.Format(time.RFC3339))
 		}
-		role := tenant.PhysicalName(t.ID)
+		roles, err := s.loginRoles(ctx, tx, t)
+		if err != nil {
+			return err
+		}
 		if target != catalog.StateActive {
-			if err := LockOut(ctx, cl, role); err != nil {
+			if err := LockOut(ctx, cl, roles...); err != nil {
 				return err
 			}
-		} else if err := allowLogin(ctx, cl, role); err != nil {
+		} else if err := allowLogin(ctx, cl, roles...); err != nil {
 			return err
 		}
 		if to == "" {
@@ -179,14 +186,25 @@ func (s *Service) change(ctx context.Context, id string, f func(context.Context,
 	})
 }
 
-// allowLogin lets a role log in again.
-func allowLogin(ctx context.Context, cl *cluster.Cluster, role string) error {
+// loginRoles are the roles a tenant logs in with: its own and those of its
+// extra logins (the catalog's, in tx).
+func (s *Service) loginRoles(ctx context.Context, tx pgx.Tx, t catalog.Tenant) ([]string, error) {
+	logins, err := s.Store.Logins(ctx, tx, t.ID)
+	return append([]string{tenant.PhysicalName(t.ID)}, catalog.LoginRoles(logins)...), err
+}
+
+// allowLogin lets roles log in again.
+func allowLogin(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
 	}
-	_, err = admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" LOGIN")
-	return cluster.Classify(err)
+	for _, role := range roles {
+		if _, err := admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" LOGIN"); err != nil {
+			return cluster.Classify(err)
+		}
+	}
+	return nil
 }
 
 func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, reason string) (jobs.Job, error) {

@@ -11,9 +11,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgtenant/pgtenant/internal/catalog"
@@ -166,8 +168,28 @@ func (p *purger) lockOut(ctx context.Context, r *jobs.Run) error {
 				return err
 			}
 		}
-		return lockOut(ctx, cl, r.Note, tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID))
+		logins, err := LoginRoles(ctx, cl, t.ID)
+		if err != nil {
+			return err
+		}
+		return lockOut(ctx, cl, r.Note, append([]string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID)}, logins...)...)
 	})
+}
+
+// LoginRoles lists the roles of a tenant's extra logins on a cluster
+// (tenant.LoginRole), as the cluster has them: a purge finds them there
+// whatever the catalog still says.
+func LoginRoles(ctx context.Context, cl *cluster.Cluster, id string) ([]string, error) {
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := admin.Query(ctx, `SELECT rolname FROM pg_catalog.pg_roles WHERE rolname LIKE $1 ORDER BY 1`, tenant.PhysicalName(id)+`\_%`)
+	if err != nil {
+		return nil, cluster.Classify(err)
+	}
+	roles, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return slices.DeleteFunc(roles, func(r string) bool { lid, _, ok := tenant.IDFromLogin(r); return !ok || lid != id }), cluster.Classify(err)
 }
 
 // ReplayWait bounds how long OnStandbys waits for a standby to replay the
@@ -359,7 +381,11 @@ func (p *purger) storage(ctx context.Context, r *jobs.Run) error {
 // the dependent objects named if another tenant's objects depend on them.
 func (p *purger) role(ctx context.Context, r *jobs.Run) error {
 	return p.run(ctx, func(ctx context.Context, t catalog.Tenant, cl *cluster.Cluster) error {
-		roles := []string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID), tenant.LockRole(t.ID)}
+		logins, err := LoginRoles(ctx, cl, t.ID)
+		if err != nil {
+			return err
+		}
+		roles := append([]string{tenant.PhysicalName(t.ID), tenant.AgentRole(t.ID), tenant.LockRole(t.ID)}, logins...)
 		admin, err := cl.Admin(ctx)
 		if err != nil {
 			return err

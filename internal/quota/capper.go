@@ -348,7 +348,7 @@ func (c *Capper) CheckNode(ctx context.Context, cl *cluster.Cluster, node string
 			rows.Close()
 			return 0, err
 		}
-		id, ok := tenant.IDFromPhysical(role)
+		id, ok := tenant.IDFromRole(role) // its own login or one of its extra ones
 		if !ok {
 			continue
 		}
@@ -531,18 +531,19 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 	if err != nil {
 		return 0, fmt.Errorf("read role settings of %s: %w", cl.Name(), err)
 	}
-	ids := make([]string, 0, len(roles))
-	for id := range roles {
-		if _, ok := tiers[id]; ok {
-			ids = append(ids, id)
+	names := make([]string, 0, len(roles))
+	for role := range roles {
+		if id, _ := tenant.IDFromRole(role); tiers[id] != "" {
+			names = append(names, role)
 		}
 	}
-	sort.Strings(ids)
+	sort.Strings(names)
 	restored, failed := 0, 0
 	var first error
-	for _, id := range ids {
+	for _, role := range names {
+		id, _ := tenant.IDFromRole(role)
 		tierName := tiers[id]
-		sql, changes := restoreSQL(tenant.PhysicalName(id), roles[id], tenant.RoleSettings(c.Tiers[tierName]))
+		sql, changes := restoreSQL(role, roles[role], tenant.RoleSettings(c.Tiers[tierName]))
 		if len(changes) == 0 {
 			continue
 		}
@@ -551,14 +552,14 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 		} else if err != nil {
 			failed++
 			if first == nil {
-				first = fmt.Errorf("restore role settings of tenant %s: %w", id, err)
+				first = fmt.Errorf("restore role settings of tenant %s (role %s): %w", id, role, err)
 			}
 			continue
 		}
 		restored++
 		c.count(cl.Name(), "setting_restore")
 		if err := c.Store.AddEvent(ctx, c.Store.Pool(), id, EventSettingRestored,
-			map[string]any{"tier": tierName, "settings": changes}); err != nil {
+			map[string]any{"tier": tierName, "role": role, "settings": changes}); err != nil {
 			c.log().Warn("record capper event", "tenant", id, "event", EventSettingRestored, "err", err)
 		}
 		c.log().Info("tier settings put back", "tenant", id, "cluster", cl.Name(), "settings", len(changes))
@@ -569,8 +570,9 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 	return restored, nil
 }
 
-// readRoleSettings reads the tier parameters every tenant role has set, by
-// tenant id (every tenant role is there, settings or not).
+// readRoleSettings reads the tier parameters every role a tenant logs in
+// with has set (its own, its extra logins': tenant.IDFromRole), by role
+// (every such role is there, settings or not).
 func readRoleSettings(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }) (map[string]roleSettings, error) {
@@ -587,14 +589,13 @@ func readRoleSettings(ctx context.Context, q interface {
 		if err := rows.Scan(&role, &db, &inDB, &setconfig); err != nil {
 			return nil, err
 		}
-		id, ok := tenant.IDFromPhysical(role) // not the agents (pgt_agent_<id>)
-		if !ok {
+		if _, ok := tenant.IDFromRole(role); !ok { // not the agents (pgt_agent_<id>)
 			continue
 		}
-		rs, ok := out[id]
+		rs, ok := out[role]
 		if !ok {
 			rs = roleSettings{own: map[string]string{}, inDB: map[string]map[string]string{}}
-			out[id] = rs
+			out[role] = rs
 		}
 		set := rs.own
 		if inDB {

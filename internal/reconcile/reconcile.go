@@ -657,6 +657,9 @@ func (s *scan) roles() []finding {
 		if !ok {
 			id, ok = tenant.IDFromLockRole(role) // owns the tenant's objects while its quota is enforced
 		}
+		if !ok {
+			id, _, ok = tenant.IDFromLogin(role) // one of its extra logins
+		}
 		if !ok || s.jobs[id].active {
 			continue
 		}
@@ -672,7 +675,7 @@ func (s *scan) roles() []finding {
 			continue
 		}
 		if role != tenant.PhysicalName(id) {
-			continue // an agent (it logs in whatever its tenant's state) or a lock role (the quota's)
+			continue // an agent (it logs in whatever its tenant's state), a lock role (the quota's) or an extra login
 		}
 		canLogin := s.obs.roles[role]
 		if canLogin && (t.State == catalog.StateSpare || t.State == catalog.StateBuilding) {

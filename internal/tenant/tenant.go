@@ -20,6 +20,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 )
 
@@ -90,6 +91,39 @@ const MarkerSchema = "pgtenant"
 func IDFromPhysical(name string) (string, bool) {
 	id, ok := strings.CutPrefix(name, Prefix)
 	return id, ok && ValidID(id)
+}
+
+// LoginRole is the role of one of a tenant's extra logins (`pgtenant
+// tenant credential create`): t_<id>_<name>. It is no tenant's physical
+// name (an id is 12 characters), and the login's name has no underscore,
+// so that IDFromLogin reads it back unambiguously.
+func LoginRole(id, name string) string { return Prefix + id + "_" + name }
+
+var loginNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,19}$`)
+
+// ValidLoginName reports whether name may name an extra login: a lowercase
+// letter, then up to 19 lowercase letters and digits.
+func ValidLoginName(name string) bool { return loginNameRE.MatchString(name) }
+
+// IDFromLogin returns the tenant id and login name of a login role's name,
+// if it is one.
+func IDFromLogin(role string) (id, name string, ok bool) {
+	rest, ok := strings.CutPrefix(role, Prefix)
+	if !ok || len(rest) < 14 || rest[12] != '_' {
+		return "", "", false
+	}
+	id, name = rest[:12], rest[13:]
+	return id, name, ValidID(id) && ValidLoginName(name)
+}
+
+// IDFromRole returns the tenant whose sessions a login role opens: the
+// tenant's own role or one of its extra logins.
+func IDFromRole(role string) (string, bool) {
+	if id, ok := IDFromPhysical(role); ok {
+		return id, true
+	}
+	id, _, ok := IDFromLogin(role)
+	return id, ok
 }
 
 // Errors of customer-chosen input.
@@ -180,6 +214,24 @@ func RoleSettings(t config.Tier) map[string]string {
 		out["temp_file_limit"] = kb(t.TempFileLimit)
 	}
 	return out
+}
+
+// TierSQL applies a tier's limits to a role of a tenant (its own, or one of
+// its extra logins): the connection limit and RoleSettings, each parameter
+// the tier does not set reset.
+func TierSQL(role string, t config.Tier) string {
+	id := cluster.Ident(role)
+	var b strings.Builder
+	fmt.Fprintf(&b, "ALTER ROLE %s CONNECTION LIMIT %d;\n", id, t.ConnectionLimit)
+	set := RoleSettings(t)
+	for _, k := range TierParameters {
+		if v, ok := set[k]; ok {
+			fmt.Fprintf(&b, "ALTER ROLE %s SET %s = %s;\n", id, k, cluster.Literal(v))
+		} else {
+			fmt.Fprintf(&b, "ALTER ROLE %s RESET %s;\n", id, k)
+		}
+	}
+	return b.String()
 }
 
 // TierParameters are the parameters a tier sets as role defaults
