@@ -337,7 +337,7 @@ func TestCLI_WrongUsageExitsNonZero(t *testing.T) {
 		{down, []string{"tenant", "list", "--state", "bogus"}, 2, "one of provisioning, active, suspended, dropped, purging, purged, failed"},
 		{down, []string{"job", "list", "--state", "bogus"}, 2, "one of queued, running, waiting, paused, succeeded, failed, cancelled, active"},
 		{down, []string{"tenant", "show"}, 2, "accepts 1 arg(s), received 0"},
-		{down, []string{"tenant", "lsit"}, 2, `unknown command "lsit" for "pgtenant tenant": did you mean list?`},
+		{down, []string{"tenant", "lsit"}, 2, `unknown command "lsit" for "pgtenant tenant": did you mean list or set?`},
 		{down, []string{"tenant", "list", "--bogus"}, 2, "unknown flag: --bogus"},
 		{down, []string{"tenant", "drop", "t1", "--purge-now"}, 2, "add --yes"},
 		{down, []string{"template", "delete", "saas"}, 2, "add --yes"},

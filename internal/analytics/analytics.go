@@ -19,6 +19,7 @@ package analytics
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -39,6 +40,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -69,6 +71,11 @@ type Service struct {
 	Logger   *slog.Logger
 	// Dir holds the DuckDB files (Config.Dir resolved).
 	Dir string
+	// TLS, when set, is the analytics port's certificate: a client's
+	// SSLRequest gets TLS (wire.go); nil: clear text only. With it,
+	// sessions forwarded to another daemon go over TLS too when that
+	// daemon offers it (forward.go).
+	TLS *tls.Config
 	// Pacer, when set, paces the copies (the initial one, table by table,
 	// and a table's copy after a change of its definition) like the jobs'
 	// steps: each waits while its cluster is over budget.
@@ -317,19 +324,21 @@ func (s *Service) Status(ctx context.Context, t catalog.Tenant) (Status, error) 
 		// serves no one and is no longer streaming for anyone.
 		st.State, st.Error = StateDisabling, "the tenant is "+string(t.State)+": its mirror is being disabled"
 	}
-	st.DSN = dsn(st.DSN, t)
+	st.DSN = s.dsn(st.DSN, t)
 	return st, nil
 }
 
 // DSN is the analytics DSN of t on this daemon's port ("" without one).
-func (s *Service) DSN(t catalog.Tenant) string { return dsn(s.addr, t) }
+func (s *Service) DSN(t catalog.Tenant) string { return s.dsn(s.addr, t) }
 
-func dsn(addr string, t catalog.Tenant) string {
+// dsn is t's analytics DSN on addr. The daemons of a fleet share their
+// configuration: addr (the owner's port) serves TLS as this one does.
+func (s *Service) dsn(addr string, t catalog.Tenant) string {
 	if addr == "" {
 		return ""
 	}
 	role := tenant.PhysicalName(t.ID)
-	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", role, addr, role)
+	return fmt.Sprintf("postgres://%s@%s/%s?%s", role, addr, role, pooler.SSLQuery(s.TLS != nil, s.Config.TLSCAFile))
 }
 
 // Purge is the purge job's hook: the mirror goes before the tenant's

@@ -5,12 +5,15 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -187,6 +190,11 @@ func (s *Service) dialOwner(ctx context.Context, id, addr string, startup *pgpro
 		}
 	}()
 	_ = oc.SetDeadline(time.Now().Add(forwardHandshake))
+	sc, err := s.secureToOwner(oc, addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	oc = sc
 	params := map[string]string{"user": startup.Parameters["user"], forwardParam: forwardToken(key, id, addr, time.Now().Add(forwardTTL))}
 	if db := startup.Parameters["database"]; db != "" {
 		params["database"] = db
@@ -240,6 +248,59 @@ func (s *Service) dialOwner(ctx context.Context, id, addr string, startup *pgpro
 			return oc, greeting, nil
 		}
 	}
+}
+
+// secureToOwner asks the owner for TLS (an SSLRequest) when this daemon
+// serves TLS itself (the daemons of a fleet share their configuration; one
+// without a certificate forwards in clear text, as before TLS) and returns
+// the connection to go on with: TLS when the owner offers it, verified against
+// analytics.tls_ca_file when set (the owner's advertised host must be in
+// its certificate), else encrypted without verification (as sslmode=require);
+// clear text when it does not, unless this daemon's analytics.require_tls
+// forbids it. The tenant's bytes go through this connection.
+func (s *Service) secureToOwner(oc net.Conn, addr string) (net.Conn, error) {
+	if s.TLS == nil {
+		return oc, nil
+	}
+	req, err := (&pgproto3.SSLRequest{}).Encode(nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := oc.Write(req); err != nil {
+		return nil, err
+	}
+	var answer [1]byte
+	if _, err := io.ReadFull(oc, answer[:]); err != nil {
+		return nil, err
+	}
+	switch answer[0] {
+	case 'N':
+		if s.Config.RequireTLS {
+			return nil, fmt.Errorf("the owner's analytics port (%s) serves no TLS, and analytics.require_tls forbids forwarding a session in clear text: give every daemon of the fleet a certificate", addr)
+		}
+		return oc, nil
+	case 'S':
+	default:
+		return nil, fmt.Errorf("the owner answered %q to an SSLRequest", answer[0])
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if s.Config.TLSCAFile != "" {
+		b, err := os.ReadFile(s.Config.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("analytics.tls_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(b)
+		host, _, _ := net.SplitHostPort(addr)
+		cfg.RootCAs, cfg.ServerName = pool, host
+	} else {
+		cfg.InsecureSkipVerify = true // encrypted, not verified: no CA to verify with
+	}
+	tc := tls.Client(oc, cfg)
+	if err := tc.Handshake(); err != nil {
+		return nil, fmt.Errorf("TLS with the owner's analytics port %s: %w", addr, err)
+	}
+	return tc, nil
 }
 
 // pipe copies bytes both ways between the client and the owner until

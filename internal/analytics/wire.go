@@ -3,6 +3,7 @@ package analytics
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -79,18 +80,25 @@ func sendError(be *pgproto3.Backend, severity string, err error) {
 // session is one client of the analytics port: the tenant's own login
 // (SCRAM-SHA-256 against its role's verifier), then its queries, on its
 // own mirror only, read-only.
-func (s *Service) session(ctx context.Context, c net.Conn) {
-	defer c.Close()
+func (s *Service) session(ctx context.Context, raw net.Conn) {
+	defer raw.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
 		<-ctx.Done()
-		c.Close()
+		raw.Close()
 	}()
-	be := pgproto3.NewBackend(c, c)
-	be.SetMaxBodyLen(maxMessage)
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second)) // the login
-	l, oc, err := s.login(ctx, be, c)
+	_ = raw.SetDeadline(time.Now().Add(30 * time.Second)) // the login
+	// c is the session's connection: raw, or TLS over it.
+	c, be, startup, err := s.startup(raw)
+	if err != nil {
+		if be != nil {
+			sendError(be, "FATAL", err)
+			_ = be.Flush()
+		}
+		return
+	}
+	l, oc, err := s.login(ctx, be, c, startup)
 	if err != nil {
 		sendError(be, "FATAL", err)
 		_ = be.Flush()
@@ -132,30 +140,71 @@ func (s *Service) session(ctx context.Context, c net.Conn) {
 
 var errLogin = &pgError{"28P01", "password authentication failed"}
 
-// login reads the startup message and authenticates the tenant: its
-// password, or another daemon's forwarding proof (forward.go). A session
+// errClearText refuses a clear-text startup when analytics.require_tls is on.
+var errClearText = &pgError{"28000", "the analytics port requires TLS: connect with sslmode=require (or sslmode=verify-full with sslrootcert naming the CA that signed the port's certificate)"}
+
+// startup reads the client's startup message. An SSLRequest is answered
+// 'S' when the port has a certificate (Service.TLS), and the session goes
+// on over TLS: the connection and backend returned are then the TLS ones;
+// otherwise 'N' (clear text). A GSSEncRequest is always answered 'N'.
+// With require_tls, a startup in clear text is refused. The backend
+// returned is nil when nothing can be sent back.
+func (s *Service) startup(c net.Conn) (net.Conn, *pgproto3.Backend, *pgproto3.StartupMessage, error) {
+	be := pgproto3.NewBackend(c, c)
+	be.SetMaxBodyLen(maxMessage)
+	secure := false
+	for {
+		msg, err := be.ReceiveStartupMessage()
+		if err != nil {
+			return c, nil, nil, err
+		}
+		switch msg := msg.(type) {
+		case *pgproto3.SSLRequest:
+			if secure {
+				return c, be, nil, &pgError{"08P01", "SSLRequest over TLS"}
+			}
+			if s.TLS == nil {
+				if _, err := c.Write([]byte("N")); err != nil {
+					return c, nil, nil, err
+				}
+				continue
+			}
+			if _, err := c.Write([]byte("S")); err != nil {
+				return c, nil, nil, err
+			}
+			// The client sends nothing more before its TLS handshake, so
+			// the clear-text backend holds no byte of the session: a new
+			// one reads from the TLS connection.
+			tc := tls.Server(c, s.TLS)
+			if err := tc.Handshake(); err != nil {
+				return c, nil, nil, err
+			}
+			c, secure = tc, true
+			be = pgproto3.NewBackend(c, c)
+			be.SetMaxBodyLen(maxMessage)
+		case *pgproto3.GSSEncRequest:
+			if _, err := c.Write([]byte("N")); err != nil { // no GSSAPI
+				return c, nil, nil, err
+			}
+		case *pgproto3.StartupMessage:
+			if !secure && s.Config.RequireTLS {
+				return c, be, nil, errClearText
+			}
+			return c, be, msg, nil
+		default:
+			return c, be, nil, &pgError{"08P01", "unsupported startup message"}
+		}
+	}
+}
+
+// login authenticates the tenant of the startup message (read by
+// startup): its password, or another daemon's forwarding proof
+// (forward.go). A session
 // to serve here is returned not yet greeted (the session counts it in the
 // tenant's limit first). When another daemon owns the mirror, it returns
 // the session opened there (greeted: the client has had AuthenticationOk …
 // ReadyForQuery from the owner).
-func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn) (login, net.Conn, error) {
-	var startup *pgproto3.StartupMessage
-	for startup == nil {
-		msg, err := be.ReceiveStartupMessage()
-		if err != nil {
-			return login{}, nil, err
-		}
-		switch msg := msg.(type) {
-		case *pgproto3.SSLRequest, *pgproto3.GSSEncRequest:
-			if _, err := c.Write([]byte("N")); err != nil { // no TLS on the analytics port
-				return login{}, nil, err
-			}
-		case *pgproto3.StartupMessage:
-			startup = msg
-		default:
-			return login{}, nil, &pgError{"08P01", "unsupported startup message"}
-		}
-	}
+func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn, startup *pgproto3.StartupMessage) (login, net.Conn, error) {
 	user, database := startup.Parameters["user"], startup.Parameters["database"]
 	id, ok := strings.CutPrefix(user, tenant.Prefix)
 	if token, forwarded := startup.Parameters[forwardParam]; forwarded {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
+	"github.com/pgtenant/pgtenant/internal/tlsca"
 )
 
 // PoolerOptions size bench pooler.
@@ -94,6 +96,13 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		return res, Table{}, err
 	}
 	pc.MaxClientConn = o.Tenants*o.Idle + 4*o.Busy + 100
+	// The front door serves TLS (a local CA's certificate, as `up` makes):
+	// pgbench runs through it in clear text and over TLS, in the same run.
+	ca, err := tlsca.Ensure(filepath.Join(e.Dir, "pooler", "tls"))
+	if err != nil {
+		return res, Table{}, err
+	}
+	pc.TLSCertFile, pc.TLSKeyFile, pc.TLSCAFile = ca.Cert, ca.Key, ca.CA
 	// Idle server connections go after a second: a thousand tenants that
 	// each ran a query hold few backends soon after.
 	pc.ServerIdleTimeout = config.Duration(time.Second)
@@ -148,7 +157,7 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		return res, Table{}, fmt.Errorf("pgbench -i: %w: %s", err, out)
 	}
 	for _, mode := range []struct{ name, flag string }{{"select-only", "-S"}, {"TPC-B-like", ""}} {
-		for _, path := range []struct{ name, dsn string }{{"direct", r.DirectDSN}, {"pooler", r.DSN}} {
+		for _, path := range []struct{ name, dsn string }{{"direct", r.DirectDSN}, {"pooler", clearText(r.DSN)}, {"pooler, TLS", r.DSN}} {
 			row, err := e.pgbench(ctx, pgbench, dir, mode.flag, path.dsn, o)
 			if err != nil {
 				return res, Table{}, err
@@ -175,7 +184,8 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 						firstErr = err
 					}
 					if err == nil {
-						dsns = append(dsns, r.DSN)
+						// Density and the leak check as before TLS: clear text.
+						dsns = append(dsns, clearText(r.DSN))
 					}
 					mu.Unlock()
 				}
@@ -345,6 +355,19 @@ func atomicAdd(p *int64, n int64) {
 	atomicMu.Unlock()
 }
 
+// clearText is a DSN with sslmode=disable (and no sslrootcert).
+func clearText(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return dsn
+	}
+	q := u.Query()
+	q.Del("sslrootcert")
+	q.Set("sslmode", "disable")
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
 func dsnPath(dsn string) string {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
@@ -471,9 +494,17 @@ func poolerTable(r PoolerResult, o PoolerOptions) Table {
 			r.LeakTxns, r.LeakForeign, r.LeakWrongRole), Met: r.LeakTxns > 0 && r.LeakForeign == 0 && r.LeakWrongRole == 0})
 	t.Notes = []string{
 		"pgbench runs with -M simple on both paths (PgBouncer 1.18 cannot carry protocol-level prepared statements in transaction mode), -c busy -j 2, on one database tenant of tier bench (transaction mode, pool_size = busy clients); p50/p95 from pgbench's per-transaction log.",
+		"pooler, TLS: the same tenant through the same PgBouncer, with the DSN pgtenant hands out (sslmode=verify-full, a local CA's ECDSA P-256 certificate, client_tls_sslmode prefer); pgbench connects once per client, so the row measures encryption, not handshakes. The other pooler rows and the density and leak phases use sslmode=disable.",
 		"the pooler, PostgreSQL (primary and standby), pgbench and pgtenant share the machine's cores.",
 		"density: schema tenants of a one-table template, tier dense (transaction mode, pool_size 1); idle clients connect 8 at a time, about 40 tenants a second, each runs SELECT 1 and stays connected; server_idle_timeout 1 s; busy clients INSERT in a loop, one per tenant.",
 		"peak client backends: pg_stat_activity sampled every 20 ms through the whole density and leak phases, the daemon's own sessions included.",
+	}
+	// TLS has no target yet: its cost is reported, not judged.
+	for _, m := range []string{"select-only", "TPC-B-like"} {
+		if pr, tr := byName[m+", pooler"], byName[m+", pooler, TLS"]; pr.TPS > 0 && tr.TPS > 0 {
+			t.Notes = append(t.Notes, fmt.Sprintf("%s through the pooler over TLS: %.0f%% of its clear-text throughput (%.0f vs %.0f tps), p95 %s vs %s.",
+				m, 100*tr.TPS/pr.TPS, tr.TPS, pr.TPS, ms(tr.P95), ms(pr.P95)))
+		}
 	}
 	return t
 }

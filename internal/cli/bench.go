@@ -141,10 +141,11 @@ func newBenchPoolerCmd(g *globals, env *bench.Env) *cobra.Command {
 	opts := bench.PoolerOptions{Tenants: 1000, Idle: 3, Busy: 20, Duration: 15 * time.Second, Burst: 200}
 	c := &cobra.Command{
 		Use:   "pooler",
-		Short: "pgbench through the pooler vs direct, a burst of creates and its reloads, density (1,000 tenants × 3 idle clients + 20 busy on max_connections 100) and the leak check",
+		Short: "pgbench through the pooler (clear text and TLS) vs direct, a burst of creates and its reloads, density (1,000 tenants × 3 idle clients + 20 busy on max_connections 100) and the leak check",
 		Long: `On one primary (max_connections 100) with a streaming standby and a PgBouncer run by
 pgtenant in front of it: (a) pgbench select-only and TPC-B-like on one database tenant,
---busy clients for --duration, direct and through the pooler (throughput, p50, p95);
+--busy clients for --duration, direct, through the pooler and through the pooler over
+TLS (sslmode=verify-full, a local CA's certificate) (throughput, p50, p95);
 (b) --burst creates, 20 at a time, and the pooler RELOADs they cost; (c) density:
 --tenants schema tenants, --idle idle clients each connected through the pooler and
 served one query, then --busy busy clients, with the server's client backends sampled

@@ -22,6 +22,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/tlsca"
 )
 
 // upInfo is what `up` prints once the fleet and the daemon run.
@@ -39,6 +40,10 @@ type upInfo struct {
 
 	// Analytics is the port tenants query their analytics mirrors on.
 	Analytics string `json:"analytics,omitempty"`
+
+	// CAFile is the local CA that signed the certificate of the poolers
+	// and the analytics port: clients' sslrootcert.
+	CAFile string `json:"ca_file,omitempty"`
 
 	// CredentialsKeyFile seals the passwords kept for retried creates.
 	CredentialsKeyFile string `json:"credentials_key_file,omitempty"`
@@ -96,6 +101,11 @@ backoff from 1 s doubling to 1 min between failed attempts) and gives up on it a
 --max-restarts failed attempts in a row, with an error naming its log (under
 Patroni: a node's Patroni that dies; Patroni restarts its server). A server
 stopped by hand is restarted: to take one down, stop up.
+
+The PgBouncers and the analytics port serve TLS with a certificate signed by a
+local CA that up makes under DATA_DIR/tls (kept, renewed 30 days before it ends):
+tenants' DSNs say sslmode=verify-full sslrootcert=DATA_DIR/tls/ca.crt. The API
+stays plain HTTP on loopback.
 
 As root, PostgreSQL runs as the postgres OS user.`,
 		Args: cobra.NoArgs,
@@ -287,6 +297,17 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		}
 		cfg.Analytics.Listen = "127.0.0.1:" + strconv.Itoa(port)
 	}
+	// TLS on every port a tenant uses: a local CA and a certificate it
+	// signs for loopback, kept under the data dir (made once, renewed
+	// when it nears its end). The analytics port gets it as a pair of its
+	// own: the API stays plain HTTP, which the CLI speaks.
+	ca, err := tlsca.Ensure(filepath.Join(dir, "tls"))
+	if err != nil {
+		return fmt.Errorf("local CA: %w", err)
+	}
+	if cfg.Analytics.TLSCertFile == "" && cfg.Analytics.TLSKeyFile == "" {
+		cfg.Analytics.TLSCertFile, cfg.Analytics.TLSKeyFile, cfg.Analytics.TLSCAFile = ca.Cert, ca.Key, ca.CA
+	}
 	sups := make([]fleet.Supervised, len(ucs))
 	for i, uc := range ucs {
 		sups[i] = uc.sup
@@ -297,7 +318,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	for _, uc := range ucs {
 		opts.Managed = append(opts.Managed, uc.managed)
 		if o.pooler {
-			pc, err := localPooler(filepath.Join(dir, uc.name, "pooler"))
+			pc, err := localPooler(filepath.Join(dir, uc.name, "pooler"), ca)
 			if err != nil {
 				return err
 			}
@@ -322,6 +343,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		}
 	}
 	info.Analytics = d.Analytics().Addr()
+	info.CAFile = ca.CA
 	for _, uc := range ucs {
 		ci := clusterInfo{Name: uc.name, PasswordFile: filepath.Join(dir, uc.name, "superuser.password"), Nodes: uc.nodes, Patroni: uc.managed.PatroniURLs}
 		if pc, ok := opts.Poolers[uc.name]; ok {
@@ -378,8 +400,9 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 }
 
 // localPooler is the pooler block of up's cluster: its files under dir, a
-// loopback port kept from one start to the next, stopped with up.
-func localPooler(dir string) (config.PoolerConfig, error) {
+// loopback port kept from one start to the next, stopped with up, TLS
+// with the local CA's certificate.
+func localPooler(dir string, ca tlsca.Files) (config.PoolerConfig, error) {
 	port, err := pooler.LocalPort(dir)
 	if err != nil {
 		return config.PoolerConfig{}, fmt.Errorf("pooler: %w", err)
@@ -389,6 +412,7 @@ func localPooler(dir string) (config.PoolerConfig, error) {
 	pc.Dir = dir
 	stop := false
 	pc.KeepRunning = &stop
+	pc.TLSCertFile, pc.TLSKeyFile, pc.TLSCAFile = ca.Cert, ca.Key, ca.CA
 	return pc, nil
 }
 
@@ -426,6 +450,9 @@ func printUp(w io.Writer, in upInfo) {
 	}
 	if in.Analytics != "" {
 		fmt.Fprintf(w, "  %-9s %s  (tenants' analytics mirrors: `pgtenant analytics enable ID`)\n", "analytics", in.Analytics)
+	}
+	if in.CAFile != "" {
+		fmt.Fprintf(w, "  %-9s CA in %s (TLS on the poolers and the analytics port: sslmode=verify-full sslrootcert=%s)\n", "tls", in.CAFile, in.CAFile)
 	}
 	if in.CredentialsKeyFile != "" {
 		fmt.Fprintf(w, "  %-9s credentials key in %s (seals passwords kept for retried creates)\n", "", in.CredentialsKeyFile)

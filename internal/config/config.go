@@ -5,6 +5,8 @@ package config
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -141,6 +143,28 @@ type AnalyticsConfig struct {
 	// looks at the mirrors (claims, renewals, disables).
 	Lease        Duration `yaml:"lease"`
 	PollInterval Duration `yaml:"poll_interval"`
+	// TLSCertFile and TLSKeyFile (PEM), both or neither: the analytics
+	// port's certificate. Empty: the daemon's tls_cert_file and
+	// tls_key_file when set (`up` gives the port a pair of its own: its
+	// API stays plain HTTP). With a certificate, a client's SSLRequest is
+	// answered with TLS; without one, with "N" (clear text).
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
+	// TLSCAFile is the CA that signed the certificate: the analytics DSNs
+	// then say sslmode=verify-full sslrootcert=<it> (default: sslmode=require).
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// RequireTLS refuses clear-text logins on the analytics port (a
+	// FATAL telling the client to use sslmode=require); needs a certificate.
+	RequireTLS bool `yaml:"require_tls"`
+}
+
+// AnalyticsTLSPair is the analytics port's certificate and key: its own pair, else
+// the daemon's, else none.
+func (c Config) AnalyticsTLSPair() (cert, key string) {
+	if c.Analytics.TLSCertFile != "" || c.Analytics.TLSKeyFile != "" {
+		return c.Analytics.TLSCertFile, c.Analytics.TLSKeyFile
+	}
+	return c.TLSCertFile, c.TLSKeyFile
 }
 
 // PrewarmConfig tunes hot-set capture and prewarm.
@@ -254,6 +278,19 @@ type PoolerConfig struct {
 	// default: tenants keep their connections across a daemon restart);
 	// `up` stops it with its servers.
 	KeepRunning *bool `yaml:"keep_running"`
+	// TLSCertFile and TLSKeyFile (PEM, absolute), both or neither: the
+	// front door's certificate (client_tls_cert_file, client_tls_key_file;
+	// client_tls_sslmode prefer). PgBouncer reads them as its OS user
+	// (postgres when pgtenant runs as root). Empty: clear text only.
+	TLSCertFile string `yaml:"tls_cert_file"`
+	TLSKeyFile  string `yaml:"tls_key_file"`
+	// TLSCAFile is the CA that signed the certificate (client_tls_ca_file):
+	// tenants' DSNs then say sslmode=verify-full sslrootcert=<it>; without
+	// it, sslmode=require.
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// RequireTLS refuses clear-text logins of every tenant of this pooler
+	// (hostssl HBA lines); a tier's require_tls does so for its tenants.
+	RequireTLS bool `yaml:"require_tls"`
 }
 
 // DefaultPooler is the pooler block's defaults over which a cluster's
@@ -350,6 +387,11 @@ type Tier struct {
 	// ClusterLabel (k=v) places the tier's tenants only on clusters with
 	// that label (`pgtenant cluster set NAME --label k=v`).
 	ClusterLabel string `yaml:"cluster_label"`
+	// RequireTLS: the tier's tenants log in through their front door
+	// (PgBouncer) over TLS only; a clear-text login is refused as
+	// PgBouncer refuses a login no HBA line admits. Every pooler that
+	// fronts them needs tls_cert_file.
+	RequireTLS bool `yaml:"require_tls"`
 }
 
 var labelRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -902,6 +944,23 @@ func (c Config) Validate() error {
 			bad("analytics.advertise", "a host:port the tenants and the other daemons reach, e.g. analytics1.internal:6543")
 		}
 	}
+	if (c.Analytics.TLSCertFile == "") != (c.Analytics.TLSKeyFile == "") {
+		bad("analytics.tls_cert_file", "set both analytics.tls_cert_file and analytics.tls_key_file, or neither (then the daemon's tls_cert_file serves the port, when set)")
+	} else if cert, _ := c.AnalyticsTLSPair(); cert == "" && c.Analytics.RequireTLS {
+		bad("analytics.require_tls", "needs a certificate: analytics.tls_cert_file and analytics.tls_key_file (or the daemon's tls_cert_file and tls_key_file)")
+	} else if cert == "" && c.Analytics.TLSCAFile != "" {
+		bad("analytics.tls_ca_file", "needs a certificate: analytics.tls_cert_file and analytics.tls_key_file (or the daemon's)")
+	}
+	for name, t := range c.Tiers {
+		if !t.RequireTLS {
+			continue
+		}
+		for i, cl := range c.Clusters {
+			if cl.Pooler != nil && cl.Pooler.TLSCertFile == "" {
+				bad("tiers."+name+".require_tls", "the pooler of cluster %s (clusters[%d].pooler) has no tls_cert_file: this tier's tenants could not log in through it; give it a certificate", cl.Name, i)
+			}
+		}
+	}
 	if c.Prewarm.RateLimit <= 0 {
 		bad("prewarm.rate_limit", "must be positive, e.g. 256MB")
 	}
@@ -987,6 +1046,71 @@ func (p PoolerConfig) Validate() *fieldError {
 		return &fieldError{"coalesce", "must be between 0 and 10s"}
 	case p.SyncInterval.D() < time.Second:
 		return &fieldError{"sync_interval", "must be at least 1s"}
+	}
+	return p.validateTLS()
+}
+
+// poolerPathRE is a path written into pgbouncer.ini as is: absolute, no
+// space, quote, newline or comment character.
+var poolerPathRE = regexp.MustCompile(`^/[A-Za-z0-9._/+-]*$`)
+
+// validateTLS checks the front door's certificate files: their shape (they
+// are written into pgbouncer.ini) and that both or neither are set
+// (CheckTLSFiles loads them).
+func (p PoolerConfig) validateTLS() *fieldError {
+	for _, f := range []struct{ key, path string }{{"tls_cert_file", p.TLSCertFile}, {"tls_key_file", p.TLSKeyFile}, {"tls_ca_file", p.TLSCAFile}} {
+		if f.path != "" && !poolerPathRE.MatchString(f.path) {
+			return &fieldError{f.key, fmt.Sprintf("%q: an absolute path of letters, digits and . _ / + - only (it is written into pgbouncer.ini)", f.path)}
+		}
+	}
+	switch {
+	case p.TLSCertFile == "" && p.TLSKeyFile != "":
+		return &fieldError{"tls_cert_file", "required with tls_key_file (set both to serve TLS, or neither)"}
+	case p.TLSCertFile != "" && p.TLSKeyFile == "":
+		return &fieldError{"tls_key_file", "required with tls_cert_file (set both to serve TLS, or neither)"}
+	case p.TLSCertFile == "" && p.TLSCAFile != "":
+		return &fieldError{"tls_ca_file", "needs tls_cert_file and tls_key_file: the CA names what signed them"}
+	case p.TLSCertFile == "" && p.RequireTLS:
+		return &fieldError{"require_tls", "needs tls_cert_file and tls_key_file: without a certificate no tenant could log in"}
+	}
+	return nil
+}
+
+// CheckTLSFiles loads the pooler's certificate, key and CA, when set, so
+// that a bad file is named at the daemon's start rather than in
+// PgBouncer's log (Validate checks only their shape: a config is parsed
+// where its files may not be).
+func (p PoolerConfig) CheckTLSFiles() error {
+	if err := checkTLSFiles(p.TLSCertFile, p.TLSKeyFile, p.TLSCAFile); err != nil {
+		return err
+	}
+	return nil
+}
+
+// CheckAnalyticsTLSFiles loads analytics.tls_cert_file, tls_key_file and
+// tls_ca_file, when set.
+func (c Config) CheckAnalyticsTLSFiles() error {
+	if err := checkTLSFiles(c.Analytics.TLSCertFile, c.Analytics.TLSKeyFile, c.Analytics.TLSCAFile); err != nil {
+		return &fieldError{"analytics." + err.field, err.msg}
+	}
+	return nil
+}
+
+// checkTLSFiles loads a certificate and its key, and a CA, when set.
+func checkTLSFiles(cert, key, ca string) *fieldError {
+	if cert != "" {
+		if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+			return &fieldError{"tls_cert_file", fmt.Sprintf("%s with tls_key_file %s: %v (PEM files, the key of that certificate)", cert, key, err)}
+		}
+	}
+	if ca != "" {
+		b, err := os.ReadFile(ca)
+		if err != nil {
+			return &fieldError{"tls_ca_file", err.Error()}
+		}
+		if !x509.NewCertPool().AppendCertsFromPEM(b) {
+			return &fieldError{"tls_ca_file", fmt.Sprintf("%s holds no PEM certificate", ca)}
+		}
 	}
 	return nil
 }

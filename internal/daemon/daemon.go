@@ -208,6 +208,10 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	pur.OnResume = warm.PrewarmTenant
 	d.analytics = analytics.New(store, d.clusters, cfg.Analytics, analyticsDir(cfg), log)
 	d.analytics.Pacer = pacer
+	if d.analytics.TLS, err = loadAnalyticsTLS(cfg); err != nil {
+		d.Close()
+		return nil, err
+	}
 	if cfg.Analytics.Listen != "" {
 		if _, err := d.analytics.Listen(cfg.Analytics.Listen); err != nil {
 			d.Close()
@@ -341,6 +345,20 @@ func (d *Daemon) newPoolers(cfg config.Config, managed map[string]config.PoolerC
 		}
 		blocks[name] = pc
 	}
+	for name, pc := range blocks {
+		if err := pc.CheckTLSFiles(); err != nil {
+			return nil, fmt.Errorf("pooler of cluster %s: %w", name, err)
+		}
+	}
+	// A tier that requires TLS gets hostssl lines: through a pooler with
+	// no certificate its tenants could not log in at all.
+	for tier, t := range cfg.Tiers {
+		for name, pc := range blocks {
+			if t.RequireTLS && pc.TLSCertFile == "" {
+				return nil, fmt.Errorf("tiers.%s.require_tls: the pooler of cluster %s has no tls_cert_file: the tier's tenants could not log in through it; give it a certificate", tier, name)
+			}
+		}
+	}
 	src := pooler.CatalogSource{Store: d.store, Clusters: d.clusters, Tiers: cfg.Tiers, Logger: log}
 	var fronts []*pooler.Front
 	for name, pc := range blocks {
@@ -375,6 +393,27 @@ func loadTLS(cfg config.Config) (*tls.Config, error) {
 		return nil, fmt.Errorf("tls_cert_file %s, tls_key_file %s: %w", cfg.TLSCertFile, cfg.TLSKeyFile, err)
 	}
 	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}, nil
+}
+
+// loadAnalyticsTLS reads the analytics port's certificate: its own
+// (analytics.tls_cert_file) or else the daemon's; nil when there is none
+// (clear text only). Read at start: a renewed certificate needs a restart.
+func loadAnalyticsTLS(cfg config.Config) (*tls.Config, error) {
+	if err := cfg.CheckAnalyticsTLSFiles(); err != nil {
+		return nil, err
+	}
+	cert, key := cfg.AnalyticsTLSPair()
+	if cert == "" && key == "" {
+		if cfg.Analytics.RequireTLS {
+			return nil, errors.New("analytics.require_tls: needs a certificate (analytics.tls_cert_file and tls_key_file, or the daemon's)")
+		}
+		return nil, nil
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("the analytics port's certificate %s, key %s: %w", cert, key, err)
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{pair}}, nil
 }
 
 // registerClusters upserts configured and managed clusters in the catalog,

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"os"
 	"sort"
 	"strings"
 	"sync"
@@ -78,6 +80,10 @@ type Front struct {
 	pw      string
 	down    cluster.Outage
 
+	// tlsStamp is the TLS files' sizes and times at the last sync: a
+	// change RELOADs PgBouncer.
+	tlsStamp string
+
 	// supervision
 	started   bool
 	failures  int
@@ -126,6 +132,45 @@ func (f *Front) Addr() string { return Addr(f.Settings.ListenHost, f.Settings.Li
 func (f *Front) PublicAddr() string {
 	f.init()
 	return Addr(f.PublicHost, f.Settings.ListenPort)
+}
+
+// tlsStamp identifies the contents of the TLS files by size and
+// modification time ("" without TLS).
+func tlsStamp(s Settings) string {
+	if !s.TLS() {
+		return ""
+	}
+	var b strings.Builder
+	for _, p := range []string{s.TLSCertFile, s.TLSKeyFile, s.TLSCAFile} {
+		if fi, err := os.Stat(p); err == nil {
+			fmt.Fprintf(&b, "%s:%d:%d;", p, fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return b.String()
+}
+
+// SSLQuery is the query of tenants' DSNs through this front door: with
+// TLS, sslmode=verify-full and the CA as sslrootcert when the CA file is
+// known (the host must be in the certificate), else sslmode=require;
+// without TLS, sslmode=disable.
+func (f *Front) SSLQuery() string { return SSLQuery(f.Settings.TLS(), f.Settings.TLSCAFile) }
+
+// SSLQuery is a DSN's query for a server that serves TLS or not, whose
+// certificate caFile (optional) signed.
+func SSLQuery(tls bool, caFile string) string {
+	switch {
+	case !tls:
+		return "sslmode=disable"
+	case caFile == "":
+		return "sslmode=require"
+	}
+	// Slashes kept for a readable DSN; each segment escaped ('+' would
+	// read as a space to some parsers).
+	parts := strings.Split(caFile, "/")
+	for i, p := range parts {
+		parts[i] = url.QueryEscape(p)
+	}
+	return "sslmode=verify-full&sslrootcert=" + strings.Join(parts, "/")
 }
 
 // Run keeps the pooler in line until ctx is done.
@@ -321,6 +366,15 @@ func (f *Front) sync(ctx context.Context) error {
 	changed, err := f.Proc.Write(files)
 	if err != nil {
 		return err
+	}
+	// A renewed certificate keeps its paths: pgbouncer.ini does not
+	// change, but PgBouncer reads the files again on RELOAD only (a key it
+	// cannot read then is logged and the old one kept). So a change of the
+	// files RELOADs it, and so does the first sync (a PgBouncer adopted
+	// from before the daemon's start may hold older ones).
+	if stamp := tlsStamp(s); stamp != f.tlsStamp {
+		changed = changed || stamp != ""
+		f.tlsStamp = stamp
 	}
 	if !f.Proc.Running() {
 		f.closeAdmin()

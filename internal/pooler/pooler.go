@@ -42,6 +42,7 @@ type Entry struct {
 	PoolSize         int    // server connections of the pool
 	MaxDBConnections int    // cap of the entry's server connections
 	Disabled         bool   // suspended: DISABLE (clients are refused, the entry stays)
+	RequireTLS       bool   // its tier's require_tls: hostssl HBA lines, clear text refused
 	// Host and Port locate the server of a tenant that lives on another
 	// cluster than the pooler's (moved there: its DSN stays this
 	// pooler's); empty: the pooler's own cluster (Settings).
@@ -65,12 +66,26 @@ type Settings struct {
 	QueryWaitTimeout time.Duration
 	// AdminVerifier is the admin user's SCRAM verifier.
 	AdminVerifier string
+	// TLSCertFile and TLSKeyFile are the front door's certificate and key
+	// (PEM; both or neither): clients that ask for TLS get it
+	// (client_tls_sslmode prefer). TLSCAFile, optional, is the CA that
+	// signed them (client_tls_ca_file): tenants' DSNs name it as
+	// sslrootcert.
+	TLSCertFile, TLSKeyFile, TLSCAFile string
+	// RequireTLS refuses every tenant's clear-text login (hostssl lines
+	// for every entry, as an entry's own RequireTLS does for it).
+	RequireTLS bool
 }
+
+// TLS reports whether the front door serves TLS.
+func (s Settings) TLS() bool { return s.TLSCertFile != "" }
 
 var (
 	nameRE     = regexp.MustCompile(`^[a-z][a-z0-9_]{0,62}$`)
 	verifierRE = regexp.MustCompile(`^SCRAM-SHA-256\$[0-9]{1,7}:[A-Za-z0-9+/=]{1,100}\$[A-Za-z0-9+/=]{1,100}:[A-Za-z0-9+/=]{1,100}$`)
 	hostRE     = regexp.MustCompile(`^[A-Za-z0-9.:_-]{1,253}$`)
+	// pathRE is a file path written into pgbouncer.ini as is.
+	pathRE = regexp.MustCompile(`^/[A-Za-z0-9._/+-]{1,1000}$`)
 )
 
 // ValidVerifier reports whether v is a SCRAM-SHA-256 verifier. Anything
@@ -114,6 +129,14 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 	if !ValidVerifier(s.AdminVerifier) {
 		return Files{}, fmt.Errorf("pooler: the admin verifier is not SCRAM-SHA-256")
 	}
+	for _, p := range []string{s.TLSCertFile, s.TLSKeyFile, s.TLSCAFile} {
+		if p != "" && !pathRE.MatchString(p) {
+			return Files{}, fmt.Errorf("pooler: TLS file %q: an absolute path of letters, digits and . _ / + - only", p)
+		}
+	}
+	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") || (s.TLSCAFile != "" && s.TLSCertFile == "") {
+		return Files{}, fmt.Errorf("pooler: TLS needs both a certificate and its key (and a CA file only with them)")
+	}
 	es := append([]Entry(nil), entries...)
 	sort.Slice(es, func(i, j int) bool { return es[i].Name < es[j].Name })
 	var conf, auth, hba bytes.Buffer
@@ -121,7 +144,10 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 	fmt.Fprintf(&auth, "%q %q\n", AdminUser, s.AdminVerifier)
 	// The admin console from loopback only; each tenant to its own entry
 	// only. Nothing else matches: another tenant's entry, the console or an
-	// unknown name is "login rejected".
+	// unknown name is "login rejected". A tenant that must use TLS (its
+	// tier's require_tls, or the pooler's) has hostssl lines: its
+	// clear-text login matches none. The console stays host: pgtenant's
+	// own loopback session.
 	fmt.Fprintf(&hba, "host pgbouncer %s 127.0.0.1/32 scram-sha-256\nhost pgbouncer %s ::1/128 scram-sha-256\n", AdminUser, AdminUser)
 	for _, e := range es {
 		if err := validEntry(e); err != nil {
@@ -136,7 +162,11 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 		fmt.Fprintf(&conf, "%s = host=%s port=%d dbname=%s pool_mode=%s pool_size=%d max_db_connections=%d min_pool_size=0 reserve_pool=0\n",
 			e.Name, host, port, e.Database, e.PoolMode, e.PoolSize, e.MaxDBConnections)
 		fmt.Fprintf(&auth, "%q %q\n", e.Name, e.Verifier)
-		fmt.Fprintf(&hba, "host %s %s 0.0.0.0/0 scram-sha-256\nhost %s %s ::/0 scram-sha-256\n", e.Name, e.Name, e.Name, e.Name)
+		kind := "host"
+		if e.RequireTLS || s.RequireTLS {
+			kind = "hostssl"
+		}
+		fmt.Fprintf(&hba, "%s %s %s 0.0.0.0/0 scram-sha-256\n%s %s %s ::/0 scram-sha-256\n", kind, e.Name, e.Name, kind, e.Name, e.Name)
 	}
 	secs := func(d time.Duration) string { return strconv.Itoa(max(int(d.Seconds()), 1)) }
 	settings := [][2]string{
@@ -170,6 +200,16 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 		{"log_disconnections", "0"},
 		{"log_pooler_errors", "1"},
 		{"stats_period", "60"},
+	}
+	if s.TLS() {
+		// prefer: a client that asks gets TLS, one that does not gets
+		// clear text unless its HBA lines are hostssl. Not require: the
+		// admin console (pgtenant's loopback session) stays clear text.
+		settings = append(settings, [2]string{"client_tls_sslmode", "prefer"},
+			[2]string{"client_tls_cert_file", s.TLSCertFile}, [2]string{"client_tls_key_file", s.TLSKeyFile})
+		if s.TLSCAFile != "" {
+			settings = append(settings, [2]string{"client_tls_ca_file", s.TLSCAFile})
+		}
 	}
 	conf.WriteString("\n[pgbouncer]\n")
 	for _, kv := range settings {

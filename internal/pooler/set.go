@@ -167,7 +167,7 @@ func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn,
 	if f == nil {
 		return direct, direct
 	}
-	u := url.URL{Scheme: "postgres", Host: f.PublicAddr(), Path: "/" + role, RawQuery: "sslmode=disable"}
+	u := url.URL{Scheme: "postgres", Host: f.PublicAddr(), Path: "/" + role, RawQuery: f.SSLQuery()}
 	if password != "" {
 		u.User = url.UserPassword(role, password)
 	} else {
@@ -275,7 +275,7 @@ func (c CatalogSource) For(clusterName string) Source {
 			}
 			mode, size, maxDB := tier.Pooling()
 			e := Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
-				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended}
+				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended, RequireTLS: tier.RequireTLS}
 			if t.Cluster != clusterName {
 				host, port, ok := c.server(servers, t.Cluster)
 				if !ok {
@@ -363,6 +363,7 @@ func NewFront(cl *cluster.Cluster, pc config.PoolerConfig, src Source, stopOnExi
 	}
 	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host, fixedServer: pc.Server != "",
 		Settings: Settings{ListenHost: host, ListenPort: port, ServerHost: serverHost, ServerPort: serverPort,
-			MaxClientConn: pc.MaxClientConn, ServerIdleTimeout: pc.ServerIdleTimeout.D(), QueryWaitTimeout: pc.QueryWaitTimeout.D()},
+			MaxClientConn: pc.MaxClientConn, ServerIdleTimeout: pc.ServerIdleTimeout.D(), QueryWaitTimeout: pc.QueryWaitTimeout.D(),
+			TLSCertFile: pc.TLSCertFile, TLSKeyFile: pc.TLSKeyFile, TLSCAFile: pc.TLSCAFile, RequireTLS: pc.RequireTLS},
 		Coalesce: pc.Coalesce.D(), SyncInterval: pc.SyncInterval.D(), StopOnExit: stopOnExit, Logger: log}, nil
 }
