@@ -379,8 +379,13 @@ func (c *Client) MoveTenant(ctx context.Context, id, to string) (jobs.Job, error
 // SetTenantTier changes a tenant's tier: in place, or the job of the move
 // that carries it (LifecycleResponse.Job).
 func (c *Client) SetTenantTier(ctx context.Context, id, tier string) (LifecycleResponse, error) {
+	return c.SetTenant(ctx, id, SetTenantRequest{Tier: tier})
+}
+
+// SetTenant changes a tenant's tier, allowlist or both.
+func (c *Client) SetTenant(ctx context.Context, id string, req SetTenantRequest) (LifecycleResponse, error) {
 	var out LifecycleResponse
-	return out, c.Do(ctx, http.MethodPatch, "/v1/tenants/"+url.PathEscape(id), SetTenantRequest{Tier: tier}, &out)
+	return out, c.Do(ctx, http.MethodPatch, "/v1/tenants/"+url.PathEscape(id), req, &out)
 }
 
 // CreateCredential gives a tenant another login.

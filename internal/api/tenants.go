@@ -219,12 +219,23 @@ func (s *Server) setTenant(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if req.Tier == "" {
-		return invalid("tier: the tier to give the tenant is required")
+	if req.Tier == "" && req.Allow == nil {
+		return invalid("say what to change: tier, allow, or both")
 	}
-	ch, err := s.Provision.SetTier(r.Context(), r.PathValue("id"), req.Tier)
-	if err != nil {
-		return err
+	id := r.PathValue("id")
+	var ch provision.TierChange
+	if req.Allow != nil {
+		t, err := s.Provision.SetAllow(r.Context(), id, *req.Allow)
+		if err != nil {
+			return err
+		}
+		ch.Tenant = t
+	}
+	if req.Tier != "" {
+		var err error
+		if ch, err = s.Provision.SetTier(r.Context(), id, req.Tier); err != nil {
+			return err
+		}
 	}
 	out := purge.Result{Tenant: ch.Tenant}
 	status := http.StatusOK

@@ -183,11 +183,15 @@ type MoveTenantRequest struct {
 }
 
 // SetTenantRequest asks PATCH /v1/tenants/{id} to change a tenant: its
-// tier. The answer is a LifecycleResponse: 200 when the change was made in
-// place, 202 with the job of the move that carries it to a cluster the
-// tier needs (the tier is the new one once the move switches).
+// tier, its allowlist, or both. The answer is a LifecycleResponse: 200 when
+// the change was made in place, 202 with the job of the move that carries
+// a tier to a cluster it needs (the tier is the new one once the move
+// switches).
 type SetTenantRequest struct {
-	Tier string `json:"tier"`
+	Tier string `json:"tier,omitempty"`
+	// Allow: the client networks (CIDR, or addresses) the tenant's logins
+	// may come from through the front door; [] allows any; absent: as it is.
+	Allow *[]string `json:"allow,omitempty"`
 }
 
 // RotatePasswordRequest asks POST /v1/tenants/{id}/password for a new

@@ -66,6 +66,9 @@ type Tenant struct {
 	// DroppedFrom is the state a dropped tenant had before its drop
 	// (active or suspended): what restore brings back.
 	DroppedFrom TenantState `json:"dropped_from,omitempty"`
+	// Allow are the client networks (CIDR) its logins may come from
+	// through the front door; none: any.
+	Allow []string `json:"allow,omitempty"`
 }
 
 // IsSpare reports whether the row is a spare rather than a tenant: being
@@ -79,12 +82,15 @@ func (t Tenant) IsSpare() bool {
 const notSpare = `state NOT IN ('building', 'spare') AND NOT (state = 'purging' AND claimed_at IS NULL)`
 
 const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, coalesce(front, ''), template, version, tier, state, database,
-	created_at, updated_at, claimed_at, dropped_at, purge_after, coalesce(dropped_from, '')`
+	created_at, updated_at, claimed_at, dropped_at, purge_after, coalesce(dropped_from, ''), allow_cidrs`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
 	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Front, &t.Template, &t.Version, &t.Tier, &t.State,
-		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom)
+		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom, &t.Allow)
+	if len(t.Allow) == 0 {
+		t.Allow = nil
+	}
 	return t, err
 }
 
@@ -233,6 +239,15 @@ func (s *Store) SetTenantState(ctx context.Context, q Querier, id string, state 
 // (a fork or a rewind brings one back from a backup).
 func (s *Store) SetTenantVersion(ctx context.Context, q Querier, id string, version int) error {
 	_, err := q.Exec(ctx, `UPDATE tenants SET version = $2, updated_at = now() WHERE id = $1`, id, version)
+	return err
+}
+
+// SetTenantAllow records a tenant's allowlist (nil: any address).
+func (s *Store) SetTenantAllow(ctx context.Context, q Querier, id string, allow []string) error {
+	if allow == nil {
+		allow = []string{}
+	}
+	_, err := q.Exec(ctx, `UPDATE tenants SET allow_cidrs = $2, updated_at = now() WHERE id = $1`, id, allow)
 	return err
 }
 

@@ -348,6 +348,9 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	row(w, "database", t.Database)
 	row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
 	row(w, "tier", t.Tier)
+	if len(t.Allow) > 0 {
+		row(w, "allow", strings.Join(t.Allow, ", ")+" (through the front door)")
+	}
 	row(w, "state", t.State)
 	metricsDetail(w, t.Metrics)
 	if t.DSN != "" {
@@ -704,10 +707,11 @@ standard input.`,
 
 func newTenantSetCmd(g *globals) *cobra.Command {
 	var tier string
-	var wait bool
+	var allow []string
+	var allowAny, wait bool
 	cmd := &cobra.Command{
-		Use:   "set ID --tier TIER",
-		Short: "Change a tenant's tier: in place, or moved online to a cluster the tier needs",
+		Use:   "set ID [--tier TIER] [--allow NET,… | --allow-any]",
+		Short: "Change a tenant's tier (in place, or moved online to a cluster the tier needs) or its allowlist",
 		Long: `Give a tenant another tier (a plan change). When its cluster admits a tenant of
 the new tier, the change is made in place at once: the role's connection limit and
 settings (statement_timeout, idle_in_transaction_session_timeout, work_mem,
@@ -721,14 +725,30 @@ When the tier's placement needs another cluster (placement: dedicated, a
 cluster_label the cluster lacks, or connections it does not have), the tenant is
 moved there with the online cut-over of 'tenant move', and takes the new tier at
 the switch; the answer is the move's job (--wait follows it). Only active tenants
-move. The same tier again changes nothing.`,
+move. The same tier again changes nothing.
+
+--allow sets the client networks the tenant's logins (its own and its extra ones)
+may come from through the front door: CIDRs or single addresses, comma-separated;
+a login from anywhere else is "login rejected" by the pooler. --allow-any lifts it.
+It takes effect at once; the direct DSN (the primary's) is the server's own HBA's.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req := api.SetTenantRequest{Tier: tier}
+			switch {
+			case allowAny && len(allow) > 0:
+				return usagef("--allow and --allow-any: choose one")
+			case allowAny:
+				req.Allow = &[]string{}
+			case len(allow) > 0:
+				req.Allow = &allow
+			case tier == "":
+				return usagef("say what to change: --tier, --allow or --allow-any")
+			}
 			c, err := g.client()
 			if err != nil {
 				return err
 			}
-			out, err := c.SetTenantTier(cmd.Context(), args[0], tier)
+			out, err := c.SetTenant(cmd.Context(), args[0], req)
 			if err != nil {
 				return err
 			}
@@ -750,9 +770,10 @@ move. The same tier again changes nothing.`,
 			})
 		},
 	}
-	cmd.Flags().StringVar(&tier, "tier", "", "the tier to give the tenant (required; one of the config's tiers)")
+	cmd.Flags().StringVar(&tier, "tier", "", "the tier to give the tenant (one of the config's tiers)")
+	cmd.Flags().StringSliceVar(&allow, "allow", nil, "the client networks its logins may come from through the front door (CIDR or address, comma-separated)")
+	cmd.Flags().BoolVar(&allowAny, "allow-any", false, "lift the allowlist: logins from any address")
 	cmd.Flags().BoolVar(&wait, "wait", false, "when the tier needs another cluster, wait for the move with a progress bar")
-	_ = cmd.MarkFlagRequired("tier")
 	return cmd
 }
 

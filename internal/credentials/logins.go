@@ -238,11 +238,14 @@ func GrantLogin(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, l ca
 	return nil
 }
 
-// LoginDSN is a login's DSN: the front door's when the tenant's cluster
-// has one (a replica login's through its standby entry), else the
-// primary's or, for a replica login, the first standby's.
+// LoginDSN is a login's DSN: the front door's when the tenant has one (a
+// replica login's through its standby entry, which the next sync makes),
+// else the primary's or, for a replica login, the first standby's.
 func (s *Service) LoginDSN(cl *cluster.Cluster, t catalog.Tenant, l catalog.Login, password string) (string, error) {
 	role := tenant.LoginRole(t.ID, l.Name)
+	if dsn, ok := s.Poolers.LoginDSN(t, role, password, l.Replica); ok {
+		return dsn, nil
+	}
 	if !l.Replica {
 		return cl.TenantDSN(t.Database, role, password), nil
 	}

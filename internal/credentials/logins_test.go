@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -214,4 +215,109 @@ func wantCode(t *testing.T, conn *pgx.Conn, sql, code string) {
 	if !errors.As(err, &pgErr) || pgErr.Code != code {
 		t.Errorf("%s: %v, want SQLSTATE %s", sql, err, code)
 	}
+}
+
+// TestLogins_ThroughTheFrontDoor: with a pooler in front of the cluster, a
+// tenant's logins get the front door's DSN: the read-only one reaches the
+// tenant's entry (and no other tenant's), the replica one the entry of the
+// standby; a revoked login is "login rejected" there at once. The
+// tenant's allowlist holds every one of its logins to the networks it
+// names: an address outside it is rejected, one inside (or any, once the
+// list is lifted) logs in; a malformed network is a 400.
+func TestLogins_ThroughTheFrontDoor(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Metrics.Interval = 0
+	d, c := daemontest.StartPooled(t, pg, cfg)
+	createTemplate(t, c, "tiny", false)
+	front := d.Poolers().Get("local").PublicAddr()
+	mk := func() api.CreateTenantResponse {
+		t.Helper()
+		r, err := c.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: tenant.ModeDatabase})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Job != nil {
+			if j, err := c.WaitJob(ctx, r.Job.ID, nil); err != nil || j.State != jobs.Succeeded {
+				t.Fatalf("cold create: %v %s", err, j.LastError)
+			}
+		}
+		return r
+	}
+	own, other := mk(), mk()
+	id := own.Tenant.ID
+	exec(t, mustLogin(t, "the front door", own.DSN), "INSERT INTO t VALUES (1)")
+
+	ro, err := c.CreateCredential(ctx, id, api.CreateCredentialRequest{Name: "reports", ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := c.CreateCredential(ctx, id, api.CreateCredentialRequest{Name: "dash", Replica: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dsn := range []string{ro.DSN, rep.DSN} {
+		if u, _ := url.Parse(dsn); u.Host != front {
+			t.Errorf("a login's DSN %s is not the front door's (%s)", u.Redacted(), front)
+		}
+	}
+	rconn := mustLogin(t, "the front door", ro.DSN)
+	if n := count(t, rconn, "SELECT count(*) FROM t"); n != 1 {
+		t.Errorf("read-only login through the front door reads %d rows, want 1", n)
+	}
+	pconn := mustLogin(t, "the standby entry", rep.DSN)
+	var inRecovery bool
+	if err := pconn.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&inRecovery); err != nil || !inRecovery {
+		t.Errorf("replica login through the front door on a server in recovery: %v (%v), want the standby", inRecovery, err)
+	}
+	onEntry := func(dsn, entry string) string {
+		u, _ := url.Parse(dsn)
+		u.Path = "/" + entry
+		return u.String()
+	}
+	rejected := func(what, dsn string) {
+		t.Helper()
+		conn, err := connect(t, dsn)
+		if err == nil {
+			conn.Close(ctx)
+		}
+		if err == nil || !strings.Contains(err.Error(), "login rejected") {
+			t.Errorf("%s: %v, want login rejected", what, err)
+		}
+	}
+	rejected("the read-only login on another tenant's entry", onEntry(ro.DSN, tenant.PhysicalName(other.Tenant.ID)))
+	rejected("the read-only login on the standby entry", onEntry(ro.DSN, tenant.StandbyEntry(id)))
+	rejected("the tenant's own user on its standby entry", onEntry(own.DSN, tenant.StandbyEntry(id)))
+
+	// The allowlist: 127.0.0.1 is outside 10.9.8.7/32.
+	var apiErr *api.Error
+	if _, err := c.SetTenant(ctx, id, api.SetTenantRequest{Allow: &[]string{"10.0.0.0/33"}}); !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest {
+		t.Errorf("a malformed network: %v, want 400", err)
+	}
+	set, err := c.SetTenant(ctx, id, api.SetTenantRequest{Allow: &[]string{"10.9.8.7", "10.9.8.7/32"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(set.Tenant.Allow) != 1 || set.Tenant.Allow[0] != "10.9.8.7/32" {
+		t.Errorf("allow as recorded: %v, want [10.9.8.7/32]", set.Tenant.Allow)
+	}
+	rejected("the tenant from outside its allowlist", own.DSN)
+	rejected("its read-only login from outside its allowlist", ro.DSN)
+	rejected("its replica login from outside its allowlist", rep.DSN)
+	mustLogin(t, "another tenant's entry, no allowlist", other.DSN)
+	if _, err := c.SetTenant(ctx, id, api.SetTenantRequest{Allow: &[]string{"127.0.0.0/8", "::1/128"}}); err != nil {
+		t.Fatal(err)
+	}
+	mustLogin(t, "the front door, inside the allowlist", own.DSN)
+	mustLogin(t, "the front door, inside the allowlist", ro.DSN)
+	if _, err := c.SetTenant(ctx, id, api.SetTenantRequest{Allow: &[]string{}}); err != nil {
+		t.Fatal(err)
+	}
+	mustLogin(t, "the front door, allowlist lifted", rep.DSN)
+
+	if _, err := c.RevokeCredential(ctx, id, "reports"); err != nil {
+		t.Fatal(err)
+	}
+	rejected("a revoked login", ro.DSN)
 }

@@ -12,6 +12,7 @@ package pooler
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"sort"
 	"strconv"
@@ -43,11 +44,27 @@ type Entry struct {
 	MaxDBConnections int    // cap of the entry's server connections
 	Disabled         bool   // suspended: DISABLE (clients are refused, the entry stays)
 	RequireTLS       bool   // its tier's require_tls: hostssl HBA lines, clear text refused
+	// Allow are the client networks (CIDR) its users may come from; none:
+	// any address.
+	Allow []string
+	// Logins are the tenant's extra logins allowed on the entry beside its
+	// own user, with their verifiers.
+	Logins []User
+	// Replica: the entry of the tenant's replica logins, served by a
+	// standby (Host, Port): only its Logins, no line for the tenant's own
+	// user (Verifier unused).
+	Replica bool
 	// Host and Port locate the server of a tenant that lives on another
 	// cluster than the pooler's (moved there: its DSN stays this
 	// pooler's); empty: the pooler's own cluster (Settings).
 	Host string
 	Port int
+}
+
+// User is a login allowed on an entry beside the tenant's own.
+type User struct {
+	Name     string // t_<id>_<name>
+	Verifier string // SCRAM-SHA-256$…, as in pg_authid
 }
 
 // Settings are the pooler-wide settings.
@@ -102,7 +119,7 @@ func validEntry(e Entry) error {
 		return fmt.Errorf("entry name %q", e.Name)
 	case !nameRE.MatchString(e.Database):
 		return fmt.Errorf("entry %s: database %q", e.Name, e.Database)
-	case !ValidVerifier(e.Verifier):
+	case !e.Replica && !ValidVerifier(e.Verifier):
 		return fmt.Errorf("entry %s: not a SCRAM-SHA-256 verifier", e.Name)
 	case e.PoolMode != ModeSession && e.PoolMode != ModeTransaction:
 		return fmt.Errorf("entry %s: pool mode %q", e.Name, e.PoolMode)
@@ -111,7 +128,27 @@ func validEntry(e Entry) error {
 	case e.Host != "" && (!hostRE.MatchString(e.Host) || e.Port < 1 || e.Port > 65535):
 		return fmt.Errorf("entry %s: server %q port %d", e.Name, e.Host, e.Port)
 	}
+	for _, u := range e.Logins {
+		if !nameRE.MatchString(u.Name) || !ValidVerifier(u.Verifier) {
+			return fmt.Errorf("entry %s: login %q or its verifier", e.Name, u.Name)
+		}
+	}
+	for _, a := range e.Allow {
+		if p, err := netip.ParsePrefix(a); err != nil || p.String() != a {
+			return fmt.Errorf("entry %s: allowed network %q", e.Name, a)
+		}
+	}
 	return nil
+}
+
+// users are the users an entry admits: the tenant's own (but on its
+// replica entry) and its logins.
+func (e Entry) users() []User {
+	out := e.Logins
+	if !e.Replica {
+		out = append([]User{{Name: e.Name, Verifier: e.Verifier}}, e.Logins...)
+	}
+	return out
 }
 
 // Files are the pooler's three files, rendered.
@@ -149,6 +186,7 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 	// clear-text login matches none. The console stays host: pgtenant's
 	// own loopback session.
 	fmt.Fprintf(&hba, "host pgbouncer %s 127.0.0.1/32 scram-sha-256\nhost pgbouncer %s ::1/128 scram-sha-256\n", AdminUser, AdminUser)
+	authed := map[string]bool{}
 	for _, e := range es {
 		if err := validEntry(e); err != nil {
 			return Files{}, fmt.Errorf("pooler: %w", err)
@@ -161,12 +199,23 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 		}
 		fmt.Fprintf(&conf, "%s = host=%s port=%d dbname=%s pool_mode=%s pool_size=%d max_db_connections=%d min_pool_size=0 reserve_pool=0\n",
 			e.Name, host, port, e.Database, e.PoolMode, e.PoolSize, e.MaxDBConnections)
-		fmt.Fprintf(&auth, "%q %q\n", e.Name, e.Verifier)
 		kind := "host"
 		if e.RequireTLS || s.RequireTLS {
 			kind = "hostssl"
 		}
-		fmt.Fprintf(&hba, "%s %s %s 0.0.0.0/0 scram-sha-256\n%s %s %s ::/0 scram-sha-256\n", kind, e.Name, e.Name, kind, e.Name, e.Name)
+		nets := e.Allow
+		if len(nets) == 0 {
+			nets = []string{"0.0.0.0/0", "::/0"}
+		}
+		for _, u := range e.users() {
+			if !authed[u.Name] {
+				fmt.Fprintf(&auth, "%q %q\n", u.Name, u.Verifier)
+				authed[u.Name] = true
+			}
+			for _, n := range nets {
+				fmt.Fprintf(&hba, "%s %s %s %s scram-sha-256\n", kind, e.Name, u.Name, n)
+			}
+		}
 	}
 	secs := func(d time.Duration) string { return strconv.Itoa(max(int(d.Seconds()), 1)) }
 	settings := [][2]string{

@@ -167,13 +167,32 @@ func (s *Set) DSNs(cl *cluster.Cluster, t catalog.Tenant, password string) (dsn,
 	if f == nil {
 		return direct, direct
 	}
-	u := url.URL{Scheme: "postgres", Host: f.PublicAddr(), Path: "/" + role, RawQuery: f.SSLQuery()}
-	if password != "" {
-		u.User = url.UserPassword(role, password)
-	} else {
-		u.User = url.User(role)
+	return f.dsn(role, role, password), direct
+}
+
+// LoginDSN is the DSN of one of a tenant's extra logins through its front
+// door: its entry's, or for a replica login its standby entry's; false
+// when the tenant has no front door.
+func (s *Set) LoginDSN(t catalog.Tenant, role, password string, replica bool) (string, bool) {
+	f := s.Get(t.FrontCluster())
+	if f == nil {
+		return "", false
 	}
-	return u.String(), direct
+	entry := tenant.PhysicalName(t.ID)
+	if replica {
+		entry = tenant.StandbyEntry(t.ID)
+	}
+	return f.dsn(entry, role, password), true
+}
+
+// dsn is the DSN of user on entry through the front door (password may be
+// empty).
+func (f *Front) dsn(entry, user, password string) string {
+	u := url.URL{Scheme: "postgres", Host: f.PublicAddr(), Path: "/" + entry, RawQuery: f.SSLQuery(), User: url.User(user)}
+	if password != "" {
+		u.User = url.UserPassword(user, password)
+	}
+	return u.String()
 }
 
 // CatalogSource makes the entries of a cluster's pooler from the catalog
@@ -216,9 +235,18 @@ func (c CatalogSource) For(clusterName string) Source {
 			}
 			ts = append(ts, part...)
 		}
+		ids := make([]string, len(ts))
+		for i, t := range ts {
+			ids[i] = t.ID
+		}
+		logins, err := c.Store.LoginsOf(ctx, ids)
+		if err != nil {
+			return nil, nil, err
+		}
 		byCluster := map[string][]string{}
 		for _, t := range ts {
 			byCluster[t.Cluster] = append(byCluster[t.Cluster], tenant.PhysicalName(t.ID))
+			byCluster[t.Cluster] = append(byCluster[t.Cluster], catalog.LoginRoles(logins[t.ID])...)
 		}
 		verifiers := map[string]string{}
 		servers := map[string]*cluster.Cluster{}
@@ -275,7 +303,8 @@ func (c CatalogSource) For(clusterName string) Source {
 			}
 			mode, size, maxDB := tier.Pooling()
 			e := Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
-				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended, RequireTLS: tier.RequireTLS}
+				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended, RequireTLS: tier.RequireTLS,
+				Allow: t.Allow}
 			if t.Cluster != clusterName {
 				host, port, ok := c.server(servers, t.Cluster)
 				if !ok {
@@ -284,7 +313,30 @@ func (c CatalogSource) For(clusterName string) Source {
 				}
 				e.Host, e.Port = host, port
 			}
+			// Its extra logins: on its entry, or (replica) on the entry of
+			// its cluster's first standby.
+			standby := e
+			standby.Name, standby.Replica, standby.Verifier = tenant.StandbyEntry(t.ID), true, ""
+			for _, l := range logins[t.ID] {
+				u := User{Name: l.Role(), Verifier: verifiers[l.Role()]}
+				switch {
+				case !ValidVerifier(u.Verifier):
+					skipped[u.Name] = "its role has no SCRAM-SHA-256 password: rotate it with `pgtenant tenant credential rotate " + t.ID + " " + l.Name + "`"
+				case l.Replica:
+					standby.Logins = append(standby.Logins, u)
+				default:
+					e.Logins = append(e.Logins, u)
+				}
+			}
 			entries = append(entries, e)
+			if len(standby.Logins) > 0 {
+				if host, port, ok := c.standby(servers, t.Cluster); ok {
+					standby.Host, standby.Port = host, port
+					entries = append(entries, standby)
+				} else {
+					skipped[standby.Name] = "its cluster " + t.Cluster + " has no standby registered with this daemon"
+				}
+			}
 		}
 		clear(warned)
 		for k, v := range skipped {
@@ -296,7 +348,9 @@ func (c CatalogSource) For(clusterName string) Source {
 		// Only the verifiers of tenants this pooler still fronts are kept.
 		clear(known)
 		for _, e := range entries {
-			known[e.Name] = e.Verifier
+			for _, u := range e.users() {
+				known[u.Name] = u.Verifier
+			}
 		}
 		return entries, skipped, nil
 	}
@@ -310,6 +364,20 @@ func (c CatalogSource) server(servers map[string]*cluster.Cluster, name string) 
 		return "", 0, false
 	}
 	return cl.Host(), int(cl.Port()), true
+}
+
+// standby is where a tenant's replica entry points: the first standby of
+// its cluster, from the registry.
+func (c CatalogSource) standby(servers map[string]*cluster.Cluster, name string) (string, int, bool) {
+	cl := servers[name]
+	if cl == nil || len(cl.StandbyDSNs()) == 0 {
+		return "", 0, false
+	}
+	cfg, err := pgx.ParseConfig(cl.StandbyDSNs()[0])
+	if err != nil {
+		return "", 0, false
+	}
+	return cfg.Host, int(cfg.Port), true
 }
 
 // Verifiers reads the stored passwords of roles from pg_authid

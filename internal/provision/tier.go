@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -217,4 +218,70 @@ func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, id, tierNa
 		}
 		ended += n
 	}
+}
+
+// maxAllow bounds a tenant's allowlist (each network is two HBA lines).
+const maxAllow = 50
+
+// SetAllow sets the client networks a tenant's logins may come from
+// through its front door (the pooler's HBA lines for its entry): CIDRs or
+// single addresses; none: any address. It takes effect at the pooler's
+// next sync, done before it answers.
+func (s *Service) SetAllow(ctx context.Context, id string, allow []string) (catalog.Tenant, error) {
+	if !tenant.ValidID(id) {
+		return catalog.Tenant{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
+	}
+	nets, err := ParseAllow(allow)
+	if err != nil {
+		return catalog.Tenant{}, err
+	}
+	var t catalog.Tenant
+	err = pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		if t, err = s.Store.LockTenant(ctx, tx, id); err != nil {
+			return err
+		}
+		if err := tierSettable(t); err != nil {
+			return err
+		}
+		if slices.Equal(t.Allow, nets) {
+			return nil
+		}
+		if err := s.Store.SetTenantAllow(ctx, tx, id, nets); err != nil {
+			return err
+		}
+		if err := s.Store.AddEvent(ctx, tx, id, "allow_changed", map[string]any{"from": t.Allow, "to": nets}); err != nil {
+			return err
+		}
+		t, err = s.Store.GetTenant(ctx, tx, id)
+		return err
+	})
+	if err != nil {
+		return catalog.Tenant{}, err
+	}
+	s.Poolers.Sync(ctx, t.FrontCluster(), "allow "+id)
+	return t, nil
+}
+
+// ParseAllow checks an allowlist and returns it normalised: each network
+// in its canonical CIDR form (an address alone is /32 or /128), sorted,
+// without duplicates.
+func ParseAllow(allow []string) ([]string, error) {
+	if len(allow) > maxAllow {
+		return nil, invalid("allow: %d networks, at most %d", len(allow), maxAllow)
+	}
+	var out []string
+	for _, a := range allow {
+		a = strings.TrimSpace(a)
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(a)
+			if aerr != nil || addr.Zone() != "" {
+				return nil, invalid("allow: %q is not a network (CIDR such as 10.0.0.0/8 or 2001:db8::/32) nor an address", a)
+			}
+			p = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		out = append(out, p.Masked().String())
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
 }

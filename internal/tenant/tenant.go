@@ -99,6 +99,10 @@ func IDFromPhysical(name string) (string, bool) {
 // so that IDFromLogin reads it back unambiguously.
 func LoginRole(id, name string) string { return Prefix + id + "_" + name }
 
+// StandbyEntry is the front door's entry of a tenant's replica logins,
+// served by a standby: t_<id>__standby, which no login role can be.
+func StandbyEntry(id string) string { return Prefix + id + "__standby" }
+
 var loginNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,19}$`)
 
 // ValidLoginName reports whether name may name an extra login: a lowercase
