@@ -126,6 +126,11 @@ var (
 		{method: "GET", path: "/v1/tenants/{id}/analytics", summary: "a tenant's analytics mirror: its state, DSN and lag", status: 200, response: analytics.Status{}},
 		{method: "POST", path: "/v1/tenants/{id}/analytics", summary: "enable a tenant's analytics mirror", request: EnableAnalyticsRequest{}, optionalBody: true, status: 202, response: analytics.Status{}},
 		{method: "DELETE", path: "/v1/tenants/{id}/analytics", summary: "disable a tenant's analytics mirror (slot, publication and file dropped)", status: 202, response: analytics.Status{}},
+		{method: "GET", path: "/v1/usage", summary: "usage per tenant and hour, for billing: storage byte-hours, CPU seconds, rows written, connection-seconds, front door bytes (read from the catalog only)", query: []param{
+			{"tenant", "string", "one tenant (default every tenant)"},
+			{"from", "string", "an RFC 3339 time, a date or a duration back from now (default: to - 24h); down to its hour"},
+			{"to", "string", "an RFC 3339 time, a date or a duration back from now (default now); up to the next hour; at most 92 days after from"}},
+			status: 200, response: UsageReport{}},
 		{method: "GET", path: "/v1/doctor", summary: "the doctor's report", query: []param{{"cluster", "string", "one cluster (default all)"}}, status: 200, response: doctor.Report{}},
 		{method: "POST", path: "/v1/tokens", summary: "create a scoped API token (admin): the answer holds the token, shown this once", request: CreateTokenRequest{}, status: 201, response: CreateTokenResponse{}},
 		{method: "GET", path: "/v1/tokens", summary: "list scoped API tokens (never the tokens themselves)", status: 200, response: []Token{}},
@@ -275,7 +280,7 @@ var tagList = [][2]string{
 	{"clusters", "clusters: register, inspect, cap, drain, rebalance, switch over"},
 	{"backups", "pgBackRest backups of the clusters"},
 	{"templates", "templates, their versions and rollouts"},
-	{"tenants", "tenants: create, inspect, drop, suspend, move, rewind, fork, export, import, metrics, analytics"},
+	{"tenants", "tenants: create, inspect, drop, suspend, move, rewind, fork, export, import, metrics, usage, analytics"},
 	{"jobs", "durable jobs: list, show, cancel, retry"},
 	{"operations", "reconcile, doctor, prewarm"},
 	{"access", "scoped API tokens and the audit log"},
@@ -290,6 +295,8 @@ func tagOf(path string) string {
 		return "clusters"
 	case "backups", "templates", "tenants", "jobs":
 		return seg
+	case "usage":
+		return "tenants"
 	case "rollouts":
 		return "templates"
 	case "reconcile", "doctor", "prewarm":

@@ -223,6 +223,11 @@ func TestOpenAPI_AnswersMatchTheSchemas(t *testing.T) {
 	must(err)
 	_, err = c.Audit(ctx, url.Values{"since": {"1h"}, "limit": {"50"}})
 	must(err)
+	_, err = c.Usage(ctx, url.Values{"tenant": {id}, "from": {"2h"}})
+	must(err)
+	if _, err := c.Usage(ctx, url.Values{"from": {"yesterday"}}); !errors.Is(err, api.ErrInvalid) { // 400: an error body
+		t.Errorf("usage from=yesterday: err = %v, want invalid", err)
+	}
 
 	ops := map[string]bool{}
 	for _, x := range rec.seen {

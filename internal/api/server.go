@@ -153,6 +153,7 @@ func NewServer(d Deps) *Server {
 	s.handle("GET /v1/tokens", s.listTokens)
 	s.handle("DELETE /v1/tokens/{id}", s.revokeToken)
 	s.handle("GET /v1/audit", s.listAudit)
+	s.handle("GET /v1/usage", s.usage)
 	s.mux.HandleFunc("GET /v1/", s.wrap("GET /v1/", func(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("%w: no route %s %s", catalog.ErrNotFound, r.Method, r.URL.Path)
 	}))

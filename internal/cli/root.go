@@ -124,8 +124,11 @@ kind of error it was (docs/cli.md has the table in full):
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if g.output != "table" && g.output != "json" {
-				return usagef("--output must be table or json, not %q", g.output)
+			if g.output == "csv" && cmd.Annotations[csvAnnotation] == "" {
+				return usagef("--output csv: only %s prints CSV; use table or json", "usage")
+			}
+			if g.output != "table" && g.output != "json" && g.output != "csv" {
+				return usagef("--output must be table or json (or csv for usage), not %q", g.output)
 			}
 			return nil
 		},
@@ -133,7 +136,7 @@ kind of error it was (docs/cli.md has the table in full):
 	root.SetOut(g.stdout)
 	root.SetErr(g.stderr)
 	pf := root.PersistentFlags()
-	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json")
+	pf.StringVarP(&g.output, "output", "o", "table", "output format: table or json (usage: also csv)")
 	pf.StringVar(&g.server, "server", envOr("PGTENANT_SERVER", defaultServer), "pgtenant API address (env PGTENANT_SERVER)")
 	pf.StringVar(&g.caFile, "ca-file", os.Getenv("PGTENANT_CA_FILE"), "PEM file of the CA (or self-signed certificate) to trust for an https:// --server, instead of the system's (env PGTENANT_CA_FILE)")
 	pf.StringVar(&g.dataDir, "data-dir", envOr("PGTENANT_DATA_DIR", defaultDataDir), "`DIR` where pgtenant up keeps its fleet; client commands read the API token from DIR/token when PGTENANT_TOKEN is unset (env PGTENANT_DATA_DIR)")
@@ -142,6 +145,7 @@ kind of error it was (docs/cli.md has the table in full):
 	root.AddCommand(newDoctorCmd(g), newAnalyticsCmd(g), newRebalanceCmd(g))
 	root.AddCommand(newBackupCmd(g))
 	root.AddCommand(newTokenCmd(g), newAuditCmd(g))
+	root.AddCommand(newUsageCmd(g))
 	root.AddCommand(newGenDocsCmd(g))
 	return root
 }

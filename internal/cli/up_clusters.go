@@ -37,7 +37,7 @@ type upCluster struct {
 // with its backups when withBackups (pgBackRest installed): the stanza
 // is returned for the daemon.
 func startFleetCluster(ctx context.Context, g *globals, dir, name string, standbys int, withBackups, first bool, log *slog.Logger) (upCluster, *backup.Stanza, error) {
-	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Standbys: standbys, Logger: log, Backups: withBackups})
+	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Standbys: standbys, Logger: log, Backups: withBackups, Metering: true})
 	if err != nil {
 		return upCluster{}, nil, err
 	}
@@ -140,7 +140,11 @@ func startUpEtcd(ctx context.Context, g *globals, dir string, log *slog.Logger) 
 // for its leader.
 func startPatroniCluster(ctx context.Context, g *globals, dir, name string, standbys int, etcd []string, pgbackrest string, log *slog.Logger) (upCluster, *backup.Stanza, error) {
 	settings := patroni.DefaultSettings()
-	settings.Parameters = patroniParameters(fleet.DefaultSettings())
+	conf := fleet.DefaultSettings()
+	if b, err := fleet.FindBinaries(0); err == nil {
+		conf = fleet.WithMetering(conf, b) // usage's CPU seconds, when pg_stat_kcache is installed
+	}
+	settings.Parameters = patroniParameters(conf)
 	pc, err := patroni.NewCluster(patroni.ClusterOptions{Scope: name, Dir: filepath.Join(dir, name), Nodes: 1 + standbys, Etcd: etcd,
 		Settings: settings, PgBackRest: pgbackrest, Logger: log})
 	if err != nil {

@@ -266,7 +266,8 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Tiers: cfg.Tiers, Logger: log}
-	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: log, Quota: quo}
+	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: log, Quota: quo,
+		Poolers: d.poolers}
 	tenants := metrics.NewTenantCollector(d.collector, cfg.Metrics.TopTenants)
 	tenants.Pools = d.poolers
 	reg.MustRegister(tenants)

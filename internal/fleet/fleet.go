@@ -14,11 +14,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,7 +48,10 @@ type Options struct {
 	// cluster's state: an existing cluster keeps what it was made with.
 	// Off by default (tests ask for it).
 	Backups bool
-	Logger  *slog.Logger
+	// Metering loads pg_stat_statements and pg_stat_kcache (WithMetering)
+	// when the server has pg_stat_kcache's library: `up` asks for it.
+	Metering bool
+	Logger   *slog.Logger
 }
 
 // Node is one server of the cluster.
@@ -627,6 +632,9 @@ func (c *Cluster) writeConf(dir string, port int) error {
 	for k, v := range c.opts.Settings {
 		settings[k] = v
 	}
+	if c.opts.Metering {
+		settings = WithMetering(settings, c.bin)
+	}
 	if c.opts.Fast {
 		settings["fsync"] = "off"
 	}
@@ -747,4 +755,31 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 		return fmt.Errorf("%s: %w: %s", filepath.Base(name), err, strings.TrimSpace(out))
 	}
 	return nil
+}
+
+// WithMetering returns settings with pg_stat_statements and pg_stat_kcache
+// added to shared_preload_libraries when b's server has pg_stat_kcache's
+// library (Debian: postgresql-15-pg-stat-kcache): usage metering reads each
+// tenant's CPU seconds from it (docs/operations/usage.md). Without the
+// library settings are returned as they are, CPU is not measured, and the
+// server starts as before. Loading a library takes a restart.
+func WithMetering(settings map[string]string, b Binaries) map[string]string {
+	if _, err := os.Stat(filepath.Join(b.Dir, "..", "lib", "pg_stat_kcache.so")); err != nil {
+		return settings
+	}
+	cur := strings.Trim(settings["shared_preload_libraries"], "'")
+	libs := []string{}
+	for _, l := range strings.Split(cur, ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			libs = append(libs, l)
+		}
+	}
+	for _, want := range []string{"pg_stat_statements", "pg_stat_kcache"} {
+		if !slices.Contains(libs, want) {
+			libs = append(libs, want)
+		}
+	}
+	out := maps.Clone(settings)
+	out["shared_preload_libraries"] = "'" + strings.Join(libs, ",") + "'"
+	return out
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -48,6 +49,9 @@ type Collector struct {
 	Tiers    map[string]config.Tier // tenants near their tier's storage warning are sized every pass
 	Logger   *slog.Logger
 	Quota    QuotaChecker // may be nil
+	// Poolers are the clusters' PgBouncers: usage counts the bytes
+	// through each tenant's front door from their SHOW STATS. May be nil.
+	Poolers *pooler.Set
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
 
@@ -75,17 +79,21 @@ type clusterState struct {
 	pending  []catalog.Rollup
 	passes   int // passes applied
 	lastPass PassStats
+	meter    meter // usage metering (usage.go)
 }
 
 // PassStats describes the last pass over a cluster.
 type PassStats struct {
 	At       time.Time     `json:"at"`
 	Duration time.Duration `json:"duration_ns"`
-	Queries  int           `json:"queries"`       // SQL statements the pass sent (catalog included)
-	Tenants  int           `json:"tenants"`       // tenants measured
-	Sizes    int           `json:"sizes_sampled"` // sizes sampled in this pass
-	Rollups  int           `json:"rollups_written"`
-	Err      string        `json:"error,omitempty"`
+	Queries  int           `json:"queries"` // SQL statements the pass sent (catalog included)
+	// UsageQueries: those of usage metering (CPU, size changes, ended
+	// hours; constant in the number of tenants too), besides Queries.
+	UsageQueries int    `json:"usage_queries"`
+	Tenants      int    `json:"tenants"`       // tenants measured
+	Sizes        int    `json:"sizes_sampled"` // sizes sampled in this pass
+	Rollups      int    `json:"rollups_written"`
+	Err          string `json:"error,omitempty"`
 }
 
 // counters are a tenant's cumulative statistics. Sessions and ActiveMicros
@@ -135,6 +143,8 @@ type tenantState struct {
 	minActive  bool  // the tenant's clients did something in the current minute
 	written    int64 // size in the last rollup written
 	hasWritten bool
+	// passWritten: rows written since the previous pass (usage).
+	passWritten int64
 }
 
 type rates struct {
@@ -206,6 +216,11 @@ func (c *Collector) Run(ctx context.Context) error {
 		return nil
 	}
 	down := map[string]*cluster.Outage{}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		c.flushUsage(fctx)
+	}()
 	background.Every(ctx, interval, func(ctx context.Context) {
 		for _, cl := range c.Clusters.All() {
 			pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
@@ -236,6 +251,11 @@ func (c *Collector) retention(ctx context.Context) {
 		c.log().Warn("delete old metrics history", "err", err)
 	} else if n > 0 {
 		c.log().Info("deleted old metrics history", "rows", n)
+	}
+	if n, err := c.Store.DeleteUsageBefore(ctx, now.Add(-catalog.UsageRetention)); err != nil {
+		c.log().Warn("delete old usage", "err", err)
+	} else if n > 0 {
+		c.log().Info("deleted old usage", "rows", n)
 	}
 }
 
@@ -281,9 +301,23 @@ func (c *Collector) Pass(ctx context.Context, clusterName string) error {
 		return fail(err)
 	}
 	stats.Tenants, stats.Sizes = len(s.counters), len(s.sizes)
+	// Usage is a measured tenant's only: a spare's build (its template's
+	// files run as its role) is no tenant's CPU.
+	byPhysical := make(map[string]string, len(rows))
+	for _, r := range rows {
+		if measured(r.State) {
+			byPhysical[tenant.PhysicalName(r.ID)] = r.ID
+		}
+	}
+	x, q, err := c.readUsage(ctx, cl, st, byPhysical, start)
+	stats.UsageQueries += q
+	if err != nil {
+		return fail(err)
+	}
 
 	c.mu.Lock()
 	rollups := c.apply(st, rows, s, seed, start)
+	c.meterPass(st, rows, s, x, start)
 	st.pending = append(st.pending, rollups...)
 	if len(st.pending) > pendingMax {
 		st.pending = st.pending[len(st.pending)-pendingMax:]
@@ -301,6 +335,11 @@ func (c *Collector) Pass(ctx context.Context, clusterName string) error {
 		c.mu.Lock()
 		st.pending = st.pending[len(pending):]
 		c.mu.Unlock()
+	}
+	q, err = c.writeUsage(ctx, st)
+	stats.UsageQueries += q
+	if err != nil {
+		return fail(err)
 	}
 	if c.Quota != nil && len(usage) > 0 {
 		if err := c.Quota.CheckQuotas(ctx, clusterName, usage); err != nil {
@@ -445,6 +484,7 @@ func (c *Collector) apply(st *clusterState, rows []catalog.MetricTenant, s sampl
 		}
 		ts.meta = r
 		ts.conns = s.conns[r.ID]
+		ts.passWritten = 0
 		if sz, ok := s.sizes[r.ID]; ok {
 			ts.size, ts.sizeAt, ts.hasSize = sz, now, true
 		}
@@ -458,6 +498,7 @@ func (c *Collector) apply(st *clusterState, rows []catalog.MetricTenant, s sampl
 		active := ts.conns.Active > 0
 		if ts.hasCur {
 			d := cur.sub(ts.cur)
+			ts.passWritten = d.RowsWritten
 			active = active || clientActivity(r.Mode, d)
 			if dt := now.Sub(ts.curAt).Seconds(); dt > 0 {
 				ts.rates = rates{}

@@ -24,7 +24,12 @@ import (
 var pg *pgtest.Cluster
 
 func TestMain(m *testing.M) {
-	pgtest.Main(m, pgtest.Options{}, &pg)
+	opts := pgtest.Options{}
+	if kcacheInstalled() {
+		// Usage's CPU seconds (usage_test.go): this package's cluster only.
+		opts.Settings = map[string]string{"shared_preload_libraries": "'pg_prewarm,pg_stat_statements,pg_stat_kcache'"}
+	}
+	pgtest.Main(m, opts, &pg)
 }
 
 // fleet is a daemon with the saas template and tenants of both modes.

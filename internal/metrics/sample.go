@@ -200,7 +200,7 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 			sRows.Close()
 			return res, err
 		}
-		t, ok := byPhysical[role]
+		t, ok := byPhysical[tenant.TenantRole(role)] // its own login or one of its extra ones
 		if !ok {
 			continue
 		}

@@ -103,6 +103,12 @@ func LoginRole(id, name string) string { return Prefix + id + "_" + name }
 // served by a standby: t_<id>__standby, which no login role can be.
 func StandbyEntry(id string) string { return Prefix + id + "__standby" }
 
+// IDFromEntry returns the tenant of a front door entry: its own
+// (PhysicalName) or its standby entry.
+func IDFromEntry(entry string) (string, bool) {
+	return IDFromPhysical(strings.TrimSuffix(entry, "__standby"))
+}
+
 var loginNameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,19}$`)
 
 // ValidLoginName reports whether name may name an extra login: a lowercase
@@ -118,6 +124,15 @@ func IDFromLogin(role string) (id, name string, ok bool) {
 	}
 	id, name = rest[:12], rest[13:]
 	return id, name, ValidID(id) && ValidLoginName(name)
+}
+
+// TenantRole is the tenant's own role for a role it logs in with: role
+// itself, or the tenant's for one of its extra logins.
+func TenantRole(role string) string {
+	if id, _, ok := IDFromLogin(role); ok {
+		return PhysicalName(id)
+	}
+	return role
 }
 
 // IDFromRole returns the tenant whose sessions a login role opens: the
