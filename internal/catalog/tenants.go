@@ -94,6 +94,23 @@ func scanTenant(row pgx.Row) (Tenant, error) {
 	return t, err
 }
 
+// Changeable refuses a change (doing, such as "set its tier") of a tenant
+// that is not active or suspended: a spare is not found, the others are a
+// conflict saying what to do.
+func (t Tenant) Changeable(doing string) error {
+	switch {
+	case t.IsSpare():
+		return fmt.Errorf("tenant %q: %w", t.ID, ErrNotFound)
+	case t.State == StateActive, t.State == StateSuspended:
+		return nil
+	case t.State == StateProvisioning:
+		return fmt.Errorf("%w: tenant %s is still being provisioned; %s once it is active", ErrConflict, t.ID, doing)
+	case t.State == StateDropped:
+		return fmt.Errorf("%w: tenant %s is dropped; restore it first (`pgtenant tenant restore %s`)", ErrConflict, t.ID, t.ID)
+	}
+	return fmt.Errorf("%w: tenant %s is %s: it is being removed", ErrConflict, t.ID, t.State)
+}
+
 // FrontCluster is the cluster whose pooler serves the tenant's DSN.
 func (t Tenant) FrontCluster() string {
 	if t.Front != "" {

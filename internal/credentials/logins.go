@@ -75,7 +75,7 @@ func (s *Service) CreateLogin(ctx context.Context, id string, l catalog.Login) (
 		if err != nil {
 			return err
 		}
-		if err := loginable(t); err != nil {
+		if err := t.Changeable("add credentials"); err != nil {
 			return err
 		}
 		front = t.FrontCluster()
@@ -117,20 +117,6 @@ func (s *Service) CreateLogin(ctx context.Context, id string, l catalog.Login) (
 	return out, nil
 }
 
-// loginable refuses the tenants that cannot be given a login.
-func loginable(t catalog.Tenant) error {
-	switch {
-	case t.IsSpare():
-		return fmt.Errorf("tenant %q: %w", t.ID, catalog.ErrNotFound)
-	case t.State == catalog.StateActive, t.State == catalog.StateSuspended:
-		return nil
-	case t.State == catalog.StateProvisioning:
-		return fmt.Errorf("%w: tenant %s is still being provisioned; add credentials once it is active", catalog.ErrConflict, t.ID)
-	case t.State == catalog.StateDropped:
-		return fmt.Errorf("%w: tenant %s is dropped; restore it first (`pgtenant tenant restore %s`)", catalog.ErrConflict, t.ID, t.ID)
-	}
-	return fmt.Errorf("%w: tenant %s is %s: it is being removed", catalog.ErrConflict, t.ID, t.State)
-}
 
 // ErrInvalid is a request to refuse as it is.
 var ErrInvalid = errors.New("invalid credential request")

@@ -73,7 +73,7 @@ func (s *Service) SetTier(ctx context.Context, id, tierName string) (TierChange,
 	if err != nil {
 		return TierChange{}, err
 	}
-	if err := tierSettable(t); err != nil {
+	if err := t.Changeable("set its tier"); err != nil {
 		return TierChange{}, err
 	}
 	out := TierChange{Tenant: t, From: t.Tier}
@@ -123,21 +123,6 @@ func (s *Service) SetTier(ctx context.Context, id, tierName string) (TierChange,
 	s.Poolers.Sync(ctx, t.FrontCluster(), "tier "+id)
 	s.Logger.Info("tenant tier changed in place", "tenant", id, "from", t.Tier, "to", tierName, "sessions_ended", out.SessionsEnded)
 	return out, nil
-}
-
-// tierSettable refuses the tenants whose tier cannot change.
-func tierSettable(t catalog.Tenant) error {
-	switch {
-	case t.IsSpare():
-		return fmt.Errorf("tenant %q: %w", t.ID, catalog.ErrNotFound) // spares are invisible
-	case t.State == catalog.StateActive, t.State == catalog.StateSuspended:
-		return nil
-	case t.State == catalog.StateProvisioning:
-		return fmt.Errorf("%w: tenant %s is still being provisioned; set its tier once it is active", catalog.ErrConflict, t.ID)
-	case t.State == catalog.StateDropped:
-		return fmt.Errorf("%w: tenant %s is dropped; restore it first (`pgtenant tenant restore %s`)", catalog.ErrConflict, t.ID, t.ID)
-	}
-	return fmt.Errorf("%w: tenant %s is %s: it is being removed", catalog.ErrConflict, t.ID, t.State)
 }
 
 // tierPlacement says whether tenant t may stay on its cluster with tier
@@ -240,7 +225,7 @@ func (s *Service) SetAllow(ctx context.Context, id string, allow []string) (cata
 		if t, err = s.Store.LockTenant(ctx, tx, id); err != nil {
 			return err
 		}
-		if err := tierSettable(t); err != nil {
+		if err := t.Changeable("set its allowlist"); err != nil {
 			return err
 		}
 		if slices.Equal(t.Allow, nets) {
