@@ -95,6 +95,34 @@ type Service struct {
 	sessMu   sync.Mutex
 	sessions map[string]map[*sqlSession]bool // the sessions served here, by tenant (sessions.go)
 	refusals *prometheus.CounterVec          // pgtenant_analytics_refusals_total{reason}
+
+	queriesMu sync.Mutex
+	queries   map[string]int64 // statements run here by tenant, since usage last took them
+}
+
+// countQuery counts a statement a tenant ran on the port, for usage.
+func (s *Service) countQuery(id string) {
+	s.queriesMu.Lock()
+	defer s.queriesMu.Unlock()
+	if s.queries == nil {
+		s.queries = map[string]int64{}
+	}
+	s.queries[id]++
+}
+
+// TakeQueries hands usage metering the statements tenants ids ran on the
+// port since it last took them, and forgets them.
+func (s *Service) TakeQueries(ids []string) map[string]int64 {
+	s.queriesMu.Lock()
+	defer s.queriesMu.Unlock()
+	out := map[string]int64{}
+	for _, id := range ids {
+		if n := s.queries[id]; n > 0 {
+			out[id] = n
+			delete(s.queries, id)
+		}
+	}
+	return out
 }
 
 // Pacer is the jobs' pacer as the mirrors use it: its budget for copies,

@@ -699,6 +699,7 @@ func (ss *sqlSession) query(ctx context.Context, q string, params []any, formats
 	if m := waitRE.FindStringSubmatch(q); m != nil {
 		return ss.waitLSN(ctx, m[1], simple)
 	}
+	ss.s.countQuery(ss.id)
 	return ss.withStmt(ctx, q, func(ctx context.Context, st *duckdb.Stmt) error {
 		args := make([]driver.NamedValue, len(params))
 		for i, p := range params {

@@ -66,7 +66,9 @@ func mirroredTenant(t *testing.T, c *api.Client, mode string) mirrored {
 
 func TestWire_TenantQueriesItsMirror(t *testing.T) {
 	ctx := context.Background()
-	d, c := daemontest.Start(t, pg, testConfig(t))
+	cfg := testConfig(t)
+	cfg.Metrics.Interval = 0 // usage metering would take the statements counted below
+	d, c := daemontest.Start(t, pg, cfg)
 	template(t, c)
 	m := mirroredTenant(t, c, "schema")
 
@@ -107,6 +109,13 @@ func TestWire_TenantQueriesItsMirror(t *testing.T) {
 			t.Errorf("%v: row 30 = %q %v %v", mode, name, price, at)
 		}
 		conn.Close(ctx)
+	}
+	// Usage counts the tenant's statements (2 per protocol), once.
+	if got := d.Analytics().TakeQueries([]string{id}); got[id] != 4 {
+		t.Errorf("analytics statements counted for usage: %v, want 4 of tenant %s", got, id)
+	}
+	if got := d.Analytics().TakeQueries([]string{id}); len(got) != 0 {
+		t.Errorf("analytics statements taken twice: %v", got)
 	}
 
 	// Read-your-writes: a write on the primary, its LSN, WAIT FOR LSN,

@@ -26,12 +26,13 @@ type UsageActivity struct {
 	CPUSeconds        *float64
 	BytesIn           *int64
 	BytesOut          *int64
+	AnalyticsQueries  int64
 }
 
 // Zero says whether the hour holds no activity at all (not worth a row).
 func (a UsageActivity) Zero() bool {
 	return a.RowsWritten == 0 && a.ConnectionSeconds == 0 && (a.CPUSeconds == nil || *a.CPUSeconds == 0) &&
-		(a.BytesIn == nil || *a.BytesIn == 0) && (a.BytesOut == nil || *a.BytesOut == 0)
+		(a.BytesIn == nil || *a.BytesIn == 0) && (a.BytesOut == nil || *a.BytesOut == 0) && a.AnalyticsQueries == 0
 }
 
 // InsertUsageActivity writes ended hours in one multi-row INSERT. A key
@@ -44,21 +45,22 @@ func (s *Store) InsertUsageActivity(ctx context.Context, as []UsageActivity) err
 	n := len(as)
 	tenant, hour, cl := make([]string, n), make([]time.Time, n), make([]string, n)
 	rows, conns, cpu := make([]int64, n), make([]float64, n), make([]*float64, n)
-	in, out := make([]*int64, n), make([]*int64, n)
+	in, out, aq := make([]*int64, n), make([]*int64, n), make([]int64, n)
 	for i, a := range as {
 		tenant[i], hour[i], cl[i] = a.Tenant, a.Hour, a.Cluster
-		rows[i], conns[i], cpu[i], in[i], out[i] = a.RowsWritten, a.ConnectionSeconds, a.CPUSeconds, a.BytesIn, a.BytesOut
+		rows[i], conns[i], cpu[i], in[i], out[i], aq[i] = a.RowsWritten, a.ConnectionSeconds, a.CPUSeconds, a.BytesIn, a.BytesOut, a.AnalyticsQueries
 	}
 	_, err := s.pool.Exec(ctx, `
-		INSERT INTO usage_hours AS u (tenant, hour, cluster, rows_written, connection_seconds, cpu_seconds, bytes_in, bytes_out)
-		SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bigint[], $5::float8[], $6::float8[], $7::bigint[], $8::bigint[])
+		INSERT INTO usage_hours AS u (tenant, hour, cluster, rows_written, connection_seconds, cpu_seconds, bytes_in, bytes_out, analytics_queries)
+		SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::bigint[], $5::float8[], $6::float8[], $7::bigint[], $8::bigint[], $9::bigint[])
 		ON CONFLICT (tenant, hour, cluster) DO UPDATE SET
+			analytics_queries = greatest(u.analytics_queries, excluded.analytics_queries),
 			rows_written = greatest(u.rows_written, excluded.rows_written),
 			connection_seconds = greatest(u.connection_seconds, excluded.connection_seconds),
 			cpu_seconds = greatest(u.cpu_seconds, excluded.cpu_seconds),
 			bytes_in = greatest(u.bytes_in, excluded.bytes_in),
 			bytes_out = greatest(u.bytes_out, excluded.bytes_out)`,
-		tenant, hour, cl, rows, conns, cpu, in, out)
+		tenant, hour, cl, rows, conns, cpu, in, out, aq)
 	return err
 }
 
@@ -154,6 +156,7 @@ type UsageHour struct {
 	ConnectionSeconds float64   `json:"connection_seconds"`
 	BytesIn           *int64    `json:"bytes_in"`
 	BytesOut          *int64    `json:"bytes_out"`
+	AnalyticsQueries  int64     `json:"analytics_queries"` // statements run on the analytics port
 }
 
 // Usage returns the usage of one tenant (or every tenant, tenant "") in
@@ -177,7 +180,8 @@ func (s *Store) Usage(ctx context.Context, tenant string, from, to, now time.Tim
 		return u
 	}
 	rows, err := s.pool.Query(ctx, `
-		SELECT tenant, hour, sum(rows_written)::bigint, sum(connection_seconds), sum(cpu_seconds), sum(bytes_in)::bigint, sum(bytes_out)::bigint
+		SELECT tenant, hour, sum(rows_written)::bigint, sum(connection_seconds), sum(cpu_seconds), sum(bytes_in)::bigint, sum(bytes_out)::bigint,
+			sum(analytics_queries)::bigint
 		FROM usage_hours WHERE hour >= $1 AND hour < $2 AND ($3 = '' OR tenant = $3)
 		GROUP BY tenant, hour`, from, to, tenant)
 	if err != nil {
@@ -187,12 +191,13 @@ func (s *Store) Usage(ctx context.Context, tenant string, from, to, now time.Tim
 		var id string
 		var h time.Time
 		var a UsageHour
-		if err := rows.Scan(&id, &h, &a.RowsWritten, &a.ConnectionSeconds, &a.CPUSeconds, &a.BytesIn, &a.BytesOut); err != nil {
+		if err := rows.Scan(&id, &h, &a.RowsWritten, &a.ConnectionSeconds, &a.CPUSeconds, &a.BytesIn, &a.BytesOut, &a.AnalyticsQueries); err != nil {
 			rows.Close()
 			return nil, err
 		}
 		u := get(id, h)
 		u.RowsWritten, u.ConnectionSeconds, u.CPUSeconds, u.BytesIn, u.BytesOut = a.RowsWritten, a.ConnectionSeconds, a.CPUSeconds, a.BytesIn, a.BytesOut
+		u.AnalyticsQueries = a.AnalyticsQueries
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

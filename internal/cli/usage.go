@@ -62,10 +62,10 @@ docs/operations/usage.md says how each figure is measured and how accurate it is
 				return usageCSV(g.stdout, rep.Hours)
 			}
 			return g.print(rep, func(w io.Writer) {
-				row(w, "TENANT", "HOUR", "STORAGE", "CPU S", "ROWS WRITTEN", "CONN S", "BYTES IN", "BYTES OUT")
+				row(w, "TENANT", "HOUR", "STORAGE", "CPU S", "ROWS WRITTEN", "CONN S", "BYTES IN", "BYTES OUT", "ANALYTICS Q")
 				for _, h := range rep.Hours {
 					row(w, h.Tenant, h.Hour.Local().Format("2006-01-02 15:04"), humanBytes(int64(h.StorageByteHours))+"·h",
-						optFloat(h.CPUSeconds, 3), h.RowsWritten, strconv.FormatFloat(h.ConnectionSeconds, 'f', 0, 64), optBytes(h.BytesIn), optBytes(h.BytesOut))
+						optFloat(h.CPUSeconds, 3), h.RowsWritten, strconv.FormatFloat(h.ConnectionSeconds, 'f', 0, 64), optBytes(h.BytesIn), optBytes(h.BytesOut), h.AnalyticsQueries)
 				}
 				if len(rep.Hours) == 0 {
 					fmt.Fprintf(w, "no usage from %s to %s\n", rep.From.Local().Format(time.DateTime), rep.To.Local().Format(time.DateTime))
@@ -82,7 +82,7 @@ docs/operations/usage.md says how each figure is measured and how accurate it is
 // RFC 3339 UTC, an unknown figure as an empty field.
 func usageCSV(w io.Writer, hours []catalog.UsageHour) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"tenant", "hour", "storage_byte_hours", "cpu_seconds", "rows_written", "connection_seconds", "bytes_in", "bytes_out"})
+	_ = cw.Write([]string{"tenant", "hour", "storage_byte_hours", "cpu_seconds", "rows_written", "connection_seconds", "bytes_in", "bytes_out", "analytics_queries"})
 	num := func(p *int64) string {
 		if p == nil {
 			return ""
@@ -95,7 +95,7 @@ func usageCSV(w io.Writer, hours []catalog.UsageHour) error {
 			cpu = strconv.FormatFloat(*h.CPUSeconds, 'f', 6, 64)
 		}
 		_ = cw.Write([]string{h.Tenant, h.Hour.UTC().Format(time.RFC3339), strconv.FormatFloat(h.StorageByteHours, 'f', 0, 64), cpu,
-			strconv.FormatInt(h.RowsWritten, 10), strconv.FormatFloat(h.ConnectionSeconds, 'f', 3, 64), num(h.BytesIn), num(h.BytesOut)})
+			strconv.FormatInt(h.RowsWritten, 10), strconv.FormatFloat(h.ConnectionSeconds, 'f', 3, 64), num(h.BytesIn), num(h.BytesOut), strconv.FormatInt(h.AnalyticsQueries, 10)})
 	}
 	cw.Flush()
 	return cw.Error()

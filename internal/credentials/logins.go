@@ -117,7 +117,6 @@ func (s *Service) CreateLogin(ctx context.Context, id string, l catalog.Login) (
 	return out, nil
 }
 
-
 // ErrInvalid is a request to refuse as it is.
 var ErrInvalid = errors.New("invalid credential request")
 

@@ -267,7 +267,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Tiers: cfg.Tiers, Logger: log}
 	d.collector = &metrics.Collector{Store: store, Clusters: d.clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: log, Quota: quo,
-		Poolers: d.poolers}
+		Poolers: d.poolers, Analytics: d.analytics}
 	tenants := metrics.NewTenantCollector(d.collector, cfg.Metrics.TopTenants)
 	tenants.Pools = d.poolers
 	reg.MustRegister(tenants)

@@ -52,6 +52,9 @@ type Collector struct {
 	// Poolers are the clusters' PgBouncers: usage counts the bytes
 	// through each tenant's front door from their SHOW STATS. May be nil.
 	Poolers *pooler.Set
+	// Analytics counts the statements tenants run on this daemon's
+	// analytics port, for usage. May be nil.
+	Analytics QueryCounter
 	// Now is the clock (tests may replace it).
 	Now func() time.Time
 

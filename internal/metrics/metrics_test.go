@@ -24,10 +24,13 @@ import (
 var pg *pgtest.Cluster
 
 func TestMain(m *testing.M) {
-	opts := pgtest.Options{}
+	// No autovacuum: an autoanalyze of a new database tenant writes
+	// pg_statistic rows, which its rows_written counts, at a moment the
+	// idle-fleet tests cannot foresee.
+	opts := pgtest.Options{Settings: map[string]string{"autovacuum": "off"}}
 	if kcacheInstalled() {
 		// Usage's CPU seconds (usage_test.go): this package's cluster only.
-		opts.Settings = map[string]string{"shared_preload_libraries": "'pg_prewarm,pg_stat_statements,pg_stat_kcache'"}
+		opts.Settings["shared_preload_libraries"] = "'pg_prewarm,pg_stat_statements,pg_stat_kcache'"
 	}
 	pgtest.Main(m, opts, &pg)
 }

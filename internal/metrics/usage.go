@@ -57,12 +57,19 @@ type meter struct {
 	endedAt   time.Time
 }
 
+// QueryCounter hands over, and forgets, the statements tenants ran on the
+// analytics port (analytics.Service).
+type QueryCounter interface {
+	TakeQueries(ids []string) map[string]int64
+}
+
 // usageSample is what one pass read from the usage sources: nil maps for
 // a source that was not read.
 type usageSample struct {
-	cpu   map[string]float64  // tenant → cumulative CPU seconds
-	front map[string][2]int64 // pooler entry → cumulative bytes in, out
-	seed  map[string]int64    // last sizes written, on the first pass
+	cpu       map[string]float64  // tenant → cumulative CPU seconds
+	front     map[string][2]int64 // pooler entry → cumulative bytes in, out
+	seed      map[string]int64    // last sizes written, on the first pass
+	analytics map[string]int64    // tenant → analytics statements since the previous pass
 }
 
 // readUsage reads CPU (pg_stat_kcache) and the front door's bytes (SHOW
@@ -104,6 +111,13 @@ func (c *Collector) readUsage(ctx context.Context, cl *cluster.Cluster, st *clus
 			c.warnOnce(m, "kcache-read", "read pg_stat_kcache: CPU seconds not measured", "cluster", cl.Name(), "err", err)
 			m.kcacheFn, x.cpu = "", nil
 		}
+	}
+	if c.Analytics != nil {
+		ids := make([]string, 0, len(byPhysical))
+		for _, id := range byPhysical {
+			ids = append(ids, id)
+		}
+		x.analytics = c.Analytics.TakeQueries(ids)
 	}
 	if f := c.Poolers.Get(cl.Name()); f != nil {
 		if x.front, err = m.readFront(ctx, f); err != nil {
@@ -302,6 +316,9 @@ func (c *Collector) meterPass(st *clusterState, rows []catalog.MetricTenant, s s
 			}
 		}
 		m.cpu = x.cpu
+	}
+	for id, n := range x.analytics {
+		acc(id).AnalyticsQueries += n
 	}
 	if x.front != nil {
 		m.frontSeen = true

@@ -268,7 +268,7 @@ func TestUsage_FiguresMatchKnownWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantHeader := []string{"tenant", "hour", "storage_byte_hours", "cpu_seconds", "rows_written", "connection_seconds", "bytes_in", "bytes_out"}
+	wantHeader := []string{"tenant", "hour", "storage_byte_hours", "cpu_seconds", "rows_written", "connection_seconds", "bytes_in", "bytes_out", "analytics_queries"}
 	if len(recs) != 2 || fmt.Sprint(recs[0]) != fmt.Sprint(wantHeader) {
 		t.Fatalf("csv = %q, want the header and one line", recs)
 	}
