@@ -65,9 +65,12 @@ func (s *Store) Logins(ctx context.Context, q Querier, tenant string) ([]Login, 
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Login, error) { return scanLogin(r) })
 }
 
-// LoginsOf lists the logins of tenants, by tenant.
-func (s *Store) LoginsOf(ctx context.Context, tenants []string) (map[string][]Login, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+loginColumns+` FROM tenant_logins WHERE tenant = ANY($1) ORDER BY tenant, name`, tenants)
+// LoginsFronted lists, by tenant, the logins of the active and suspended
+// tenants whose front door is cluster's pooler (its entries).
+func (s *Store) LoginsFronted(ctx context.Context, cluster string) (map[string][]Login, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+loginColumns+` FROM tenant_logins l
+		WHERE EXISTS (SELECT 1 FROM tenants t WHERE t.id = l.tenant AND coalesce(t.front, t.cluster) = $1 AND t.state IN ('active', 'suspended'))
+		ORDER BY tenant, name`, cluster)
 	if err != nil {
 		return nil, err
 	}

@@ -1,5 +1,10 @@
 package jobs
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Type names a kind of job: the catalog's jobs.type, the key a handler is
 // registered under. Every type is named here, not in the workflow that
 // handles it, so that a package which only reads jobs (doctor, the API, the
@@ -28,3 +33,15 @@ const (
 
 // Types are the job types, the ones List's filter takes.
 var Types = []Type{TemplateBuild, TemplateDelete, Rollout, TenantBuild, TenantPurge, TenantMove, Prewarm, ClusterDrain, Rebalance, ClusterBackup, TenantFork, TenantRewind, TenantImport, ClusterSwitchover}
+
+// maxListed bounds the items a job's message names.
+const maxListed = 10
+
+// Listed joins items for a job's result or error with sep, naming at most
+// ten of them and how many more there are.
+func Listed(items []string, sep string) string {
+	if len(items) > maxListed {
+		return strings.Join(items[:maxListed], sep) + fmt.Sprintf("%sand %d more", sep, len(items)-maxListed)
+	}
+	return strings.Join(items, sep)
+}

@@ -567,24 +567,16 @@ func (d *dispatcher) canary(ctx context.Context, ro catalog.Rollout, ts []catalo
 }
 
 // canaryList names the canary's tenants and how each ended, the failed
-// first, at most maxListed of them.
+// first (jobs.Listed).
 func canaryList(ts []catalog.RolloutTenant) string {
-	const maxListed = 10
-	var b strings.Builder
+	items := make([]string, len(ts))
 	for i, t := range ts {
-		if i == maxListed {
-			fmt.Fprintf(&b, ", and %d more", len(ts)-i)
-			break
-		}
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		fmt.Fprintf(&b, "%s %s", t.Tenant, t.State)
+		items[i] = fmt.Sprintf("%s %s", t.Tenant, t.State)
 		if t.State == catalog.RolloutTenantFailed {
-			fmt.Fprintf(&b, ": %s", strings.Join(strings.Fields(t.Error), " "))
+			items[i] += ": " + strings.Join(strings.Fields(t.Error), " ")
 		}
 	}
-	return b.String()
+	return jobs.Listed(items, ", ")
 }
 
 // progress records the rollout's progress on its job, at most every 250 ms

@@ -782,7 +782,7 @@ func (f *forker) unlock(ctx context.Context, e *fenv) error {
 	if err != nil {
 		return err
 	}
-	return setLogin(ctx, e.cl, true, append([]string{tenant.PhysicalName(e.src.ID), tenant.AgentRole(e.src.ID)}, catalog.LoginRoles(logins)...)...)
+	return purge.SetLogin(ctx, e.cl, true, append([]string{tenant.PhysicalName(e.src.ID), tenant.AgentRole(e.src.ID)}, catalog.LoginRoles(logins)...)...)
 }
 
 func (f *forker) resume(ctx context.Context, front *pooler.Front, name string) error {

@@ -272,24 +272,6 @@ type env struct {
 	logins []catalog.Login
 }
 
-// setLogin runs ALTER ROLE … LOGIN (or NOLOGIN) for roles on cl's primary.
-func setLogin(ctx context.Context, cl *cluster.Cluster, login bool, roles ...string) error {
-	admin, err := cl.Admin(ctx)
-	if err != nil {
-		return err
-	}
-	verb := "NOLOGIN"
-	if login {
-		verb = "LOGIN"
-	}
-	var sql strings.Builder
-	for _, r := range roles {
-		fmt.Fprintf(&sql, "ALTER ROLE %s %s;\n", cluster.Ident(r), verb)
-	}
-	_, err = admin.Exec(ctx, sql.String())
-	return cluster.Classify(err)
-}
-
 func (m *mover) load(ctx context.Context, r *jobs.Run) (*env, error) {
 	e := &env{role: tenant.PhysicalName(m.a.Tenant)}
 	var err error
@@ -1368,19 +1350,13 @@ func (m *mover) resetTarget(ctx context.Context, e *env, dconn *pgx.Conn) error 
 // lockOut stops a role from logging in on the primary and ends its
 // sessions there (standbys serve no writes; their sessions end in finish).
 func lockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
-	admin, err := cl.Admin(ctx)
-	if err != nil {
-		return err
-	}
 	if _, err := purge.EndSessions(ctx, cl, roles...); err != nil {
 		return err
 	}
-	for _, role := range roles {
-		if _, err := admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" NOLOGIN"); err != nil {
-			return cluster.Classify(err)
-		}
+	if err := purge.SetLogin(ctx, cl, false, roles...); err != nil {
+		return err
 	}
-	_, err = purge.EndSessions(ctx, cl, roles...)
+	_, err := purge.EndSessions(ctx, cl, roles...)
 	return err
 }
 
@@ -1463,7 +1439,7 @@ func (m *mover) prepareTarget(ctx context.Context, e *env, sconn, dconn *pgx.Con
 	if _, err := dconn.Exec(ctx, sql.String()); err != nil {
 		return fmt.Errorf("prepare tenant %s on %s: %w", e.t.ID, e.dst.Name(), cluster.Classify(err))
 	}
-	return setLogin(ctx, e.dst, true, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...)
+	return purge.SetLogin(ctx, e.dst, true, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...)
 }
 
 // unlock lets the tenant log in on the source again (a cut-over that did
@@ -1473,12 +1449,12 @@ func (m *mover) unlock(ctx context.Context, e *env) error {
 	if err != nil || t.Cluster != e.st.From || t.State != catalog.StateActive {
 		return err
 	}
-	return setLogin(ctx, e.src, true, append([]string{e.role, tenant.AgentRole(e.t.ID)}, catalog.LoginRoles(e.logins)...)...)
+	return purge.SetLogin(ctx, e.src, true, append([]string{e.role, tenant.AgentRole(e.t.ID)}, catalog.LoginRoles(e.logins)...)...)
 }
 
 // relock keeps the target's role out when the switch did not happen.
 func (m *mover) relock(ctx context.Context, e *env) error {
-	return setLogin(ctx, e.dst, false, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...)
+	return purge.SetLogin(ctx, e.dst, false, append([]string{e.role}, catalog.LoginRoles(e.logins)...)...)
 }
 
 // resume brings the pooler's entry in line with the catalog (pointed at

@@ -235,11 +235,7 @@ func (c CatalogSource) For(clusterName string) Source {
 			}
 			ts = append(ts, part...)
 		}
-		ids := make([]string, len(ts))
-		for i, t := range ts {
-			ids[i] = t.ID
-		}
-		logins, err := c.Store.LoginsOf(ctx, ids)
+		logins, err := c.Store.LoginsFronted(ctx, clusterName)
 		if err != nil {
 			return nil, nil, err
 		}

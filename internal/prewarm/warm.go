@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -61,21 +60,13 @@ func (s *Service) prewarm(ctx context.Context, r *jobs.Run, a Args) error {
 	return nil
 }
 
-// failedList names tenants that failed and why, at most maxListed of them.
+// failedList names tenants that failed and why (jobs.Listed).
 func failedList(failed []TenantResult) string {
-	const maxListed = 10
-	var b strings.Builder
+	items := make([]string, len(failed))
 	for i, r := range failed {
-		if i == maxListed {
-			fmt.Fprintf(&b, "; and %d more", len(failed)-i)
-			break
-		}
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		fmt.Fprintf(&b, "tenant %s: %s", r.Tenant, r.Error)
+		items[i] = fmt.Sprintf("tenant %s: %s", r.Tenant, r.Error)
 	}
-	return b.String()
+	return jobs.Listed(items, "; ")
 }
 
 // warmer loads one node's plan, within the buffer budget and the rate limit.

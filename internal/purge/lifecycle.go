@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -128,7 +129,7 @@ func (s *Service) transition(ctx context.Context, id string, from, to catalog.Te
 			if err := LockOut(ctx, cl, roles...); err != nil {
 				return err
 			}
-		} else if err := allowLogin(ctx, cl, roles...); err != nil {
+		} else if err := SetLogin(ctx, cl, true, roles...); err != nil {
 			return err
 		}
 		if to == "" {
@@ -193,18 +194,24 @@ func (s *Service) loginRoles(ctx context.Context, tx pgx.Tx, t catalog.Tenant) (
 	return append([]string{tenant.PhysicalName(t.ID)}, catalog.LoginRoles(logins)...), err
 }
 
-// allowLogin lets roles log in again.
-func allowLogin(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
+// SetLogin runs ALTER ROLE … LOGIN (or NOLOGIN) for roles on cl's primary,
+// in one batch. It ends no session: LockOut does, for a role shut out of a
+// cluster its clients use.
+func SetLogin(ctx context.Context, cl *cluster.Cluster, login bool, roles ...string) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
 	}
-	for _, role := range roles {
-		if _, err := admin.Exec(ctx, "ALTER ROLE "+cluster.Ident(role)+" LOGIN"); err != nil {
-			return cluster.Classify(err)
-		}
+	verb := "NOLOGIN"
+	if login {
+		verb = "LOGIN"
 	}
-	return nil
+	var sql strings.Builder
+	for _, r := range roles {
+		fmt.Fprintf(&sql, "ALTER ROLE %s %s;\n", cluster.Ident(r), verb)
+	}
+	_, err = admin.Exec(ctx, sql.String())
+	return cluster.Classify(err)
 }
 
 func (s *Service) startPurge(ctx context.Context, tx pgx.Tx, t catalog.Tenant, reason string) (jobs.Job, error) {
