@@ -80,6 +80,9 @@ type Service struct {
 	// and a table's copy after a change of its definition) like the jobs'
 	// steps: each waits while its cluster is over budget.
 	Pacer Pacer
+	// Tiers: a tenant whose tier has require_tls logs in over TLS only,
+	// here as at its front door.
+	Tiers map[string]config.Tier
 
 	owner string       // this daemon, in leases
 	ln    net.Listener // the analytics port (Listen), nil without one

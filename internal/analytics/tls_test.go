@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/tlsca"
@@ -59,6 +60,7 @@ func TestWire_TLS(t *testing.T) {
 	}
 	cfg := testConfig(t)
 	cfg.Analytics.TLSCertFile, cfg.Analytics.TLSKeyFile, cfg.Analytics.TLSCAFile = ca.Cert, ca.Key, ca.CA
+	cfg.Tiers["secure"] = config.Tier{ConnectionLimit: 10, RequireTLS: true}
 	cfgA := cfg
 	cfgA.Analytics.RequireTLS = true
 	_, c := daemontest.Start(t, pg, cfgA)
@@ -99,5 +101,17 @@ func TestWire_TLS(t *testing.T) {
 	}
 	if n, secure, err := countOver(t, sslMode(t, onB, "disable"), pw); err != nil || n != 300 || secure {
 		t.Errorf("clear-text login to B (no require_tls), forwarded to the owner over TLS: %d rows, TLS %v, %v; want 300 in clear text", n, secure, err)
+	}
+
+	// A tier with require_tls: its tenant logs in to B over TLS only.
+	if _, err := c.SetTenantTier(context.Background(), m.r.Tenant.ID, "secure"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = countOver(t, sslMode(t, onB, "disable"), pw)
+	if !errors.As(err, &pe) || pe.Code != "28000" || !strings.Contains(pe.Message, "tier requires TLS") {
+		t.Errorf("clear-text login of a require_tls tier's tenant: %v; want 28000 naming its tier's TLS", err)
+	}
+	if n, secure, err := countOver(t, onB, pw); err != nil || n != 300 || !secure {
+		t.Errorf("verify-full login of a require_tls tier's tenant: %d rows, TLS %v, %v; want 300 over TLS", n, secure, err)
 	}
 }

@@ -141,7 +141,10 @@ func (s *Service) session(ctx context.Context, raw net.Conn) {
 var errLogin = &pgError{"28P01", "password authentication failed"}
 
 // errClearText refuses a clear-text startup when analytics.require_tls is on.
-var errClearText = &pgError{"28000", "the analytics port requires TLS: connect with sslmode=require (or sslmode=verify-full with sslrootcert naming the CA that signed the port's certificate)"}
+var (
+	errClearText     = &pgError{"28000", "the analytics port requires TLS: connect with sslmode=require (or sslmode=verify-full with sslrootcert naming the CA that signed the port's certificate)"}
+	errTierClearText = &pgError{"28000", "this tenant's tier requires TLS: connect with sslmode=require (or sslmode=verify-full with sslrootcert naming the CA that signed the port's certificate)"}
+)
 
 // startup reads the client's startup message. An SSLRequest is answered
 // 'S' when the port has a certificate (Service.TLS), and the session goes
@@ -268,6 +271,11 @@ func (s *Service) login(ctx context.Context, be *pgproto3.Backend, c net.Conn, s
 	final, err := sc.final(string(resp.Data))
 	if err != nil || !known {
 		return login{}, nil, errLogin
+	}
+	// A tier's require_tls, judged once the password is: no one learns
+	// a tenant's tier without it.
+	if _, secure := c.(*tls.Conn); !secure && s.Tiers[t.Tier].RequireTLS {
+		return login{}, nil, errTierClearText
 	}
 	addr, err := s.ownerOf(ctx, id)
 	if err != nil {

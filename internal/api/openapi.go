@@ -84,7 +84,7 @@ var (
 			{"sort", "string", "size or activity: largest or busiest first (not paged)"},
 			limitParam, {"after", "string", "the last id of the previous page"}}, status: 200, response: []Tenant{}},
 		{method: "GET", path: "/v1/tenants/{id}", summary: "show a tenant with its events, metrics and prewarm state", status: 200, response: Tenant{}},
-		{method: "PATCH", path: "/v1/tenants/{id}", summary: "change a tenant's tier: in place, or by a move to a cluster the tier needs (202 with its job)",
+		{method: "PATCH", path: "/v1/tenants/{id}", summary: "change a tenant's tier, labels (placement pins) or allowlist: in place, or by a move to a cluster the tier or labels need (202 with its job)",
 			request: SetTenantRequest{}, status: 200, also: []int{202}, response: LifecycleResponse{}},
 		{method: "DELETE", path: "/v1/tenants/{id}", summary: "drop a tenant (restorable until its purge)", query: []param{{"purge_now", "boolean", "purge at once"}}, status: 200, response: LifecycleResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/restore", summary: "restore a dropped tenant", status: 200, response: LifecycleResponse{}},

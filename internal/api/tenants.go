@@ -219,8 +219,11 @@ func (s *Server) setTenant(w http.ResponseWriter, r *http.Request) error {
 	if err := decode(r, &req); err != nil {
 		return err
 	}
-	if req.Tier == "" && req.Allow == nil {
-		return invalid("say what to change: tier, allow, or both")
+	switch {
+	case req.Tier == "" && req.Allow == nil && req.Labels == nil:
+		return invalid("say what to change: tier, labels, allow")
+	case req.Tier != "" && req.Labels != nil:
+		return invalid("tier and labels: change one at a time (either may move the tenant)")
 	}
 	id := r.PathValue("id")
 	var ch provision.TierChange
@@ -231,11 +234,15 @@ func (s *Server) setTenant(w http.ResponseWriter, r *http.Request) error {
 		}
 		ch.Tenant = t
 	}
-	if req.Tier != "" {
-		var err error
-		if ch, err = s.Provision.SetTier(r.Context(), id, req.Tier); err != nil {
-			return err
-		}
+	var err error
+	switch {
+	case req.Tier != "":
+		ch, err = s.Provision.SetTier(r.Context(), id, req.Tier)
+	case req.Labels != nil:
+		ch, err = s.Provision.SetPins(r.Context(), id, *req.Labels)
+	}
+	if err != nil {
+		return err
 	}
 	out := purge.Result{Tenant: ch.Tenant}
 	status := http.StatusOK

@@ -183,15 +183,18 @@ type MoveTenantRequest struct {
 }
 
 // SetTenantRequest asks PATCH /v1/tenants/{id} to change a tenant: its
-// tier, its allowlist, or both. The answer is a LifecycleResponse: 200 when
-// the change was made in place, 202 with the job of the move that carries
-// a tier to a cluster it needs (the tier is the new one once the move
-// switches).
+// tier or its labels, and its allowlist. The answer is a
+// LifecycleResponse: 200 when the change was made in place, 202 with the
+// job of the move that carries the tenant to a cluster its new tier or
+// labels need (the tier is the new one once the move switches).
 type SetTenantRequest struct {
 	Tier string `json:"tier,omitempty"`
 	// Allow: the client networks (CIDR, or addresses) the tenant's logins
 	// may come from through the front door; [] allows any; absent: as it is.
 	Allow *[]string `json:"allow,omitempty"`
+	// Labels pin the tenant to clusters carrying each (k=v); [] unpins;
+	// absent: as it is.
+	Labels *[]string `json:"labels,omitempty"`
 }
 
 // RotatePasswordRequest asks POST /v1/tenants/{id}/password for a new

@@ -278,19 +278,35 @@ func (s *Stanza) BackupStarted(ctx context.Context, typ string, started func()) 
 	if s.External {
 		return s.externalError()
 	}
-	if started == nil {
-		_, err := s.run(ctx, "--type="+typ, "backup")
+	var once sync.Once
+	call := func() {
+		if started != nil {
+			once.Do(started)
+		}
+	}
+	defer call()
+	backup := func(args ...string) error {
+		_, err := s.runLines(ctx, func(line string) {
+			if strings.Contains(line, startedLine) {
+				call()
+			}
+		}, append(args, "--log-level-console=info", "--type="+typ, "backup")...)
 		return err
 	}
-	var once sync.Once
-	call := func() { once.Do(started) }
-	defer call()
-	_, err := s.runLines(ctx, func(line string) {
-		if strings.Contains(line, startedLine) {
-			call()
-		}
-	}, "--log-level-console=info", "--type="+typ, "backup")
+	err := backup()
+	if s.Standby != nil && noStandby(err) {
+		// The standby is down or not streaming yet (a node restarting
+		// after a failover): the backup is taken from the primary.
+		err = backup("--no-backup-standby")
+	}
 	return err
+}
+
+// noStandby reports whether pgBackRest ended with its "unable to find
+// standby cluster" (exit code 56): backup-standby found none running.
+func noStandby(err error) bool {
+	var exit *exec.ExitError
+	return errors.As(err, &exit) && exit.ExitCode() == 56
 }
 
 // run runs a pgbackrest command as the servers' OS user. pgBackRest

@@ -107,13 +107,14 @@ type SizedTenant struct {
 	Tier      string
 	State     TenantState
 	SizeBytes int64
+	Pins      []string // labels its cluster must carry
 }
 
 // SizedTenants lists the tenants of a cluster ("" = every cluster) that
 // count towards its load, largest first.
 func (s *Store) SizedTenants(ctx context.Context, cluster string) ([]SizedTenant, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT t.id, t.cluster, t.tier, t.state, coalesce(z.size_bytes, 0)
+		SELECT t.id, t.cluster, t.tier, t.state, coalesce(z.size_bytes, 0), t.pins
 		FROM tenants t
 		LEFT JOIN LATERAL (SELECT m.size_bytes FROM tenant_metrics m
 			WHERE m.tenant = t.id AND m.size_bytes IS NOT NULL ORDER BY m.minute DESC LIMIT 1) z ON true
@@ -124,6 +125,6 @@ func (s *Store) SizedTenants(ctx context.Context, cluster string) ([]SizedTenant
 	}
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (SizedTenant, error) {
 		var t SizedTenant
-		return t, r.Scan(&t.ID, &t.Cluster, &t.Tier, &t.State, &t.SizeBytes)
+		return t, r.Scan(&t.ID, &t.Cluster, &t.Tier, &t.State, &t.SizeBytes, &t.Pins)
 	})
 }

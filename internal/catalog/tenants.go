@@ -69,6 +69,9 @@ type Tenant struct {
 	// Allow are the client networks (CIDR) its logins may come from
 	// through the front door; none: any.
 	Allow []string `json:"allow,omitempty"`
+	// Pins are labels (k=v) its cluster must carry (data residency):
+	// placement, drains, rebalances and moves keep it on such clusters.
+	Pins []string `json:"labels,omitempty"`
 }
 
 // IsSpare reports whether the row is a spare rather than a tenant: being
@@ -82,14 +85,17 @@ func (t Tenant) IsSpare() bool {
 const notSpare = `state NOT IN ('building', 'spare') AND NOT (state = 'purging' AND claimed_at IS NULL)`
 
 const tenantColumns = `id, name, coalesce(external_id, ''), mode, cluster, coalesce(front, ''), template, version, tier, state, database,
-	created_at, updated_at, claimed_at, dropped_at, purge_after, coalesce(dropped_from, ''), allow_cidrs`
+	created_at, updated_at, claimed_at, dropped_at, purge_after, coalesce(dropped_from, ''), allow_cidrs, pins`
 
 func scanTenant(row pgx.Row) (Tenant, error) {
 	var t Tenant
 	err := row.Scan(&t.ID, &t.Name, &t.ExternalID, &t.Mode, &t.Cluster, &t.Front, &t.Template, &t.Version, &t.Tier, &t.State,
-		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom, &t.Allow)
+		&t.Database, &t.CreatedAt, &t.UpdatedAt, &t.ClaimedAt, &t.DroppedAt, &t.PurgeAfter, &t.DroppedFrom, &t.Allow, &t.Pins)
 	if len(t.Allow) == 0 {
 		t.Allow = nil
+	}
+	if len(t.Pins) == 0 {
+		t.Pins = nil
 	}
 	return t, err
 }
@@ -143,9 +149,9 @@ func nullIfEmpty(s string) *string {
 // tenant inserted provisioning (a cold create) is asked for now: its
 // claimed_at is set, as a pool claim sets it, so that pools count it as demand.
 func (s *Store) InsertTenant(ctx context.Context, q Querier, t Tenant) error {
-	_, err := q.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, tier, state, database, claimed_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, CASE WHEN $9 = 'provisioning' THEN now() END)`,
-		t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Mode, t.Cluster, t.Template, t.Version, t.Tier, t.State, t.Database)
+	_, err := q.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, tier, state, database, pins, claimed_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, CASE WHEN $9 = 'provisioning' THEN now() END)`,
+		t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Mode, t.Cluster, t.Template, t.Version, t.Tier, t.State, t.Database, nonNil(t.Pins))
 	if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
 		return fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
 	}
@@ -226,9 +232,9 @@ func (s *Store) ActivateTenant(ctx context.Context, q Querier, t Tenant) (Tenant
 	// A spare's created_at was when it was built; from its claim on it is
 	// when the tenant was created (a cold create's row was inserted at its
 	// request: its created_at stays).
-	out, err := scanTenant(q.QueryRow(ctx, `UPDATE tenants SET state = 'active', name = $2, external_id = $3, tier = $4,
+	out, err := scanTenant(q.QueryRow(ctx, `UPDATE tenants SET state = 'active', name = $2, external_id = $3, tier = $4, pins = $5,
 		created_at = CASE WHEN state = 'spare' THEN now() ELSE created_at END,
-		claimed_at = now(), updated_at = now() WHERE id = $1 RETURNING `+tenantColumns, t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Tier))
+		claimed_at = now(), updated_at = now() WHERE id = $1 RETURNING `+tenantColumns, t.ID, t.Name, nullIfEmpty(t.ExternalID), t.Tier, nonNil(t.Pins)))
 	if errors.Is(cluster.Classify(err), cluster.ErrUniqueViolation) {
 		return Tenant{}, fmt.Errorf("%w: tenant with external id %q exists", ErrConflict, t.ExternalID)
 	}
@@ -261,11 +267,22 @@ func (s *Store) SetTenantVersion(ctx context.Context, q Querier, id string, vers
 
 // SetTenantAllow records a tenant's allowlist (nil: any address).
 func (s *Store) SetTenantAllow(ctx context.Context, q Querier, id string, allow []string) error {
-	if allow == nil {
-		allow = []string{}
-	}
-	_, err := q.Exec(ctx, `UPDATE tenants SET allow_cidrs = $2, updated_at = now() WHERE id = $1`, id, allow)
+	_, err := q.Exec(ctx, `UPDATE tenants SET allow_cidrs = $2, updated_at = now() WHERE id = $1`, id, nonNil(allow))
 	return err
+}
+
+// SetTenantPins records a tenant's placement pins (nil: none).
+func (s *Store) SetTenantPins(ctx context.Context, q Querier, id string, pins []string) error {
+	_, err := q.Exec(ctx, `UPDATE tenants SET pins = $2, updated_at = now() WHERE id = $1`, id, nonNil(pins))
+	return err
+}
+
+// nonNil is an empty array for nil: the text[] columns are NOT NULL.
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
 }
 
 // SetTenantTier records a tenant's tier (a tier change, in place or at a

@@ -75,6 +75,9 @@ external id names a tenant with other parameters (--template, --mode, --tier,
 				row(w, "cluster", t.Cluster)
 				row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
 				row(w, "tier", t.Tier)
+				if len(t.Pins) > 0 {
+					row(w, "labels", strings.Join(t.Pins, ", "))
+				}
 				row(w, "state", t.State)
 				if out.Existing {
 					row(w, "existing", "created earlier with this external id")
@@ -101,6 +104,7 @@ external id names a tenant with other parameters (--template, --mode, --tier,
 	f.StringVar(&req.ExternalID, "external-id", "", "your id for this tenant; makes retries idempotent")
 	f.StringVar(&req.Tier, "tier", "", "tier of limits from the config (default: default)")
 	f.StringVar(&req.Cluster, "cluster", "", "cluster to place it on (default: the one with the fewest tenants)")
+	f.StringSliceVar(&req.Labels, "label", nil, "pin it to clusters with this label, key=value (repeat or comma-separate for several): now and whenever it moves")
 	_ = create.MarkFlagRequired("template")
 
 	var q struct{ state, cluster, template, mode, after, sort string }
@@ -348,6 +352,9 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 	row(w, "database", t.Database)
 	row(w, "template", fmt.Sprintf("%s v%d", t.Template, t.Version))
 	row(w, "tier", t.Tier)
+	if len(t.Pins) > 0 {
+		row(w, "labels", strings.Join(t.Pins, ", ")+" (pinned: only clusters with these)")
+	}
 	if len(t.Allow) > 0 {
 		row(w, "allow", strings.Join(t.Allow, ", ")+" (through the front door)")
 	}
@@ -707,11 +714,11 @@ standard input.`,
 
 func newTenantSetCmd(g *globals) *cobra.Command {
 	var tier string
-	var allow []string
-	var allowAny, wait bool
+	var allow, labels []string
+	var allowAny, noLabels, wait bool
 	cmd := &cobra.Command{
-		Use:   "set ID [--tier TIER] [--allow NET,… | --allow-any]",
-		Short: "Change a tenant's tier (in place, or moved online to a cluster the tier needs) or its allowlist",
+		Use:   "set ID [--tier TIER | --label K=V,… | --no-labels] [--allow NET,… | --allow-any]",
+		Short: "Change a tenant's tier or labels (in place, or moved online to a cluster they need) or its allowlist",
 		Long: `Give a tenant another tier (a plan change). When its cluster admits a tenant of
 the new tier, the change is made in place at once: the role's connection limit and
 settings (statement_timeout, idle_in_transaction_session_timeout, work_mem,
@@ -727,6 +734,12 @@ moved there with the online cut-over of 'tenant move', and takes the new tier at
 the switch; the answer is the move's job (--wait follows it). Only active tenants
 move. The same tier again changes nothing.
 
+--label pins the tenant to clusters that carry each label (key=value, as set with
+'cluster set NAME --label'), for data residency: placement, drains, rebalances and
+moves keep it on such clusters, and a move to another is refused. When its cluster
+lacks one, it is moved online to one that has them (the answer is the move's job).
+--no-labels unpins it. Change the tier and the labels one at a time.
+
 --allow sets the client networks the tenant's logins (its own and its extra ones)
 may come from through the front door: CIDRs or single addresses, comma-separated;
 a login from anywhere else is "login rejected" by the pooler. --allow-any lifts it.
@@ -735,14 +748,25 @@ It takes effect at once; the direct DSN (the primary's) is the server's own HBA'
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := api.SetTenantRequest{Tier: tier}
 			switch {
+			case noLabels && len(labels) > 0:
+				return usagef("--label and --no-labels: choose one")
+			case noLabels:
+				req.Labels = &[]string{}
+			case len(labels) > 0:
+				req.Labels = &labels
+			}
+			switch {
 			case allowAny && len(allow) > 0:
 				return usagef("--allow and --allow-any: choose one")
 			case allowAny:
 				req.Allow = &[]string{}
 			case len(allow) > 0:
 				req.Allow = &allow
-			case tier == "":
-				return usagef("say what to change: --tier, --allow or --allow-any")
+			case tier == "" && req.Labels == nil:
+				return usagef("say what to change: --tier, --label, --no-labels, --allow or --allow-any")
+			}
+			if tier != "" && req.Labels != nil {
+				return usagef("--tier and --label: change one at a time (either may move the tenant)")
 			}
 			c, err := g.client()
 			if err != nil {
@@ -773,7 +797,9 @@ It takes effect at once; the direct DSN (the primary's) is the server's own HBA'
 	cmd.Flags().StringVar(&tier, "tier", "", "the tier to give the tenant (one of the config's tiers)")
 	cmd.Flags().StringSliceVar(&allow, "allow", nil, "the client networks its logins may come from through the front door (CIDR or address, comma-separated)")
 	cmd.Flags().BoolVar(&allowAny, "allow-any", false, "lift the allowlist: logins from any address")
-	cmd.Flags().BoolVar(&wait, "wait", false, "when the tier needs another cluster, wait for the move with a progress bar")
+	cmd.Flags().StringSliceVar(&labels, "label", nil, "pin the tenant to clusters with this label, key=value (repeat or comma-separate for several)")
+	cmd.Flags().BoolVar(&noLabels, "no-labels", false, "unpin the tenant: any cluster its tier admits")
+	cmd.Flags().BoolVar(&wait, "wait", false, "when the tier or labels need another cluster, wait for the move with a progress bar")
 	return cmd
 }
 

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -291,14 +292,26 @@ type PoolerConfig struct {
 	// RequireTLS refuses clear-text logins of every tenant of this pooler
 	// (hostssl HBA lines); a tier's require_tls does so for its tenants.
 	RequireTLS bool `yaml:"require_tls"`
+	// ServerTLSSSLMode is how PgBouncer connects to the server
+	// (server_tls_sslmode, as libpq's sslmode): prefer (the default: TLS
+	// when the server offers it, unverified), disable, require,
+	// verify-ca or verify-full (these two need ServerTLSCAFile). Where the
+	// pooler and the server are on different hosts, verify-full.
+	ServerTLSSSLMode string `yaml:"server_tls_sslmode"`
+	// ServerTLSCAFile is the CA that signed the server's certificate
+	// (server_tls_ca_file).
+	ServerTLSCAFile string `yaml:"server_tls_ca_file"`
 }
+
+// ServerTLSModes are PgBouncer's server_tls_sslmode values.
+var ServerTLSModes = []string{"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}
 
 // DefaultPooler is the pooler block's defaults over which a cluster's
 // pooler block is read.
 func DefaultPooler() PoolerConfig {
 	return PoolerConfig{MaxClientConn: 5000, ServerIdleTimeout: Duration(10 * time.Second),
 		QueryWaitTimeout: Duration(30 * time.Second), Coalesce: Duration(100 * time.Millisecond),
-		SyncInterval: Duration(10 * time.Second)}
+		SyncInterval: Duration(10 * time.Second), ServerTLSSSLMode: "prefer"}
 }
 
 // PacerConfig is the budget a cluster gives heavy steps.
@@ -388,11 +401,18 @@ type Tier struct {
 	// that label (`pgtenant cluster set NAME --label k=v`).
 	ClusterLabel string `yaml:"cluster_label"`
 	// RequireTLS: the tier's tenants log in through their front door
-	// (PgBouncer) over TLS only; a clear-text login is refused as
-	// PgBouncer refuses a login no HBA line admits. Every pooler that
-	// fronts them needs tls_cert_file.
+	// (PgBouncer) and to the analytics port over TLS only; a clear-text
+	// login is refused as PgBouncer refuses a login no HBA line admits.
+	// Every pooler that fronts them needs tls_cert_file.
 	RequireTLS bool `yaml:"require_tls"`
+	// Extensions a database tenant of the tier may CREATE EXTENSION
+	// itself: trusted ones only (PostgreSQL runs an untrusted one's script
+	// as a superuser). None by default; schema tenants never (an extension
+	// exists once per database, which their neighbours share).
+	Extensions []string `yaml:"extensions"`
 }
+
+var extensionRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
 var labelRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
@@ -846,6 +866,11 @@ func (c Config) Validate() error {
 		if t.ConnectionLimit > 0 && t.MaxDBConnections > t.ConnectionLimit {
 			bad(f+".max_db_connections", "%d is above connection_limit %d: the server refuses the pooler's logins beyond the role's limit", t.MaxDBConnections, t.ConnectionLimit)
 		}
+		for _, e := range t.Extensions {
+			if !extensionRE.MatchString(e) {
+				bad(f+".extensions", "%q is not an extension's name (lowercase letters, digits, _ and -)", e)
+			}
+		}
 		if t.Placement != "" && t.Placement != "shared" && t.Placement != "dedicated" {
 			bad(f+".placement", "must be shared or dedicated, not %q", t.Placement)
 		}
@@ -1058,7 +1083,8 @@ var poolerPathRE = regexp.MustCompile(`^/[A-Za-z0-9._/+-]*$`)
 // are written into pgbouncer.ini) and that both or neither are set
 // (CheckTLSFiles loads them).
 func (p PoolerConfig) validateTLS() *fieldError {
-	for _, f := range []struct{ key, path string }{{"tls_cert_file", p.TLSCertFile}, {"tls_key_file", p.TLSKeyFile}, {"tls_ca_file", p.TLSCAFile}} {
+	for _, f := range []struct{ key, path string }{{"tls_cert_file", p.TLSCertFile}, {"tls_key_file", p.TLSKeyFile}, {"tls_ca_file", p.TLSCAFile},
+		{"server_tls_ca_file", p.ServerTLSCAFile}} {
 		if f.path != "" && !poolerPathRE.MatchString(f.path) {
 			return &fieldError{f.key, fmt.Sprintf("%q: an absolute path of letters, digits and . _ / + - only (it is written into pgbouncer.ini)", f.path)}
 		}
@@ -1072,6 +1098,10 @@ func (p PoolerConfig) validateTLS() *fieldError {
 		return &fieldError{"tls_ca_file", "needs tls_cert_file and tls_key_file: the CA names what signed them"}
 	case p.TLSCertFile == "" && p.RequireTLS:
 		return &fieldError{"require_tls", "needs tls_cert_file and tls_key_file: without a certificate no tenant could log in"}
+	case p.ServerTLSSSLMode != "" && !slices.Contains(ServerTLSModes, p.ServerTLSSSLMode):
+		return &fieldError{"server_tls_sslmode", fmt.Sprintf("%q: one of %s", p.ServerTLSSSLMode, strings.Join(ServerTLSModes, ", "))}
+	case strings.HasPrefix(p.ServerTLSSSLMode, "verify-") && p.ServerTLSCAFile == "":
+		return &fieldError{"server_tls_ca_file", "required with server_tls_sslmode " + p.ServerTLSSSLMode + ": the CA that signed the server's certificate"}
 	}
 	return nil
 }

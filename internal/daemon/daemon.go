@@ -207,7 +207,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(prewarm.NewCollector(warm))
 	pur.OnResume = warm.PrewarmTenant
 	d.analytics = analytics.New(store, d.clusters, cfg.Analytics, analyticsDir(cfg), log)
-	d.analytics.Pacer = pacer
+	d.analytics.Pacer, d.analytics.Tiers = pacer, cfg.Tiers
 	if d.analytics.TLS, err = loadAnalyticsTLS(cfg); err != nil {
 		d.Close()
 		return nil, err
@@ -262,7 +262,7 @@ func New(ctx context.Context, opts Options) (*Daemon, error) {
 	reg.MustRegister(placement.NewCollector(plc))
 
 	rec := &reconcile.Reconciler{Store: store, Clusters: d.clusters, Runner: d.runner, Templates: tpl, Drop: cfg.Drop, Logger: log, Poolers: d.poolers,
-		Analytics: d.analytics}
+		Tiers: cfg.Tiers, Analytics: d.analytics}
 	d.recLoop = &reconcile.Loop{R: rec, Interval: cfg.Reconcile.Interval.D()}
 
 	quo := &quota.Service{Store: store, Clusters: d.clusters, Tiers: cfg.Tiers, Logger: log}

@@ -92,6 +92,8 @@ type Facts struct {
 	Pooler  *PoolerFacts  // the cluster's PgBouncer, nil without one
 	Backup  *BackupFacts  // the cluster's pgBackRest stanza, nil when it has none
 	Patroni *PatroniFacts // the cluster's Patroni members, nil when Patroni does not run it
+	Certs   []CertFacts   // the TLS certificates of its front door and of the daemon's ports, where configured
+	Now     time.Time     // when the facts were gathered (certificates' expiry is judged against it)
 }
 
 // PatroniFacts are what the failover check looks at: the members of a
@@ -184,6 +186,9 @@ func Checks(f Facts) []Check {
 	}
 	if f.Patroni != nil {
 		out = append(out, failover(f.Cluster, *f.Patroni))
+	}
+	if len(f.Certs) > 0 {
+		out = append(out, certificates(f.Now, f.Certs))
 	}
 	return out
 }

@@ -180,6 +180,7 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		f.Pooler = d.poolerFacts(front, f.TenantsByTier)
 	}
 	f.Backup = backupFacts(ctx, d.Backups, cl.Name())
+	f.Certs, f.Now = certFacts(d.Config, cl.Name()), time.Now()
 	if c, err := d.Store.GetCluster(ctx, cl.Name()); err == nil && len(c.PatroniURLs) > 0 {
 		f.Patroni = patroniFacts(ctx, c.PatroniURLs)
 	}

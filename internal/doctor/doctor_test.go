@@ -242,6 +242,18 @@ func TestChecks(t *testing.T) {
 		{"9.6 stats on tmpfs", "stats_temp_directory", doctor.OK, func(f *doctor.Facts) {
 			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "tmpfs"
 		}},
+		{"certificates valid for months", "certificates", doctor.OK, func(f *doctor.Facts) {
+			f.Now, f.Certs = time.Now(), []doctor.CertFacts{{What: "front door", Path: "/x.crt", NotAfter: time.Now().Add(200 * 24 * time.Hour)}}
+		}},
+		{"a certificate expiring in 10 days", "certificates", doctor.Warn, func(f *doctor.Facts) {
+			f.Now, f.Certs = time.Now(), []doctor.CertFacts{{What: "analytics port", Path: "/x.crt", NotAfter: time.Now().Add(10 * 24 * time.Hour)}}
+		}},
+		{"a certificate expired", "certificates", doctor.Fail, func(f *doctor.Facts) {
+			f.Now, f.Certs = time.Now(), []doctor.CertFacts{{What: "front door", Path: "/x.crt", NotAfter: time.Now().Add(-time.Hour)}}
+		}},
+		{"a certificate unreadable", "certificates", doctor.Fail, func(f *doctor.Facts) {
+			f.Now, f.Certs = time.Now(), []doctor.CertFacts{{What: "front door", Path: "/x.crt", Err: "permission denied"}}
+		}},
 		{"pooler running and in sync", "pooler", doctor.OK, func(f *doctor.Facts) { f.Pooler = goodPooler() }},
 		{"pooler down", "pooler", doctor.Fail, func(f *doctor.Facts) {
 			f.Pooler = goodPooler()

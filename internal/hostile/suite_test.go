@@ -56,7 +56,7 @@ func TestHostile_EveryPathAgainstEveryPlant(t *testing.T) {
 			// tenant (2 MB inserts) must fit under it on a loaded machine.
 			c.Tiers[hostileTier+"_"+mode] = config.Tier{ConnectionLimit: 4, StatementTimeout: config.Duration(5 * time.Second),
 				StatementCap: config.Duration(5 * time.Second), IdleInTransactionSessionTimeout: config.Duration(time.Minute),
-				WorkMem: 4 << 20, TempFileLimit: 64 << 20}
+				WorkMem: 4 << 20, TempFileLimit: 64 << 20, Extensions: []string{"hstore"}}
 		}
 	})
 	ctx := pgtest.Context(t)
@@ -294,6 +294,24 @@ func paths(t *testing.T, e *env, hostiles []*hostile, neighbours []login, round 
 		}
 	}
 	check("credentials")
+
+	// Extensions: a database tenant creates the one its tier lists (the
+	// guard, the admin's SECURITY DEFINER function, runs in its session
+	// among its plants) and no other; a schema tenant none (an extension
+	// is its shared database's, its neighbours' too).
+	for _, h := range hostiles {
+		create := func(ext string) string {
+			return `CREATE EXTENSION IF NOT EXISTS ` + ext + ` SCHEMA ` + cluster.Ident(h.Schema)
+		}
+		if h.Mode == "database" {
+			mustExec(t, h.act, create("hstore"))
+			mustExec(t, h.act, `CREATE TABLE IF NOT EXISTS `+cluster.Ident(h.Schema)+`.attrs (id int PRIMARY KEY, a `+cluster.Ident(h.Schema)+`.hstore)`)
+		} else {
+			refused(t, h.act, "42501", create("hstore"))
+		}
+		refused(t, h.act, "42501", create("citext"))
+	}
+	check("extensions")
 
 	// A rollout: transactional files that set off the tenants' triggers,
 	// then a NO TRANSACTION file.

@@ -236,7 +236,7 @@ func dumpArchive(ctx context.Context, dsn string, mode tenant.Mode, schema, snap
 	if err != nil {
 		return "", 0, err
 	}
-	argv := append([]string{"--format=custom", "--snapshot=" + snapshot}, dumpScope(mode, schema)...)
+	argv := append([]string{"--format=custom", "--snapshot=" + snapshot}, dumpScope(mode, schema, nil)...)
 	cmd := exec.CommandContext(ctx, bin, append(argv, "--dbname="+dsn)...)
 	h := sha256.New()
 	cw := &countingWriter{w: io.MultiWriter(f, h)}
@@ -250,12 +250,48 @@ func dumpArchive(ctx context.Context, dsn string, mode tenant.Mode, schema, snap
 }
 
 // extraExtensions are the extensions of a database but plpgsql and
-// pg_prewarm (which pgtenant makes): a copy does not carry them.
+// pg_prewarm (which pgtenant makes): the tenant's own (its tier's list),
+// or its template's.
 func extraExtensions(ctx context.Context, conn *pgx.Conn) ([]string, error) {
 	var exts []string
 	err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(extname::text ORDER BY extname), '{}') FROM pg_catalog.pg_extension
 		WHERE extname NOT IN ('plpgsql', 'pg_prewarm')`).Scan(&exts)
 	return exts, cluster.Classify(err)
+}
+
+// carriedExtensions are the extensions a copy of the database tenant conn
+// is on carries to cluster to (extraExtensions): its restore, as the
+// tenant, creates them there, which PostgreSQL allows for a trusted
+// extension that cluster has installed. refused says why each other one
+// cannot be carried.
+func carriedExtensions(ctx context.Context, conn *pgx.Conn, to *cluster.Cluster) (exts, refused []string, err error) {
+	if exts, err = extraExtensions(ctx, conn); err != nil || len(exts) == 0 {
+		return exts, nil, err
+	}
+	admin, err := to.Admin(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := admin.Query(ctx, `SELECT e, v.trusted FROM pg_catalog.unnest($1::text[]) e
+		LEFT JOIN (SELECT name, pg_catalog.bool_or(trusted) AS trusted FROM pg_catalog.pg_available_extension_versions GROUP BY name) v ON v.name = e
+		ORDER BY e`, exts)
+	if err != nil {
+		return nil, nil, cluster.Classify(err)
+	}
+	for rows.Next() {
+		var name string
+		var trusted *bool
+		if err := rows.Scan(&name, &trusted); err != nil {
+			return nil, nil, cluster.Classify(err)
+		}
+		switch {
+		case trusted == nil:
+			refused = append(refused, fmt.Sprintf("it has extension %s, which cluster %s has not installed: install it there", name, to.Name()))
+		case !*trusted:
+			refused = append(refused, fmt.Sprintf("it has extension %s, which is not trusted: only a superuser may create it, and the copy is restored as the tenant", name))
+		}
+	}
+	return exts, refused, cluster.Classify(rows.Err())
 }
 
 // checkManifest refuses a manifest this code cannot import.

@@ -402,13 +402,15 @@ type scratchCopy struct {
 func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) error {
 	intoName := tenant.PhysicalName(c.into.ID)
 	schemas := []string{intoName}
+	var exts []string
 	if c.into.Mode == tenant.ModeDatabase {
-		exts, err := extraExtensions(ctx, c.sconn)
-		if err != nil {
+		var refused []string
+		var err error
+		if exts, refused, err = carriedExtensions(ctx, c.sconn, c.cl); err != nil {
 			return err
 		}
-		if len(exts) > 0 {
-			return jobs.Permanent(fmt.Errorf("%w: %s has extensions %s, which a copy does not recreate", ErrRefused, c.what, strings.Join(exts, ", ")))
+		if len(refused) > 0 {
+			return jobs.Permanent(fmt.Errorf("%w: %s: %s", ErrRefused, c.what, strings.Join(refused, "; ")))
 		}
 		if schemas, err = tenantSchemas(ctx, c.sconn, c.into); err != nil {
 			return err
@@ -419,11 +421,11 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 		return err
 	}
 	r.Progress(ctx, 0, 1, "dumping the tenant's definitions in the scratch instance")
-	pre, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, "--section=pre-data")
+	pre, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, exts, "--section=pre-data")
 	if err != nil {
 		return err
 	}
-	post, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, "--section=post-data")
+	post, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, exts, "--section=post-data")
 	if err != nil {
 		return err
 	}
@@ -505,7 +507,7 @@ func (s *Service) emptyStorage(ctx context.Context, r *jobs.Run, cl *cluster.Clu
 		if err := cluster.DropDatabase(ctx, admin, name); err != nil {
 			return err
 		}
-		return makeDatabase(ctx, r, cl, into, prewarm)
+		return makeDatabase(ctx, r, cl, into, s.Provision.Tiers[into.Tier], prewarm)
 	}
 	conn, err := cl.Connect(ctx, into.Database)
 	if err != nil {

@@ -127,6 +127,14 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 	}
 	victim, neighbour := mk(), mk()
 	backuptest.Exec(t, ctx, victim.DSN, tenantSetup)
+	// An extension the tier allows, made by the tenant: database mode
+	// only (a schema tenant's database is its neighbours' too).
+	const withHstore = `CREATE EXTENSION hstore; CREATE TABLE attrs (id int PRIMARY KEY, a hstore); INSERT INTO attrs VALUES (1, 'k => v')`
+	if mode == tenant.ModeDatabase {
+		backuptest.Exec(t, ctx, victim.DSN, withHstore)
+	} else if err := execTenant(ctx, victim.DSN, withHstore); err == nil || !strings.Contains(err.Error(), "permission denied to create extension") {
+		t.Errorf("a schema tenant's CREATE EXTENSION: %v, want refused", err)
+	}
 	backuptest.Exec(t, ctx, neighbour.DSN, `CREATE TABLE events (id bigserial PRIMARY KEY, at timestamptz DEFAULT now())`)
 	want := checksums(t, ctx, victim.DSN)
 	// A read-only login of the victim: it reads the rewound data after.
@@ -268,6 +276,13 @@ func rewindAndFork(t *testing.T, ctx context.Context, c *api.Client, fc *managed
 		t.Fatalf("forked tenant: %v %s, want active", err, forked.State)
 	}
 	sameSums(t, "the fork at TIME", checksums(t, ctx, fork.DSN), want)
+	if mode == tenant.ModeDatabase {
+		for what, dsn := range map[string]string{"the rewound tenant": victim.DSN, "the fork": fork.DSN} {
+			if got := queryTenant(t, dsn, `SELECT a -> 'k' FROM attrs WHERE id = 1`); got != "v" {
+				t.Errorf("%s's hstore column: %q, want v (the extension carried)", what, got)
+			}
+		}
+	}
 	if scratch, _ := filepath.Glob(st.ScratchDir("*")); len(scratch) > 0 {
 		t.Errorf("scratch instances left: %v", scratch)
 	}
@@ -295,10 +310,14 @@ func backedUpDaemon(t *testing.T, ctx context.Context, pooled bool) (*managed.Cl
 	return fc, st, c, stop
 }
 
-// smallServer lets tenants' connection limits add up past a small test server's.
+// smallServer lets tenants' connection limits add up past a small test
+// server's; the default tier allows hstore.
 func smallServer(cfg *config.Config) {
 	cfg.Provision.ReservedConnections = 5
 	cfg.Provision.ConnectionOvercommit = 100
+	tier := cfg.Tiers["default"]
+	tier.Extensions = []string{"hstore"}
+	cfg.Tiers["default"] = tier
 }
 
 func waitFor(t *testing.T, ctx context.Context, cond func() bool) {

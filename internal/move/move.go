@@ -183,6 +183,17 @@ func (s *Service) start(ctx context.Context, id, to, tier string) (jobs.Job, err
 	if _, err := s.Clusters.Get(to); err != nil {
 		return jobs.Job{}, err
 	}
+	if len(t.Pins) > 0 {
+		c, err := s.Store.GetCluster(ctx, to)
+		if err != nil {
+			return jobs.Job{}, err
+		}
+		if missing := tenant.MissingPins(c.Labels, t.Pins); len(missing) > 0 {
+			return jobs.Job{}, fmt.Errorf("%w: tenant %s is pinned to clusters labelled %s, and %s lacks %s: label it (`pgtenant cluster set %s --label %s`), "+
+				"or change the tenant's labels (`pgtenant tenant set %s --label …`)", catalog.ErrConflict, id, strings.Join(t.Pins, ","), to,
+				strings.Join(missing, ","), to, missing[0], id)
+		}
+	}
 	// The rollout's per-tenant lock, in the catalog: held only while the
 	// job row is written, so that a rollout either had the tenant before
 	// (a conflict here) or sees the move's job after.
@@ -493,14 +504,11 @@ func Refusals(ctx context.Context, src, dst *cluster.Cluster, t catalog.Tenant, 
 		out = append(out, fmt.Sprintf("it has %d large objects, which logical replication does not carry: move their contents to bytea columns", los))
 	}
 	if t.Mode == tenant.ModeDatabase {
-		var exts []string
-		if err := conn.QueryRow(ctx, `SELECT coalesce(pg_catalog.array_agg(extname::text ORDER BY extname), '{}') FROM pg_catalog.pg_extension
-			WHERE extname NOT IN ('plpgsql', 'pg_prewarm')`).Scan(&exts); err != nil {
-			return nil, cluster.Classify(err)
+		_, refused, err := carriedExtensions(ctx, conn, dst)
+		if err != nil {
+			return nil, err
 		}
-		if len(exts) > 0 {
-			out = append(out, fmt.Sprintf("it has extensions %s, which a move does not recreate", strings.Join(exts, ", ")))
-		}
+		out = append(out, refused...)
 	}
 	rows, err := conn.Query(ctx, `SELECT pg_catalog.format('%I.%I', n.nspname, c.relname),
 			CASE WHEN c.relkind = 'f' THEN 'is a foreign table (not replicated)'
@@ -699,7 +707,11 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 	}
 	id := cluster.Ident(e.role)
 	if e.t.Mode == tenant.ModeDatabase {
-		if err := makeDatabase(ctx, r, e.dst, e.t, hasPrewarm(ctx, e.src, e.t.Database)); err != nil {
+		tier := e.t.Tier
+		if m.a.Tier != "" {
+			tier = m.a.Tier
+		}
+		if err := makeDatabase(ctx, r, e.dst, e.t, m.s.Provision.Tiers[tier], hasPrewarm(ctx, e.src, e.t.Database)); err != nil {
 			return err
 		}
 	} else {
@@ -783,9 +795,10 @@ func (m *mover) schema(ctx context.Context, r *jobs.Run, e *env) error {
 
 // makeDatabase makes a database tenant's storage on cl as provisioning
 // makes it, empty: admin-owned, its public schema the tenant's, the
-// marker schema its agent's (and pg_prewarm when the source has it). What
-// an interrupted attempt made is dropped first.
-func makeDatabase(ctx context.Context, r *jobs.Run, cl *cluster.Cluster, t catalog.Tenant, prewarm bool) error {
+// marker schema its agent's, the extension guard with the tier's list
+// (and pg_prewarm when the source has it). What an interrupted attempt
+// made is dropped first.
+func makeDatabase(ctx context.Context, r *jobs.Run, cl *cluster.Cluster, t catalog.Tenant, tier config.Tier, prewarm bool) error {
 	dadmin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
@@ -822,7 +835,7 @@ func makeDatabase(ctx context.Context, r *jobs.Run, cl *cluster.Cluster, t catal
 	if err != nil {
 		return err
 	}
-	_, err = conn.Exec(ctx, fmt.Sprintf(`REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC;
+	_, err = conn.Exec(ctx, tenant.ExtensionGuardSQL+tenant.ExtensionsSQL(role, tier)+fmt.Sprintf(`REVOKE SELECT ON pg_catalog.pg_db_role_setting FROM PUBLIC;
 		ALTER SCHEMA public OWNER TO %[1]s;
 		CREATE SCHEMA IF NOT EXISTS %[3]s AUTHORIZATION %[2]s;
 		REVOKE ALL ON SCHEMA %[3]s FROM PUBLIC`, id, agent, cluster.Ident(tenant.MarkerSchema)))
@@ -872,7 +885,19 @@ func (m *mover) dump(ctx context.Context, e *env) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := dumpSQL(ctx, dsn, e.t.Mode, e.role, "--schema-only")
+	var exts []string
+	if e.t.Mode == tenant.ModeDatabase {
+		conn, err := e.src.Connect(ctx, e.t.Database)
+		if err != nil {
+			return "", err
+		}
+		exts, err = extraExtensions(ctx, conn)
+		conn.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return "", err
+		}
+	}
+	out, err := dumpSQL(ctx, dsn, e.t.Mode, e.role, exts, "--schema-only")
 	if err != nil {
 		return "", fmt.Errorf("tenant %s on %s: %w", e.t.ID, e.st.From, err)
 	}
@@ -886,12 +911,12 @@ func (m *mover) dump(ctx context.Context, e *env) (string, error) {
 // named, which pg_dump never dumps; the admin made the one pgtenant uses),
 // publications, subscriptions and security labels. The result is SQL to
 // run as one batch.
-func dumpSQL(ctx context.Context, dsn string, mode tenant.Mode, schema string, args ...string) (string, error) {
+func dumpSQL(ctx context.Context, dsn string, mode tenant.Mode, schema string, exts []string, args ...string) (string, error) {
 	bin, err := pgDump()
 	if err != nil {
 		return "", err
 	}
-	argv := append(append(args, dumpScope(mode, schema)...), "--dbname="+dsn)
+	argv := append(append(args, dumpScope(mode, schema, exts)...), "--dbname="+dsn)
 	cmd := exec.CommandContext(ctx, bin, argv...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -921,12 +946,16 @@ func dumpSQL(ctx context.Context, dsn string, mode tenant.Mode, schema string, a
 
 // dumpScope are the pg_dump options that keep a dump to a tenant's own
 // objects: its schema (schema mode) or every schema of its database but
-// pgtenant's, without owners, privileges, extensions but plpgsql,
-// publications, subscriptions, security labels and tablespaces, and with
-// a bounded wait for the tenant's locks.
-func dumpScope(mode tenant.Mode, schema string) []string {
+// pgtenant's, without owners, privileges, extensions but plpgsql and exts
+// (a database tenant's own, carriedExtensions), publications,
+// subscriptions, security labels and tablespaces, and with a bounded wait
+// for the tenant's locks.
+func dumpScope(mode tenant.Mode, schema string, exts []string) []string {
 	argv := []string{"--no-owner", "--no-privileges", "--no-publications", "--no-subscriptions",
 		"--no-security-labels", "--no-tablespaces", "--extension=plpgsql", "--lock-wait-timeout=10000"}
+	for _, e := range exts {
+		argv = append(argv, `--extension="`+strings.ReplaceAll(e, `"`, `""`)+`"`)
+	}
 	if mode == tenant.ModeSchema {
 		return append(argv, "--schema="+schema)
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
@@ -17,6 +19,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/reconcile"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -31,8 +34,8 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	ctx := pgtest.Context(t)
 	cfg := testConfig(t)
 	cfg.Tiers["big"] = config.Tier{ConnectionLimit: 9, StatementTimeout: config.Duration(time.Minute), WorkMem: 8 << 20,
-		PoolMode: "session", PoolSize: 4, MaxDBConnections: 6}
-	cfg.Tiers["eu"] = config.Tier{ConnectionLimit: 7, ClusterLabel: "region=eu"}
+		PoolMode: "session", PoolSize: 4, MaxDBConnections: 6, Extensions: []string{"hstore"}}
+	cfg.Tiers["eu"] = config.Tier{ConnectionLimit: 7, ClusterLabel: "region=eu", Extensions: []string{"citext"}}
 	d, c, _ := daemontest.StartClusters(t, pgs, cfg, true)
 	buildSaas(t, c)
 	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: "database", Tier: pooledTier, Cluster: "local"})
@@ -102,6 +105,13 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	if _, err := c.SetTenantTier(ctx, id, "big"); err != nil {
 		t.Fatal(err)
 	}
+	// The big tier's extension: the tenant makes it and uses it; another
+	// is refused, naming what the tier allows.
+	asTenant(t, r.DirectDSN, `CREATE EXTENSION hstore; CREATE TABLE attrs (id int PRIMARY KEY, a hstore);
+		INSERT INTO attrs VALUES (1, 'k => v')`)
+	if err := execTenant(ctx, r.DirectDSN, "CREATE EXTENSION citext"); !refusedExtension(err, "citext", "hstore") {
+		t.Errorf("an extension the big tier does not list: %v, want refused", err)
+	}
 	if evs := tierEvents(); len(evs) != 1 || evs[0]["from"] != pooledTier || evs[0]["to"] != "big" || evs[0]["in_place"] != true {
 		t.Errorf("tier events %v, want one in-place pooled → big (the same tier again changes nothing)", evs)
 	}
@@ -126,6 +136,32 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	}
 	if evs := tierEvents(); len(evs) != 2 || evs[1]["sessions_ended"].(float64) < 1 {
 		t.Errorf("tier events %v, want the downgrade with sessions_ended ≥ 1", evs)
+	}
+	// The pooled tier lists none: what the tenant made stays, nothing new.
+	if err := execTenant(ctx, r.DirectDSN, "CREATE EXTENSION pg_trgm"); !refusedExtension(err, "pg_trgm", "none") {
+		t.Errorf("an extension after the downgrade to a tier that lists none: %v, want refused", err)
+	}
+	// A database without a guard (made before pgtenant had one):
+	// reconcile finds it and installs the guard with the tier's list.
+	i := slices.IndexFunc(pgs, func(p *pgtest.Cluster) bool { return p.Name() == "local" })
+	tconn, err := pgs[i].Admin(t).Connect(ctx, role)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tconn.Exec(ctx, "DROP EVENT TRIGGER pgtenant_extension_guard; ALTER DATABASE "+role+" RESET "+tenant.ExtensionsSetting); err != nil {
+		t.Fatal(err)
+	}
+	tconn.Close(ctx)
+	rep, err := c.Reconcile(ctx, api.ReconcileRequest{Cluster: "local", Fix: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := slices.IndexFunc(rep.Findings, func(f reconcile.Finding) bool { return f.Object == "database "+role }); i < 0 ||
+		!rep.Findings[i].Fixed || !strings.Contains(rep.Findings[i].Detail, "no extension guard") {
+		t.Errorf("reconcile of a database without its guard: %+v, want a fixed finding", rep.Findings)
+	}
+	if err := execTenant(ctx, r.DirectDSN, "CREATE EXTENSION pg_trgm"); !refusedExtension(err, "pg_trgm", "none") {
+		t.Errorf("an extension after reconcile put the guard back: %v, want refused", err)
 	}
 
 	// 3. Bad input.
@@ -171,6 +207,15 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	if evs := tierEvents(); len(evs) != 3 || evs[2]["moved_to"] != "local2" {
 		t.Errorf("tier events %v, want the last one recorded at the move's switch", evs)
 	}
+	// The move carried the tenant's extension and its data, and the
+	// target holds it to the eu tier's list.
+	asTenant(t, r.DSN, `CREATE EXTENSION citext`)
+	if got := queryTenant(t, r.DSN, `SELECT a -> 'k' FROM attrs WHERE id = 1`); got != "v" {
+		t.Errorf("the hstore column after the move: %q, want v", got)
+	}
+	if err := execTenant(ctx, r.DSN, "CREATE EXTENSION pg_trgm"); !refusedExtension(err, "pg_trgm", "citext") {
+		t.Errorf("an extension the eu tier does not list, on local2: %v, want refused", err)
+	}
 	// The tenant's DSN and its read-only login's (the front door's) reach
 	// it on local2: same passwords, the login's grants made there.
 	for what, dsn := range map[string]string{"the tenant's DSN": r.DSN, "its read-only login's DSN": login.DSN} {
@@ -185,4 +230,45 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 		}
 		conn.Close(context.Background())
 	}
+}
+
+// execTenant runs sql in a new session of dsn.
+func execTenant(ctx context.Context, dsn, sql string) error {
+	conn, err := connectDSN(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.Background())
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+func asTenant(t *testing.T, dsn, sql string) {
+	t.Helper()
+	if err := execTenant(pgtest.Context(t), dsn, sql); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func queryTenant(t *testing.T, dsn, sql string) string {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	conn, err := connectDSN(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var out string
+	if err := conn.QueryRow(ctx, sql).Scan(&out); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return out
+}
+
+// refusedExtension says whether err is the extension guard's refusal of
+// ext, naming what the tier allows.
+func refusedExtension(err error, ext, allows string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501" && pgErr.Message == "extension "+ext+" is not allowed for this tenant" &&
+		pgErr.Detail == "The tenant's tier allows "+allows+"."
 }

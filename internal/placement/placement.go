@@ -157,7 +157,7 @@ func (s *Service) PlanDrain(ctx context.Context, name string) (Plan, error) {
 			p.Stuck = append(p.Stuck, Stuck{t.ID, fmt.Sprintf("%s: only active tenants move (resume it, or let its purge remove it)", t.State)})
 			continue
 		}
-		to, err := fleet.Place("", t.Tier, t.SizeBytes, name)
+		to, err := fleet.Place("", t.Tier, t.Pins, t.SizeBytes, name)
 		if err != nil {
 			p.Stuck = append(p.Stuck, Stuck{t.ID, err.Error()})
 			continue

@@ -103,7 +103,7 @@ func nextMove(fleet *provision.Fleet, movable map[string][]catalog.SizedTenant, 
 			if planned[t.ID] {
 				continue
 			}
-			to, err := fleet.Place("", t.Tier, t.SizeBytes, src.Name)
+			to, err := fleet.Place("", t.Tier, t.Pins, t.SizeBytes, src.Name)
 			if err != nil {
 				continue
 			}
@@ -136,7 +136,7 @@ func nextMove(fleet *provision.Fleet, movable map[string][]catalog.SizedTenant, 
 			if gap-after < minSizeGain {
 				continue
 			}
-			if to, err := fleet.Place(dst.Name, t.Tier, t.SizeBytes); err != nil || to != dst.Name {
+			if to, err := fleet.Place(dst.Name, t.Tier, t.Pins, t.SizeBytes); err != nil || to != dst.Name {
 				continue
 			}
 			return Move{Tenant: t.ID, From: src.Name, To: dst.Name, SizeBytes: t.SizeBytes,

@@ -14,10 +14,13 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/config"
 )
 
 // AdminUser is the pooler's admin console user (admin_users): only
@@ -92,6 +95,9 @@ type Settings struct {
 	// RequireTLS refuses every tenant's clear-text login (hostssl lines
 	// for every entry, as an entry's own RequireTLS does for it).
 	RequireTLS bool
+	// ServerTLSSSLMode and ServerTLSCAFile are how PgBouncer connects to
+	// the server (server_tls_sslmode, server_tls_ca_file); "": disable.
+	ServerTLSSSLMode, ServerTLSCAFile string
 }
 
 // TLS reports whether the front door serves TLS.
@@ -166,13 +172,16 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 	if !ValidVerifier(s.AdminVerifier) {
 		return Files{}, fmt.Errorf("pooler: the admin verifier is not SCRAM-SHA-256")
 	}
-	for _, p := range []string{s.TLSCertFile, s.TLSKeyFile, s.TLSCAFile} {
+	for _, p := range []string{s.TLSCertFile, s.TLSKeyFile, s.TLSCAFile, s.ServerTLSCAFile} {
 		if p != "" && !pathRE.MatchString(p) {
 			return Files{}, fmt.Errorf("pooler: TLS file %q: an absolute path of letters, digits and . _ / + - only", p)
 		}
 	}
 	if (s.TLSCertFile == "") != (s.TLSKeyFile == "") || (s.TLSCAFile != "" && s.TLSCertFile == "") {
 		return Files{}, fmt.Errorf("pooler: TLS needs both a certificate and its key (and a CA file only with them)")
+	}
+	if s.ServerTLSSSLMode != "" && !slices.Contains(config.ServerTLSModes, s.ServerTLSSSLMode) {
+		return Files{}, fmt.Errorf("pooler: server TLS mode %q", s.ServerTLSSSLMode)
 	}
 	es := append([]Entry(nil), entries...)
 	sort.Slice(es, func(i, j int) bool { return es[i].Name < es[j].Name })
@@ -258,6 +267,12 @@ func Render(dir string, s Settings, entries []Entry) (Files, error) {
 			[2]string{"client_tls_cert_file", s.TLSCertFile}, [2]string{"client_tls_key_file", s.TLSKeyFile})
 		if s.TLSCAFile != "" {
 			settings = append(settings, [2]string{"client_tls_ca_file", s.TLSCAFile})
+		}
+	}
+	if s.ServerTLSSSLMode != "" {
+		settings = append(settings, [2]string{"server_tls_sslmode", s.ServerTLSSSLMode})
+		if s.ServerTLSCAFile != "" {
+			settings = append(settings, [2]string{"server_tls_ca_file", s.ServerTLSCAFile})
 		}
 	}
 	conf.WriteString("\n[pgbouncer]\n")

@@ -428,6 +428,7 @@ func NewFront(cl *cluster.Cluster, pc config.PoolerConfig, src Source, stopOnExi
 	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host, fixedServer: pc.Server != "",
 		Settings: Settings{ListenHost: host, ListenPort: port, ServerHost: serverHost, ServerPort: serverPort,
 			MaxClientConn: pc.MaxClientConn, ServerIdleTimeout: pc.ServerIdleTimeout.D(), QueryWaitTimeout: pc.QueryWaitTimeout.D(),
-			TLSCertFile: pc.TLSCertFile, TLSKeyFile: pc.TLSKeyFile, TLSCAFile: pc.TLSCAFile, RequireTLS: pc.RequireTLS},
+			TLSCertFile: pc.TLSCertFile, TLSKeyFile: pc.TLSKeyFile, TLSCAFile: pc.TLSCAFile, RequireTLS: pc.RequireTLS,
+			ServerTLSSSLMode: pc.ServerTLSSSLMode, ServerTLSCAFile: pc.ServerTLSCAFile},
 		Coalesce: pc.Coalesce.D(), SyncInterval: pc.SyncInterval.D(), StopOnExit: stopOnExit, Logger: log}, nil
 }

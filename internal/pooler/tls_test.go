@@ -76,6 +76,10 @@ func TestFrontDoor_TLS(t *testing.T) {
 	cfg.Tiers[secureTier] = config.Tier{ConnectionLimit: 3, StatementTimeout: config.Duration(30 * time.Second), RequireTLS: true}
 	pc := daemontest.Pooler(t)
 	pc.TLSCertFile, pc.TLSKeyFile, pc.TLSCAFile = ca.Cert, ca.Key, ca.CA
+	// The server serves TLS with the same CA's certificate, and PgBouncer
+	// verifies it (as it would on another host).
+	pc.ServerTLSSSLMode, pc.ServerTLSCAFile = "verify-full", ca.CA
+	serverTLS(t, ca)
 	d, c, _ := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{daemontest.Managed(pg)},
 		Poolers: map[string]config.PoolerConfig{"local": pc}})
 	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
@@ -85,7 +89,8 @@ func TestFrontDoor_TLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"client_tls_sslmode = prefer", "client_tls_cert_file = " + ca.Cert, "client_tls_key_file = " + ca.Key, "client_tls_ca_file = " + ca.CA} {
+	for _, want := range []string{"client_tls_sslmode = prefer", "client_tls_cert_file = " + ca.Cert, "client_tls_key_file = " + ca.Key, "client_tls_ca_file = " + ca.CA,
+		"server_tls_sslmode = verify-full", "server_tls_ca_file = " + ca.CA} {
 		if !strings.Contains(string(conf.Config), want+"\n") {
 			t.Errorf("pgbouncer.ini lacks %q", want)
 		}
@@ -127,6 +132,17 @@ func TestFrontDoor_TLS(t *testing.T) {
 				t.Errorf("%s: psql with sslmode=verify-full: %v: %s", r.name, err, out)
 			}
 		}
+	}
+
+	// PgBouncer's own session to the server is TLS, verified.
+	if conn, err := connectDSN(ctx, plain.DSN); err != nil {
+		t.Fatal(err)
+	} else {
+		var ssl bool
+		if err := conn.QueryRow(ctx, `SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl); err != nil || !ssl {
+			t.Errorf("the pooler's server connection: ssl %v, %v; want TLS (server_tls_sslmode verify-full)", ssl, err)
+		}
+		conn.Close(ctx)
 	}
 
 	// Clear text: the default tier's tenant may, the secure tier's may not.
@@ -257,4 +273,27 @@ func TestRender_TLS(t *testing.T) {
 			t.Errorf("SSLQuery(%v, %q) parses to %v, %v", c.tls, c.ca, q, err)
 		}
 	}
+}
+
+// serverTLS turns TLS on in the package's server with ca's certificate
+// (ssl is reloadable), off again when the test ends.
+func serverTLS(t *testing.T, ca tlsca.Files) {
+	t.Helper()
+	ctx := pgtest.Context(t)
+	admin, err := pg.Admin(t).Admin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := func(sqls ...string) {
+		for _, sql := range sqls {
+			if _, err := admin.Exec(ctx, sql); err != nil {
+				t.Fatalf("%s: %v", sql, err)
+			}
+		}
+	}
+	set("ALTER SYSTEM SET ssl_cert_file = '"+ca.Cert+"'", "ALTER SYSTEM SET ssl_key_file = '"+ca.Key+"'", "ALTER SYSTEM SET ssl = on",
+		"SELECT pg_reload_conf()")
+	t.Cleanup(func() {
+		set("ALTER SYSTEM RESET ssl", "ALTER SYSTEM RESET ssl_cert_file", "ALTER SYSTEM RESET ssl_key_file", "SELECT pg_reload_conf()")
+	})
 }

@@ -215,9 +215,14 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 	}
 	// The tenant owns public (as the owner of a database would); its
 	// agent owns the schema whose comment is the version marker (a copy
-	// does not inherit the template's).
+	// does not inherit the template's). The extension guard holds its
+	// CREATE EXTENSION to the tier's list, written last.
+	tier := "default"
+	if b.a.Activate != nil {
+		tier = b.a.Activate.Tier
+	}
 	role, agent := cluster.Ident(name), cluster.Ident(tenant.AgentRole(t.ID))
-	_, err = conn.Exec(ctx, fmt.Sprintf(`DO $$ BEGIN
+	_, err = conn.Exec(ctx, tenant.ExtensionGuardSQL+b.s.ExtensionsSQL(t, tier)+fmt.Sprintf(`DO $$ BEGIN
 			IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public') THEN
 				ALTER SCHEMA public OWNER TO %[1]s;
 			END IF;

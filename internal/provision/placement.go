@@ -74,10 +74,10 @@ func (s *Service) LoadFleet(ctx context.Context) (*Fleet, error) {
 	return f, nil
 }
 
-// Need is what a tenant of tier asks of its cluster, size bytes big.
-func (f *Fleet) Need(tier string, size int64) tenant.Need {
+// Need is what a tenant of tier with pins asks of its cluster, size bytes big.
+func (f *Fleet) Need(tier string, pins []string, size int64) tenant.Need {
 	t := f.s.Tiers[tier]
-	return tenant.Need{Tier: tier, Dedicated: t.Dedicated(), Label: t.ClusterLabel, SizeBytes: size,
+	return tenant.Need{Tier: tier, Dedicated: t.Dedicated(), Label: t.ClusterLabel, Pins: pins, SizeBytes: size,
 		Overcommit: f.s.Provision.ConnectionOvercommit}
 }
 
@@ -123,10 +123,10 @@ func (f *Fleet) Add(clusterName, tier string, size int64, n int) {
 	}
 }
 
-// Place chooses a cluster for a tenant of tier and size by the policy,
-// among every candidate but those in except, or only the one named
-// (pinning: it must admit the tenant too).
-func (f *Fleet) Place(name, tier string, size int64, except ...string) (string, error) {
+// Place chooses a cluster for a tenant of tier, pins and size by the
+// policy, among every candidate but those in except, or only the one
+// named (it must admit the tenant too).
+func (f *Fleet) Place(name, tier string, pins []string, size int64, except ...string) (string, error) {
 	var cands []tenant.Candidate
 	for _, c := range f.Candidates(tier) {
 		if (name == "" || c.Name == name) && !contains(except, c.Name) {
@@ -140,7 +140,7 @@ func (f *Fleet) Place(name, tier string, size int64, except ...string) (string, 
 		return "", fmt.Errorf("%w: no other cluster to place a tenant of tier %s on: add one (`pgtenant cluster add`, or `pgtenant up --clusters N`)",
 			ErrNoCapacity, tier)
 	}
-	return tenant.Place(cands, f.Need(tier, size))
+	return tenant.Place(cands, f.Need(tier, pins, size))
 }
 
 func contains(xs []string, x string) bool {
@@ -163,7 +163,7 @@ func (s *Service) Invalidate() {
 
 // place returns the cluster for a new tenant of tier: the named one if it
 // admits the tenant, else the least loaded that does (tenant.Place).
-func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluster, error) {
+func (s *Service) place(ctx context.Context, name, tier string, pins []string) (*cluster.Cluster, error) {
 	if name != "" {
 		if _, err := s.Clusters.Get(name); err != nil {
 			return nil, err
@@ -184,10 +184,10 @@ func (s *Service) place(ctx context.Context, name, tier string) (*cluster.Cluste
 	// admits it: a fault stays in its cluster, and creates go elsewhere.
 	chosen, err := "", errors.New("no cluster")
 	if down := s.down(); name == "" && len(down) > 0 {
-		chosen, err = p.fleet.Place(name, tier, 0, down...)
+		chosen, err = p.fleet.Place(name, tier, pins, 0, down...)
 	}
 	if err != nil {
-		chosen, err = p.fleet.Place(name, tier, 0)
+		chosen, err = p.fleet.Place(name, tier, pins, 0)
 	}
 	if err != nil {
 		if name != "" && errors.Is(err, ErrNoCapacity) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -70,6 +71,9 @@ type Request struct {
 	ExternalID string      `json:"external_id,omitempty"`
 	Tier       string      `json:"tier,omitempty"`
 	Cluster    string      `json:"cluster,omitempty"`
+	// Labels pin the tenant to clusters that carry each of them (k=v):
+	// where it is placed now and wherever it moves later.
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Created is the answer to Create.
@@ -111,7 +115,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 			return Created{}, err
 		}
 	}
-	cl, err := s.place(ctx, req.Cluster, req.Tier)
+	cl, err := s.place(ctx, req.Cluster, req.Tier, req.Labels)
 	if err != nil {
 		return Created{}, err
 	}
@@ -131,7 +135,7 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 		name = *req.Name
 	}
 	want := catalog.Tenant{Name: name, ExternalID: req.ExternalID, Mode: req.Mode, Cluster: cl.Name(),
-		Template: req.Template, Version: version, Tier: req.Tier}
+		Template: req.Template, Version: version, Tier: req.Tier, Pins: req.Labels}
 
 	t, err := s.claim(ctx, cl, want, password, verifier)
 	if err == nil {
@@ -182,7 +186,37 @@ func (s *Service) validate(req *Request) error {
 			return invalid("%v", err)
 		}
 	}
-	return nil
+	var err error
+	req.Labels, err = ParsePins(req.Labels)
+	return err
+}
+
+// maxPins bounds a tenant's pins.
+const maxPins = 10
+
+// ParsePins checks a tenant's pins (cluster labels, k=v) and returns them
+// sorted, each once; nil for none.
+func ParsePins(pins []string) ([]string, error) {
+	if len(pins) > maxPins {
+		return nil, invalid("labels: %d, at most %d", len(pins), maxPins)
+	}
+	var out []string
+	keys := map[string]string{}
+	for _, p := range pins {
+		k, _, err := config.ParseLabel(p)
+		if err != nil {
+			return nil, invalid("%v", err)
+		}
+		if prev, ok := keys[k]; ok && prev != p {
+			return nil, invalid("labels %s and %s: a cluster has one value per key", prev, p)
+		}
+		keys[k] = p
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // existing answers a retry of a create whose external id names a tenant:
@@ -243,6 +277,9 @@ func retried(asked Request, t catalog.Tenant) error {
 		differs("name", *asked.Name, t.Name)
 	}
 	differs("cluster", asked.Cluster, t.Cluster)
+	if pins, err := ParsePins(asked.Labels); err == nil && pins != nil {
+		differs("labels", strings.Join(pins, ","), strings.Join(t.Pins, ","))
+	}
 	if len(diffs) == 0 {
 		return nil
 	}
@@ -316,7 +353,7 @@ func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.T
 	if err != nil {
 		return catalog.Tenant{}, err
 	}
-	t.Name, t.ExternalID, t.Tier = want.Name, want.ExternalID, want.Tier
+	t.Name, t.ExternalID, t.Tier, t.Pins = want.Name, want.ExternalID, want.Tier, want.Pins
 	if t, err = s.Store.ActivateTenant(ctx, tx, t); err != nil {
 		return catalog.Tenant{}, err
 	}
@@ -494,8 +531,19 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 	}
 	if withTier {
 		b.WriteString(s.TierSQL(t.ID, t.Tier))
+		b.WriteString(s.ExtensionsSQL(t, t.Tier))
 	}
 	return b.String()
+}
+
+// ExtensionsSQL writes the extensions a database tenant's tier lets it
+// create (tenant.ExtensionsSQL) on its database; nothing for a schema
+// tenant, which may create none.
+func (s *Service) ExtensionsSQL(t catalog.Tenant, tierName string) string {
+	if t.Mode != tenant.ModeDatabase {
+		return ""
+	}
+	return tenant.ExtensionsSQL(tenant.PhysicalName(t.ID), s.Tiers[tierName])
 }
 
 // TierSQL applies a tier's limits to a tenant's role (a move that

@@ -22,7 +22,7 @@ import (
 // the switch of the move that carried it).
 const EventTierChanged = "tier_changed"
 
-// TierChange is what SetTier did, or what is left to do.
+// TierChange is what SetTier (or SetPins) did, or what is left to do.
 type TierChange struct {
 	Tenant catalog.Tenant // after an in-place change; as it is when a move must carry the change
 	From   string         // the tier it had
@@ -88,17 +88,17 @@ func (s *Service) SetTier(ctx context.Context, id, tierName string) (TierChange,
 		return TierChange{}, fmt.Errorf("%w: tenant %s is moving (`pgtenant job list --target %s`); change its tier once the move is done",
 			catalog.ErrConflict, id, id)
 	}
-	if out.Why, out.MoveTo, err = s.tierPlacement(ctx, t, tierName); err != nil || out.MoveTo != "" {
+	if out.Why, out.MoveTo, err = s.placementFor(ctx, t, tierName, t.Pins, "tier "+tierName); err != nil || out.MoveTo != "" {
 		return out, err
 	}
 	cl, err := s.Clusters.Get(t.Cluster)
 	if err != nil {
 		return TierChange{}, err
 	}
-	if out.SessionsEnded, err = s.alterTier(ctx, cl, id, tierName); err != nil {
+	if out.SessionsEnded, err = s.alterTier(ctx, cl, t, tierName); err != nil {
 		return TierChange{}, err
 	}
-	err = pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+	out.Tenant, err = s.recordChange(ctx, id, func(tx pgx.Tx) error {
 		locked, err := s.Store.LockTenant(ctx, tx, id)
 		if err != nil {
 			return err
@@ -106,16 +106,8 @@ func (s *Service) SetTier(ctx context.Context, id, tierName string) (TierChange,
 		if locked.Cluster != t.Cluster {
 			return fmt.Errorf("%w: tenant %s moved to %s meanwhile; set its tier again", catalog.ErrConflict, id, locked.Cluster)
 		}
-		if err := s.Store.SetTenantTier(ctx, tx, id, tierName); err != nil {
-			return err
-		}
-		if err := s.Store.AddEvent(ctx, tx, id, EventTierChanged, map[string]any{"from": t.Tier, "to": tierName,
-			"in_place": true, "sessions_ended": out.SessionsEnded}); err != nil {
-			return err
-		}
-		out.Tenant, err = s.Store.GetTenant(ctx, tx, id)
-		return err
-	})
+		return s.Store.SetTenantTier(ctx, tx, id, tierName)
+	}, EventTierChanged, map[string]any{"from": t.Tier, "to": tierName, "in_place": true, "sessions_ended": out.SessionsEnded})
 	if err != nil {
 		return TierChange{}, err
 	}
@@ -125,10 +117,11 @@ func (s *Service) SetTier(ctx context.Context, id, tierName string) (TierChange,
 	return out, nil
 }
 
-// tierPlacement says whether tenant t may stay on its cluster with tier
-// tierName: "" when it may; else why not, and the cluster placement
-// chooses for it among the others.
-func (s *Service) tierPlacement(ctx context.Context, t catalog.Tenant, tierName string) (why, to string, err error) {
+// placementFor says whether tenant t may stay on its cluster with tier
+// tierName and pins: "" when it may; else why not, and the cluster
+// placement chooses for it among the others. what names the change for
+// errors ("tier gold", "labels region=eu").
+func (s *Service) placementFor(ctx context.Context, t catalog.Tenant, tierName string, pins []string, what string) (why, to string, err error) {
 	fleet, err := s.LoadFleet(ctx)
 	if err != nil {
 		return "", "", err
@@ -148,29 +141,31 @@ func (s *Service) tierPlacement(ctx context.Context, t catalog.Tenant, tierName 
 	fleet.Add(t.Cluster, t.Tier, size, -1)
 	here := slices.IndexFunc(fleet.Candidates(tierName), func(c tenant.Candidate) bool { return c.Name == t.Cluster })
 	if here < 0 {
-		return "", "", fmt.Errorf("%w: cluster %s did not answer; set the tier again once it does", cluster.ErrUnavailable, t.Cluster)
+		return "", "", fmt.Errorf("%w: cluster %s did not answer; set the %s again once it does", cluster.ErrUnavailable, t.Cluster, what)
 	}
 	cand := fleet.Candidates(tierName)[here]
 	cand.Draining, cand.MaxTenants, cand.MaxSizeBytes = false, 0, 0
-	if why = tenant.Refusal(cand, fleet.Need(tierName, size)); why == "" {
+	if why = tenant.Refusal(cand, fleet.Need(tierName, pins, size)); why == "" {
 		return "", "", nil
 	}
 	if t.State != catalog.StateActive {
-		return "", "", fmt.Errorf("%w: tier %s needs another cluster than %s (%s) and only active tenants move: resume tenant %s first (`pgtenant tenant resume %s`)",
-			catalog.ErrConflict, tierName, t.Cluster, why, t.ID, t.ID)
+		return "", "", fmt.Errorf("%w: %s needs another cluster than %s (%s) and only active tenants move: resume tenant %s first (`pgtenant tenant resume %s`)",
+			catalog.ErrConflict, what, t.Cluster, why, t.ID, t.ID)
 	}
-	to, err = fleet.Place("", tierName, size, t.Cluster)
+	to, err = fleet.Place("", tierName, pins, size, t.Cluster)
 	if err != nil {
-		return "", "", fmt.Errorf("tier %s needs another cluster than %s (%s), and none other admits it: %w", tierName, t.Cluster, why, err)
+		return "", "", fmt.Errorf("%s needs another cluster than %s (%s), and none other admits it: %w", what, t.Cluster, why, err)
 	}
 	return why, to, nil
 }
 
-// alterTier sets the tier's limits on the tenant's roles, each attempt
+// alterTier sets the tier's limits on the tenant's roles (and its list of
+// extensions on its database), each attempt
 // bounded: a session of the tenant holding its role's row (an uncommitted
 // ALTER ROLE of its own, to keep its limits) is ended before the next
 // attempt, so that a downgrade cannot be held off by the tenant.
-func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, id, tierName string) (int, error) {
+func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, tierName string) (int, error) {
+	id := t.ID
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return 0, err
@@ -180,7 +175,7 @@ func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, id, tierNa
 	if err != nil {
 		return 0, err
 	}
-	roles, sql := []string{tenant.PhysicalName(id)}, s.TierSQL(id, tierName)
+	roles, sql := []string{tenant.PhysicalName(id)}, s.TierSQL(id, tierName)+s.ExtensionsSQL(t, tierName)
 	for _, role := range catalog.LoginRoles(logins) {
 		roles, sql = append(roles, role), sql+tenant.TierSQL(role, s.Tiers[tierName])
 	}
@@ -245,6 +240,75 @@ func (s *Service) SetAllow(ctx context.Context, id string, allow []string) (cata
 	}
 	s.Poolers.Sync(ctx, t.FrontCluster(), "allow "+id)
 	return t, nil
+}
+
+// EventLabelsChanged is the tenant event of a change of its pins.
+const EventLabelsChanged = "labels_changed"
+
+// SetPins pins a tenant to clusters carrying each of labels (k=v; none:
+// unpinned). When its cluster carries them, that is all; else placement
+// chooses a cluster that does among the others (refused, and nothing
+// recorded, when none admits the tenant or it is not active) and the
+// caller moves it there (MoveTo). The pins are recorded before the move,
+// so the move's target must carry them; setting the same pins again
+// starts the move again when an earlier one failed.
+func (s *Service) SetPins(ctx context.Context, id string, labels []string) (TierChange, error) {
+	if !tenant.ValidID(id) {
+		return TierChange{}, fmt.Errorf("tenant %q: %w", id, catalog.ErrNotFound)
+	}
+	pins, err := ParsePins(labels)
+	if err != nil {
+		return TierChange{}, err
+	}
+	t, err := s.Store.GetTenant(ctx, nil, id)
+	if err != nil {
+		return TierChange{}, err
+	}
+	if err := t.Changeable("set its labels"); err != nil {
+		return TierChange{}, err
+	}
+	out := TierChange{Tenant: t, From: t.Tier}
+	if out.Why, out.MoveTo, err = s.placementFor(ctx, t, t.Tier, pins, "labels "+strings.Join(pins, ",")); err != nil {
+		return TierChange{}, err
+	}
+	if out.MoveTo != "" {
+		moving, err := jobs.Unfinished(ctx, s.Store.Pool(), jobs.TenantMove, id)
+		if err != nil {
+			return TierChange{}, err
+		}
+		if moving {
+			return TierChange{}, fmt.Errorf("%w: tenant %s is moving (`pgtenant job list --target %s`); set its labels once the move is done",
+				catalog.ErrConflict, id, id)
+		}
+	}
+	if slices.Equal(t.Pins, pins) {
+		return out, nil
+	}
+	out.Tenant, err = s.recordChange(ctx, id, func(tx pgx.Tx) error { return s.Store.SetTenantPins(ctx, tx, id, pins) },
+		EventLabelsChanged, map[string]any{"from": t.Pins, "to": pins, "move_to": out.MoveTo})
+	if err != nil {
+		return TierChange{}, err
+	}
+	s.Invalidate()
+	return out, nil
+}
+
+// recordChange makes a change of tenant id in the catalog (set) with its
+// event, in one transaction, and returns the tenant as it is after.
+func (s *Service) recordChange(ctx context.Context, id string, set func(pgx.Tx) error, kind string, detail map[string]any) (catalog.Tenant, error) {
+	var t catalog.Tenant
+	err := pgx.BeginFunc(ctx, s.Store.Pool(), func(tx pgx.Tx) error {
+		if err := set(tx); err != nil {
+			return err
+		}
+		if err := s.Store.AddEvent(ctx, tx, id, kind, detail); err != nil {
+			return err
+		}
+		var err error
+		t, err = s.Store.GetTenant(ctx, tx, id)
+		return err
+	})
+	return t, err
 }
 
 // ParseAllow checks an allowlist and returns it normalised: each network

@@ -74,6 +74,12 @@ type Reconciler struct {
 	// Poolers: a cluster's PgBouncer's databases (SHOW DATABASES) are
 	// compared with the catalog too; fix syncs it.
 	Poolers *pooler.Set
+	// Tiers: each database tenant's database lists its tier's extensions
+	// (tenant.ExtensionsSetting); fix writes a list that differs (a tier
+	// whose list the configuration changed), and installs the extension
+	// guard with it where there was no list at all (a database made
+	// before pgtenant had a guard).
+	Tiers map[string]config.Tier
 	// Analytics, if set, lists the analytics slots no mirror of the
 	// catalog accounts for (the worst orphans: they retain WAL for ever);
 	// fix drops them.
@@ -111,6 +117,7 @@ type observed struct {
 	schemas   map[string]map[string]bool // shared database → schema → fully built (has the marker comment)
 	others    map[string][]string        // shared database → its schemas that are no tenant's (public and the system's aside)
 	public    map[string]int             // shared database → relations in its public schema
+	exts      map[string]string          // database → its list of allowed extensions (tenant.ExtensionsSetting), where it has one
 }
 
 var buildDBRE = regexp.MustCompile(`^pgt_build_(\d+)$`)
@@ -281,7 +288,7 @@ func poolerEntries(ctx context.Context, front *pooler.Front) (int, error) {
 
 func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed, error) {
 	obs := observed{databases: map[string]bool{}, comments: map[string]string{}, roles: map[string]bool{}, schemas: map[string]map[string]bool{},
-		others: map[string][]string{}, public: map[string]int{}}
+		others: map[string][]string{}, public: map[string]int{}, exts: map[string]string{}}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return obs, err
@@ -319,6 +326,23 @@ func (r *Reconciler) observe(ctx context.Context, cl *cluster.Cluster) (observed
 			return obs, err
 		}
 		obs.roles[name] = login
+	}
+	if err := rows.Err(); err != nil {
+		return obs, err
+	}
+	prefix := tenant.ExtensionsSetting + "="
+	rows, err = admin.Query(ctx, `SELECT d.datname, pg_catalog.substr(c, pg_catalog.length($1) + 1)
+		FROM pg_catalog.pg_db_role_setting s JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase, pg_catalog.unnest(s.setconfig) c
+		WHERE s.setrole = 0 AND d.datname LIKE 't\_%' AND pg_catalog.starts_with(c, $1)`, prefix)
+	if err != nil {
+		return obs, cluster.Classify(err)
+	}
+	for rows.Next() {
+		var db, list string
+		if err := rows.Scan(&db, &list); err != nil {
+			return obs, err
+		}
+		obs.exts[db] = list
 	}
 	if err := rows.Err(); err != nil {
 		return obs, err
@@ -431,6 +455,7 @@ const notAttributable = "none: not attributable to pgtenant's jobs; inspect it a
 func (s *scan) compare() []finding {
 	var out []finding
 	out = append(out, s.databases()...)
+	out = append(out, s.extensionLists()...)
 	out = append(out, s.roles()...)
 	out = append(out, s.schemas()...)
 	out = append(out, s.templateObjects()...)
@@ -482,6 +507,44 @@ func (s *scan) databases() []finding {
 
 // buildJob returns the state of a job by id; known is false when the
 // catalog has no such job.
+// extensionLists finds the database tenants whose database does not list
+// their tier's extensions (tenant.ExtensionsSetting): a tier whose list
+// the configuration changed, or a database made before the guard.
+func (s *scan) extensionLists() []finding {
+	var out []finding
+	for _, id := range sortedKeys(s.rows) {
+		t := s.rows[id]
+		db := tenant.PhysicalName(id)
+		tier, known := s.r.Tiers[t.Tier]
+		if _, exists := s.obs.databases[db]; !exists || !known || s.jobs[id].active || t.Mode != tenant.ModeDatabase ||
+			(t.State != catalog.StateSpare && t.State != catalog.StateActive && t.State != catalog.StateSuspended) {
+			continue
+		}
+		want := strings.Join(tier.Extensions, ",")
+		have, listed := s.obs.exts[db]
+		if listed && have == want {
+			continue
+		}
+		f := finding{Finding: Finding{Kind: Mismatch, Object: "database " + db, Tenant: id,
+			Detail: fmt.Sprintf("it lists the extensions %q, tier %s's are %q", have, t.Tier, want), Action: "write the tier's list"}}
+		if !listed {
+			f.Detail = "it has no extension guard (made before pgtenant had one): its tenant may create any trusted extension"
+			f.Action = "install the extension guard with the tier's list"
+		}
+		f.repair = func(ctx context.Context) error {
+			conn, err := s.cl.Connect(ctx, db)
+			if err != nil {
+				return err
+			}
+			defer conn.Close(context.WithoutCancel(ctx))
+			_, err = conn.Exec(ctx, tenant.ExtensionGuardSQL+tenant.ExtensionsSQL(db, tier))
+			return cluster.Classify(err)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
 func (s *scan) buildJob(jobID string) (state jobs.State, known bool) {
 	id, err := strconv.ParseInt(jobID, 10, 64)
 	if err != nil {

@@ -36,9 +36,10 @@ type Candidate struct {
 // Need is what a tenant asks of its cluster.
 type Need struct {
 	Tier       string
-	Dedicated  bool   // the tier's placement: dedicated
-	Label      string // the tier's cluster_label, k=v ("" = any)
-	SizeBytes  int64  // the tenant's size (0 for a new tenant)
+	Dedicated  bool     // the tier's placement: dedicated
+	Label      string   // the tier's cluster_label, k=v ("" = any)
+	Pins       []string // the tenant's own pins, labels k=v its cluster must carry
+	SizeBytes  int64    // the tenant's size (0 for a new tenant)
 	Overcommit float64
 }
 
@@ -53,11 +54,11 @@ func Refusal(c Candidate, n Need) string {
 	case n.Dedicated && c.Tenants > 0:
 		return fmt.Sprintf("%s holds %d tenants and tier %s needs a cluster of its own", c.Name, c.Tenants, n.Tier)
 	}
-	if n.Label != "" {
-		k, v, _ := strings.Cut(n.Label, "=")
-		if got, ok := c.Labels[k]; !ok || got != v {
-			return fmt.Sprintf("%s lacks label %s that tier %s asks for (`pgtenant cluster set %s --label %s`)", c.Name, n.Label, n.Tier, c.Name, n.Label)
-		}
+	if n.Label != "" && len(MissingPins(c.Labels, []string{n.Label})) > 0 {
+		return fmt.Sprintf("%s lacks label %s that tier %s asks for (`pgtenant cluster set %s --label %s`)", c.Name, n.Label, n.Tier, c.Name, n.Label)
+	}
+	if missing := MissingPins(c.Labels, n.Pins); len(missing) > 0 {
+		return fmt.Sprintf("%s lacks label %s that the tenant is pinned to (`pgtenant cluster set %s --label %s`)", c.Name, missing[0], c.Name, missing[0])
 	}
 	if c.MaxTenants > 0 && c.Tenants+1 > c.MaxTenants {
 		return fmt.Sprintf("%s is at its cap of %d tenants (`pgtenant cluster set %s --max-tenants N`)", c.Name, c.MaxTenants, c.Name)
@@ -100,4 +101,16 @@ func Place(cands []Candidate, n Need) (string, error) {
 		return "", fmt.Errorf("%w: a tenant of tier %s fits nowhere: %s; or %s", ErrNoCapacity, n.Tier, strings.Join(why, "; "), fix)
 	}
 	return slices.MinFunc(ok, Less).Name, nil
+}
+
+// MissingPins are the pins (labels k=v) a cluster with labels lacks.
+func MissingPins(labels map[string]string, pins []string) []string {
+	var out []string
+	for _, p := range pins {
+		k, v, _ := strings.Cut(p, "=")
+		if got, ok := labels[k]; !ok || got != v {
+			out = append(out, p)
+		}
+	}
+	return out
 }
