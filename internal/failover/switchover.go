@@ -169,10 +169,17 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 	}
 	leader, _ := patroni.LeaderOf(ms)
 	if d.From != "" && leader.Name != "" && leader.Name != d.From {
-		// Resumed after the switch: only the following is left.
+		// Resumed after the switch: only the following is left, and the
+		// front door the earlier attempt may have left paused.
 		r.Note(ctx, "following the new leader "+leader.Name)
 		r.Result(fmt.Sprintf("%s leads (was %s)", leader.Name, d.From))
-		return f.follow(ctx, c)
+		if err := f.follow(ctx, c); err != nil {
+			return err
+		}
+		if front := f.Poolers.Get(c.Name); front != nil {
+			return front.Release(ctx)
+		}
+		return nil
 	}
 	to, err := candidate(ms, a.To, a.Force)
 	if err != nil {
@@ -192,6 +199,12 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 	front := f.Poolers.Get(c.Name)
 	var paused time.Time
 	if front != nil {
+		// Only a switchover pauses the whole front door, and one runs per
+		// cluster: a pause found now is an earlier attempt's whose daemon
+		// died before resuming it (its clients wait). Resumed first.
+		if err := front.Release(ctx); err != nil {
+			return fmt.Errorf("resume the front door of cluster %s before pausing it: %w", c.Name, err)
+		}
 		r.Note(ctx, fmt.Sprintf("pausing the front door (waiting up to %v for the transactions in flight)", holdWait))
 		paused = time.Now()
 		if d.Drained, err = front.Hold(ctx, holdWait); err != nil {
@@ -201,7 +214,7 @@ func (f *Follower) switchover(ctx context.Context, r *jobs.Run, a switchoverArgs
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			if err := front.Release(rctx); err != nil {
-				f.Logger.Error("front door not resumed after a switchover: its clients wait; a restart of the daemon resumes it",
+				f.Logger.Error("front door not resumed after a switchover: its clients wait; the job's next attempt resumes it",
 					"cluster", c.Name, "err", err)
 			}
 		}()

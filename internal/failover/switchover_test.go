@@ -183,6 +183,21 @@ func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
 	wt.WaitAckOn(t, ctx, newPort, started, 60*time.Second)
 	t.Logf("console switchover to %s: longest pause: transaction mode %.1fs", standby.Name, wt.LongestPause(started).Seconds())
 
+	// A daemon that died during a switchover's pause left the front door
+	// paused, its clients waiting: the next attempt resumes it first (a
+	// new switchover here, as the dead one's job resumed would).
+	pc.WaitLeaderAndSyncStandby(t, ctx, standby.Name)
+	if _, err := d.Poolers().Get("pc2").Hold(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	started = time.Now()
+	if j, err = c.Switchover(ctx, "pc2", api.SwitchoverRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, ctx, c, j.ID)
+	wt.WaitAckOn(t, ctx, pc.Node(leader.Name).Port(), started, 60*time.Second)
+	t.Logf("switchover with the front door left paused: longest pause: transaction mode %.1fs", wt.LongestPause(started).Seconds())
+
 	// Counted before the writers stop (a stop cancels a write in flight).
 	if n := wt.Errors(); n != 0 {
 		t.Errorf("transaction-mode client: %d errors across the switchovers and the failover, want 0; the last: %s", n, wt.LastError())

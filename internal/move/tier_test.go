@@ -148,7 +148,7 @@ func TestTierChange_InPlaceAndByMove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tconn.Exec(ctx, "DROP EVENT TRIGGER pgtenant_extension_guard; ALTER DATABASE "+role+" RESET "+tenant.ExtensionsSetting); err != nil {
+	if _, err := tconn.Exec(ctx, "DROP EVENT TRIGGER pgt_extension_guard; ALTER DATABASE "+role+" RESET "+tenant.ExtensionsSetting); err != nil {
 		t.Fatal(err)
 	}
 	tconn.Close(ctx)

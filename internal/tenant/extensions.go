@@ -37,7 +37,7 @@ func ExtensionsSQL(database string, t config.Tier) string {
 // setting) with a search path of pg_catalog alone, every name qualified,
 // and takes nothing from the tenant but the names of the extensions it
 // made; EXECUTE is nobody's (an event trigger calls it regardless).
-var ExtensionGuardSQL = fmt.Sprintf(`CREATE OR REPLACE FUNCTION pg_catalog.pgtenant_extension_guard() RETURNS event_trigger
+var ExtensionGuardSQL = fmt.Sprintf(`CREATE OR REPLACE FUNCTION pg_catalog.pgt_extension_guard() RETURNS event_trigger
 	LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $guard$
 DECLARE
 	allowed text[];
@@ -71,11 +71,11 @@ BEGIN
 	END IF;
 END
 $guard$;
-REVOKE ALL ON FUNCTION pg_catalog.pgtenant_extension_guard() FROM PUBLIC;
+REVOKE ALL ON FUNCTION pg_catalog.pgt_extension_guard() FROM PUBLIC;
 DO $do$ BEGIN
-	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'pgtenant_extension_guard') THEN
-		CREATE EVENT TRIGGER pgtenant_extension_guard ON ddl_command_end WHEN TAG IN ('CREATE EXTENSION')
-			EXECUTE FUNCTION pg_catalog.pgtenant_extension_guard();
+	IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_event_trigger WHERE evtname = 'pgt_extension_guard') THEN
+		CREATE EVENT TRIGGER pgt_extension_guard ON ddl_command_end WHEN TAG IN ('CREATE EXTENSION')
+			EXECUTE FUNCTION pg_catalog.pgt_extension_guard();
 	END IF;
 END $do$;
 `, cluster.Literal(AgentPrefix), cluster.Literal(ExtensionsSetting+"="), ExtensionsSetting)
