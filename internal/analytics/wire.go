@@ -630,7 +630,7 @@ func (ss *sqlSession) withStmt(ctx context.Context, q string, f func(ctx context
 			return err
 		}
 		defer func() { _, _ = c.ExecContext(context.WithoutCancel(ctx), "ROLLBACK", nil) }()
-		st, err := prepareReadOnly(ctx, c, q)
+		st, err := prepareReadOnly(ctx, c, catalogCompat(q, ss.id))
 		if err != nil {
 			return err
 		}
