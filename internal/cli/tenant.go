@@ -2,7 +2,6 @@ package cli
 
 import (
 	"archive/tar"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -387,59 +386,8 @@ func tenantDetail(w io.Writer, t api.Tenant) {
 		row(w, "recovery_window", rw.Earliest.Format(time.RFC3339)+" to "+rw.Latest.Format(time.RFC3339)+" (tenant rewind, tenant fork)")
 	}
 	for _, e := range t.Events {
-		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), strings.TrimSpace(e.Kind+" "+eventDetail(e.Detail)))
+		row(w, "event "+e.At.Format("2006-01-02 15:04:05"), strings.TrimSpace(e.Kind+" "+e.DetailText()))
 	}
-}
-
-// eventDetail renders an event's detail for the table (-o json keeps the
-// JSON): an object's fields as key=value pairs in the order stored, a
-// string as itself, anything else as compact JSON.
-func eventDetail(raw json.RawMessage) string {
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return ""
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return compactJSON(raw)
-	}
-	var pairs []string
-	for dec.More() {
-		key, err := dec.Token()
-		if err != nil {
-			return compactJSON(raw)
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return compactJSON(raw)
-		}
-		pairs = append(pairs, fmt.Sprint(key)+"="+detailValue(v))
-	}
-	return strings.Join(pairs, " ")
-}
-
-// detailValue is one value of an event's detail: a string bare, or quoted
-// when it is empty or holds spaces, quotes or '='; anything else as JSON.
-func detailValue(v json.RawMessage) string {
-	var s string
-	if !bytes.HasPrefix(bytes.TrimSpace(v), []byte(`"`)) || json.Unmarshal(v, &s) != nil {
-		return compactJSON(v) // null too: it is not ""
-	}
-	if s == "" || strings.ContainsAny(s, " \t\n\"=") || strconv.Quote(s) != `"`+s+`"` {
-		return strconv.Quote(s)
-	}
-	return s
-}
-
-func compactJSON(raw json.RawMessage) string {
-	var b bytes.Buffer
-	if json.Compact(&b, raw) != nil {
-		return string(raw)
-	}
-	return b.String()
 }
 
 // parseWhen reads a point in time: RFC 3339 ("2026-12-02T08:15:00Z"), or a

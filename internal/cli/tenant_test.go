@@ -29,8 +29,8 @@ func TestEventDetail_KeyValues(t *testing.T) {
 		{``, ``},
 		{`[1, 2]`, `[1,2]`},
 	} {
-		if got := eventDetail(json.RawMessage(c.detail)); got != c.want {
-			t.Errorf("eventDetail(%s) = %q, want %q", c.detail, got, c.want)
+		if got := (catalog.Event{Detail: json.RawMessage(c.detail)}).DetailText(); got != c.want {
+			t.Errorf("DetailText of %s = %q, want %q", c.detail, got, c.want)
 		}
 	}
 

@@ -67,6 +67,11 @@ func TestConsole_ReadOnlyToken(t *testing.T) {
 		"/rollouts":             {"no rollout yet"},
 		"/clusters":             {"local"},
 		"/audit":                {"<h2>Audit</h2>", "/v1/tokens"},
+		"/templates":            {`<a href="/templates/saas"><b>saas</b></a>`},
+		"/tenants/new":          {`id="refused"`, "needs scope tenants", `id="create-tenant" disabled`},
+		"/doctor":               {`id="doctor-status"`},
+		"/reconcile":            {`id="error"`, "POST /v1/reconcile, which needs scope admin"},
+		"/backups":              {"<h2>Backups</h2>"},
 	} {
 		status, page := b.Get(path)
 		if status != http.StatusOK {
@@ -78,7 +83,8 @@ func TestConsole_ReadOnlyToken(t *testing.T) {
 				t.Errorf("GET %s lacks %q", path, w)
 			}
 		}
-		for _, not := range []string{`id="action-suspend"`, `id="action-drop"`, `id="action-password"`, `id="plan"`, `id="action-retry"`} {
+		for _, not := range []string{`id="action-suspend"`, `id="action-drop"`, `id="action-password"`, `id="plan"`, `id="action-retry"`,
+			`id="action-move"`, `id="action-fork"`, `id="action-rewind"`, `id="action-analytics-enable"`, `id="drain-local"`, `id="action-fix"`, `id="backup-now"`} {
 			if strings.Contains(page, not) {
 				t.Errorf("GET %s offers %s to a read-only token", path, not)
 			}

@@ -1,9 +1,12 @@
 // Package console is pgtenant's web console, rendered on the server (no
-// JavaScript): clusters with their standbys' lag and the pacer over time,
-// tenants searched and paged, a tenant's events, quota, prewarm state and
-// metrics charts, jobs and rollouts refreshing while they run, and the
-// operator's actions (suspend, resume, drop, restore, purge now, password,
-// start, continue and retry a rollout), each confirmed on a page of its own.
+// JavaScript but the copy buttons' few lines): clusters with their
+// standbys' lag and the pacer over time, tenants searched and paged, a
+// tenant's events, quota, prewarm state and metrics charts, templates and
+// their builds, jobs and rollouts refreshing while they run, the doctor,
+// reconcile and backups, and the operator's actions (create a tenant,
+// suspend, resume, drop, restore, purge now, password, analytics, move,
+// rewind, fork; start, continue and retry a rollout; drain and undrain a
+// cluster; a reconcile fix, a backup), each confirmed on a page of its own.
 //
 // It reads and acts only through the API's own handlers, called in-process
 // with the token the operator logged in with (inprocess.go): there is no
@@ -35,6 +38,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
@@ -47,17 +51,17 @@ var files embed.FS
 //go:embed static/console.css
 var stylesheet []byte
 
+// script is the console's only JavaScript: the copy buttons of the pages
+// that show a connection string once. Every page works without it.
+//
+//go:embed static/console.js
+var script []byte
+
 var pages = template.Must(template.New("").Funcs(funcs).ParseFS(files, "templates/*.html"))
 
-func humanBytes(n int64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f kB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
-}
+// humanBytes writes a size as the CLI does (1.5 GiB), so that a figure
+// reads the same in a terminal and on a page.
+func humanBytes(n int64) string { return config.ByteSize(n).Human() }
 
 // Console serves the pages. It must not be copied after first use.
 type Console struct {
@@ -113,10 +117,18 @@ func (c *Console) routes() {
 		w.Header().Set("Cache-Control", "max-age=3600") // no data in it
 		_, _ = w.Write(stylesheet)
 	})
+	m.HandleFunc("GET /static/console.js", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/javascript; charset=utf-8")
+		w.Header().Set("Cache-Control", "max-age=3600")
+		_, _ = w.Write(script)
+	})
 	m.HandleFunc("POST /login", c.sameOriginOnly(c.login))
 	m.HandleFunc("POST /logout", c.sameOriginOnly(c.logout))
 	m.HandleFunc("GET /{$}", c.page(c.overview))
 	m.HandleFunc("GET /tenants", c.page(c.tenants))
+	m.HandleFunc("GET /tenants/new", c.page(c.newTenant))
+	m.HandleFunc("GET /tenants/new/confirm", c.page(c.confirmCreateTenant))
+	m.HandleFunc("POST /tenants/new", c.action(c.createTenant))
 	m.HandleFunc("GET /tenants/{id}", c.page(c.tenant))
 	m.HandleFunc("GET /tenants/{id}/{action}", c.page(c.confirmTenant))
 	m.HandleFunc("POST /tenants/{id}/{action}", c.action(c.tenantAction))
@@ -124,6 +136,7 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /jobs/{id}", c.page(c.job))
 	m.HandleFunc("GET /jobs/{id}/{action}", c.page(c.confirmJob))
 	m.HandleFunc("POST /jobs/{id}/{action}", c.action(c.jobAction))
+	m.HandleFunc("GET /templates", c.page(c.templates))
 	m.HandleFunc("GET /templates/{name}", c.page(c.template))
 	m.HandleFunc("GET /templates/{name}/rollout", c.page(c.confirmStartRollout))
 	m.HandleFunc("POST /templates/{name}/rollout", c.action(c.startRollout))
@@ -134,6 +147,15 @@ func (c *Console) routes() {
 	m.HandleFunc("GET /clusters", c.page(c.clusters))
 	m.HandleFunc("GET /clusters/{name}/switchover", c.page(c.confirmSwitchover))
 	m.HandleFunc("POST /clusters/{name}/switchover", c.action(c.switchover))
+	m.HandleFunc("GET /clusters/{name}/{action}", c.page(c.confirmCluster))
+	m.HandleFunc("POST /clusters/{name}/{action}", c.action(c.clusterAction))
+	m.HandleFunc("GET /doctor", c.page(c.doctor))
+	m.HandleFunc("GET /reconcile", c.page(c.reconcile))
+	m.HandleFunc("GET /reconcile/fix", c.page(c.confirmReconcileFix))
+	m.HandleFunc("POST /reconcile/fix", c.action(c.reconcileFix))
+	m.HandleFunc("GET /backups", c.page(c.backups))
+	m.HandleFunc("GET /backups/now", c.page(c.confirmBackupNow))
+	m.HandleFunc("POST /backups/now", c.action(c.backupNow))
 	m.HandleFunc("GET /audit", c.page(c.audit))
 	c.mux = m
 }
@@ -380,18 +402,58 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request, v view) error
 		}
 		rows = append(rows, row)
 	}
-	v["Clusters"] = rows
+	up := 0
+	for _, row := range rows {
+		if row.Status == "up" {
+			up++
+		}
+	}
+	v["Clusters"], v["Up"] = rows, up
 	if v["Templates"], err = c.Store.Templates(ctx); err != nil {
 		return err
 	}
-	if v["Jobs"], err = jobs.List(ctx, c.Store.Pool(), jobs.Filter{Limit: 10}); err != nil {
+	// The latest ten jobs but background builds (spares), which a busy
+	// pool would fill the list with (the jobs page shows them on demand).
+	latest, err := jobs.List(ctx, c.Store.Pool(), jobs.Filter{Limit: 100})
+	if err != nil {
 		return err
 	}
+	var js []jobs.Job
+	for _, j := range latest {
+		if j.Type != jobs.TenantBuild && len(js) < 10 {
+			js = append(js, j)
+		}
+	}
+	running, failed := 0, 0
+	for _, j := range js {
+		switch j.State {
+		case jobs.Running, jobs.Waiting:
+			running++
+		case jobs.Failed:
+			failed++
+		}
+	}
+	v["Jobs"], v["Running"], v["Failed"] = js, running, failed
 	c.render(w, http.StatusOK, "overview.html", v)
 	return nil
 }
 
+// pageTitles are the <title>s of the pages that set none of their own.
+var pageTitles = map[string]string{
+	"overview.html": "Overview", "tenants.html": "Tenants", "jobs.html": "Jobs", "rollouts.html": "Rollouts",
+	"clusters.html": "Clusters", "audit.html": "Audit", "templates.html": "Templates", "doctor.html": "Doctor",
+	"reconcile.html": "Reconcile", "backups.html": "Backups", "login.html": "Log in", "error.html": "Error",
+	"newtenant.html": "New tenant", "created.html": "Tenant created", "password.html": "New password",
+}
+
 func (c *Console) render(w http.ResponseWriter, status int, name string, data any) {
+	if v, ok := data.(view); ok && v["PageTitle"] == nil {
+		if t, ok := v["Title"].(string); ok && name == "confirm.html" {
+			v["PageTitle"] = t + "?"
+		} else {
+			v["PageTitle"] = pageTitles[name]
+		}
+	}
 	var b bytes.Buffer
 	if err := pages.ExecuteTemplate(&b, name, data); err != nil {
 		c.Logger.Error("render console page", "component", "console", "page", name, "err", err)

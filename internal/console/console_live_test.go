@@ -2,11 +2,13 @@ package console_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"html"
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/console/consoletest"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
+	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -99,6 +102,22 @@ func TestConsole_Pages(t *testing.T) {
 		"/templates/saas":                  {"Start a rollout"},
 		"/clusters":                        {"local", "Steps held by the pacer now"},
 		"/tenants/" + f.acme.ID + "/purge": {"Purge now?", "cannot be undone", `name="csrf"`},
+		"/templates":                       {`<a href="/templates/saas"><b>saas</b></a>`, "<title>Templates · pgtenant</title>"},
+		"/tenants/new":                     {`id="create"`, "<option>saas</option>", "<option>local</option>"},
+		"/tenants/new/confirm?template=saas&name=Hooli":             {"Create the tenant?", `template saas named &#34;Hooli&#34;`, `name="template" value="saas"`, `name="csrf"`},
+		"/tenants/" + f.acme.ID + "/move?to=local2":                 {"Move?", "from cluster local to local2", `name="to" value="local2"`},
+		"/tenants/" + f.acme.ID + "/rewind?to=2025-01-01T00:00:00Z": {"Rewind?", "back to 2025-01-01T00:00:00Z", `name="to" value="2025-01-01T00:00:00Z"`},
+		"/tenants/" + f.acme.ID + "/fork?name=Copy":                 {"Fork?", `new tenant &#34;Copy&#34;, as of now`, `name="name" value="Copy"`},
+		"/tenants/" + f.acme.ID + "/analytics-enable":               {"Enable analytics?", "analytics port"},
+		"/clusters/local/drain":                                     {"Drain the cluster?", "cluster local: 2 tenants"},
+		"/clusters/local/undrain":                                   {"Undrain the cluster?"},
+		"/doctor":                                                   {`id="doctor-status"`, `id="doctor-local"`},
+		"/doctor?cluster=local":                                     {`id="doctor-local"`},
+		"/reconcile":                                                {`id="findings"`, "<b>local</b>"},
+		"/reconcile/fix":                                            {"Fix what reconcile finds?", `name="csrf"`},
+		"/backups":                                                  {"<h2>Backups</h2>"},
+		"/backups/now?type=diff":                                    {"Take a backup?", "a diff backup of every backed-up cluster"},
+		"/jobs?type=tenant.build":                                   {"<td>tenant.build</td>"},
 	} {
 		status, page := b.Get(path)
 		if status != 200 {
@@ -133,6 +152,35 @@ func TestConsole_Pages(t *testing.T) {
 		if strings.Contains(p2, `id="next"`) || !strings.Contains(p2, `id="prev"`) {
 			t.Errorf("%s: the last page has a next link or no previous one", first)
 		}
+	}
+	// The confirmation pages asked for above changed nothing: only their
+	// forms, posted, act.
+	ctx := pgtest.Context(t)
+	if d, err := f.c.Cluster(ctx, "local"); err != nil || d.Draining {
+		t.Errorf("after GET /clusters/local/drain the cluster is draining (%v)", err)
+	}
+	if st, err := f.c.AnalyticsStatus(ctx, f.acme.ID); err != nil || st.Enabled {
+		t.Errorf("after GET of analytics-enable the mirror is on (%v)", err)
+	}
+	if ts, err := f.c.Tenants(ctx, url.Values{"q": {"Hooli"}}); err != nil || len(ts) != 0 {
+		t.Errorf("after GET of the create confirmation: %d tenants named Hooli (%v)", len(ts), err)
+	}
+	// Jobs: background builds hidden unless asked for; paged.
+	if _, page := b.Get("/jobs"); strings.Contains(page, "<td>tenant.build</td>") || !strings.Contains(page, `id="hidden-builds"`) {
+		t.Errorf("/jobs shows background builds, or does not say they are hidden:\n%s", page)
+	}
+	if _, page := b.Get("/jobs?builds=1"); !strings.Contains(page, "<td>tenant.build</td>") {
+		t.Errorf("/jobs?builds=1 lacks the builds:\n%s", page)
+	}
+	_, j1 := b.Get("/jobs?per=1&builds=1")
+	next := regexp.MustCompile(`href="([^"]+)" id="next"`).FindStringSubmatch(j1)
+	if next == nil || !strings.Contains(html.UnescapeString(next[1]), "per=1") || !strings.Contains(html.UnescapeString(next[1]), "builds=1") {
+		t.Fatalf("/jobs?per=1: no next link keeping the filters:\n%s", j1)
+	}
+	_, j2 := b.Get(html.UnescapeString(next[1]))
+	firstJob := regexp.MustCompile(`<tr><td><a href="/jobs/(\d+)">`)
+	if a, c := firstJob.FindStringSubmatch(j1), firstJob.FindStringSubmatch(j2); a == nil || c == nil || a[1] == c[1] || !strings.Contains(j2, `id="prev"`) {
+		t.Errorf("jobs page 1 and 2 of one a page: %v, %v; want two jobs and a link back", a, c)
 	}
 	if status, page := b.Get("/tenants/abcdefghijkl"); status != 404 || !strings.Contains(page, "not found") {
 		t.Errorf("missing tenant: %d\n%s", status, page)
@@ -316,9 +364,170 @@ func TestConsole_TenantCharts(t *testing.T) {
 	if n := strings.Count(page, "<polyline"); n != 4 {
 		t.Errorf("%d charts drawn, want 4 (size, connections, commits/s, hit ratio):\n%s", n, page)
 	}
-	for _, want := range []string{"size: 8.0 MB", "connections: 1", "commits/s: 1.00/s", "buffer hit ratio: 90.0%", "<b>1h</b>"} {
+	for _, want := range []string{"size: 8.0 MiB", "connections: 1", "commits/s: 1.00/s", "buffer hit ratio: 90.0%", "<b>1h</b>"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("tenant page lacks %q", want)
 		}
+	}
+}
+
+// TestConsole_CreateTenant: the create form's confirmation posts through
+// the API; the answer shows the connection string with the password once
+// (not stored by the browser), and it logs in; posted without the CSRF
+// token, nothing is created. A fork posted from the tenant's page is a new
+// tenant whose connection string logs in too.
+func TestConsole_CreateTenant(t *testing.T) {
+	f := startFleet(t)
+	ctx := pgtest.Context(t)
+	b := consoletest.New(t, f.base)
+	b.Login(f.token)
+	csrf := csrfOf(t, b, "/tenants/new/confirm?template=saas&name=Hooli&external_id=hooli-1")
+	form := url.Values{"template": {"saas"}, "name": {"Hooli"}, "external_id": {"hooli-1"}}
+	if status, _, _ := b.Post("/tenants/new", f.base, form); status != http.StatusForbidden {
+		t.Errorf("create without the CSRF token: %d, want 403", status)
+	}
+	if ts, err := f.c.Tenants(ctx, url.Values{"q": {"hooli"}}); err != nil || len(ts) != 0 {
+		t.Fatalf("a refused create made %d tenants (%v)", len(ts), err)
+	}
+	form.Set("csrf", csrf)
+	status, _, page := b.Post("/tenants/new", f.base, form)
+	uri := regexp.MustCompile(`<pre id="dsn-uri">([^<]+)</pre>`).FindStringSubmatch(page)
+	if status != http.StatusOK || uri == nil || !strings.Contains(page, `data-copy="dsn-uri"`) || !strings.Contains(page, "psql '") || !strings.Contains(page, "DATABASE_URL=") {
+		t.Fatalf("create: %d, want the connection string with copy buttons and snippets:\n%s", status, page)
+	}
+	dsn := html.UnescapeString(uri[1])
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatalf("the connection string shown does not log in: %v", err)
+	}
+	conn.Close(ctx)
+	ts, err := f.c.Tenants(ctx, url.Values{"q": {"hooli-1"}})
+	if err != nil || len(ts) != 1 || ts[0].Name != "Hooli" {
+		t.Fatalf("the API lists %+v (%v), want Hooli", ts, err)
+	}
+	// The same external id again: the first tenant, not another.
+	_, _, again := b.Post("/tenants/new", f.base, form)
+	if !strings.Contains(again, `<code id="tenant-id">`+ts[0].ID+`</code>`) || !strings.Contains(again, "existed already") {
+		t.Errorf("a second create with the same external id shows another tenant:\n%s", again)
+	}
+	// A fork: a new tenant, its password shown once; without backups (the
+	// test's cluster has none unless pgbackrest is installed), the API's
+	// refusal, status and message.
+	status, _, page = b.Post("/tenants/"+ts[0].ID+"/fork", f.base, url.Values{"csrf": {csrf}, "name": {"Hooli copy"}})
+	id := regexp.MustCompile(`<code id="tenant-id">([^<]+)</code>`).FindStringSubmatch(page)
+	if id == nil {
+		name := "Hooli copy"
+		_, err := f.c.ForkTenant(ctx, ts[0].ID, api.ForkTenantRequest{Name: &name})
+		var ae *api.Error
+		if !errors.As(err, &ae) || status != ae.Status || !strings.Contains(page, html.EscapeString(ae.Message)) {
+			t.Fatalf("fork: %d, the API %v:\n%s", status, err, page)
+		}
+		return
+	}
+	if status != http.StatusOK || id[1] == ts[0].ID || !strings.Contains(page, "Fork of") {
+		t.Fatalf("fork: %d\n%s", status, page)
+	}
+	if m := regexp.MustCompile(`<a href="/jobs/(\d+)">`).FindStringSubmatch(page); m != nil {
+		jid, _ := strconv.ParseInt(m[1], 10, 64)
+		if j, err := f.c.WaitJob(ctx, jid, nil); err != nil || j.State != jobs.Succeeded {
+			t.Fatalf("fork job %d: %v %s %s", jid, err, j.State, j.LastError)
+		}
+	}
+	if tn, err := f.c.Tenant(ctx, id[1]); err != nil || tn.Name != "Hooli copy" || tn.State != catalog.StateActive {
+		t.Fatalf("the fork: %+v %v", tn.Tenant, err)
+	}
+}
+
+// TestConsole_ClusterAndTenantActions: a cluster drained and undrained,
+// analytics enabled and disabled, each posted with its CSRF token and
+// checked through the API; a move to the tenant's own cluster and a
+// rewind without backups are the API's refusals, status and message.
+func TestConsole_ClusterAndTenantActions(t *testing.T) {
+	f := startFleet(t)
+	ctx := pgtest.Context(t)
+	b := consoletest.New(t, f.base)
+	b.Login(f.token)
+	id := f.acme.ID
+	// Every new action refuses a post without the session's CSRF token, or
+	// from another origin, and does nothing.
+	for _, path := range []string{"/tenants/new", "/tenants/" + id + "/analytics-enable", "/tenants/" + id + "/move", "/tenants/" + id + "/rewind",
+		"/tenants/" + id + "/fork", "/clusters/local/drain", "/clusters/local/undrain", "/reconcile/fix", "/backups/now"} {
+		if status, _, _ := b.Post(path, f.base, url.Values{"to": {"local"}, "template": {"saas"}}); status != http.StatusForbidden {
+			t.Errorf("POST %s without the CSRF token: %d, want 403", path, status)
+		}
+		if status, _, _ := b.Post(path, "http://evil.example", url.Values{"csrf": {csrfOf(t, b, "/")}}); status != http.StatusForbidden {
+			t.Errorf("POST %s from another origin: %d, want 403", path, status)
+		}
+	}
+	if d, err := f.c.Cluster(ctx, "local"); err != nil || d.Draining {
+		t.Errorf("refused posts drained the cluster (%v)", err)
+	}
+	if st, err := f.c.AnalyticsStatus(ctx, id); err != nil || st.Enabled {
+		t.Errorf("refused posts enabled analytics (%v)", err)
+	}
+	for _, step := range []struct{ path, loc string }{
+		{"/tenants/" + id + "/analytics-enable", "/tenants/" + id + "?done=analytics-enable"},
+		{"/tenants/" + id + "/analytics-disable", "/tenants/" + id + "?done=analytics-disable"},
+	} {
+		status, loc := b.Confirm(step.path)
+		if status != http.StatusSeeOther || loc != step.loc {
+			t.Fatalf("%s: %d %s, want 303 %s", step.path, status, loc, step.loc)
+		}
+		switch {
+		case strings.HasSuffix(step.path, "enable"):
+			if st, err := f.c.AnalyticsStatus(ctx, id); err != nil || !st.Enabled {
+				t.Errorf("after enable: %+v %v", st, err)
+			}
+			if _, page := b.Get(step.loc); !strings.Contains(page, `id="action-analytics-disable"`) || strings.Contains(page, `id="action-analytics-enable"`) {
+				t.Errorf("tenant page with analytics on offers the wrong action")
+			}
+		case strings.HasSuffix(step.path, "disable"):
+			// The mirror is removed in the background: off, or on its way.
+			if st, err := f.c.AnalyticsStatus(ctx, id); err != nil || (st.Enabled && st.State != "disabling") {
+				t.Errorf("after disable: %+v %v", st, err)
+			}
+			if _, page := b.Get(step.loc); strings.Contains(page, `id="action-analytics-disable"`) {
+				t.Errorf("tenant page of a disabled mirror offers to disable it")
+			}
+		}
+	}
+	status, loc := b.Confirm("/clusters/local/drain")
+	if status != http.StatusSeeOther || !strings.HasPrefix(loc, "/jobs/") || !strings.HasSuffix(loc, "?done=drain") {
+		t.Fatalf("drain: %d %s, want its job", status, loc)
+	}
+	if d, err := f.c.Cluster(ctx, "local"); err != nil || !d.Draining {
+		t.Errorf("after drain: draining %v (%v)", d.Draining, err)
+	}
+	if _, page := b.Get("/clusters"); !strings.Contains(page, `id="undrain-local"`) || strings.Contains(page, `id="drain-local"`) {
+		t.Errorf("clusters page of a draining cluster offers the wrong action")
+	}
+	if status, loc := b.Confirm("/clusters/local/undrain"); status != http.StatusSeeOther || loc != "/clusters?done=undrain" {
+		t.Fatalf("undrain: %d %s", status, loc)
+	}
+	if d, err := f.c.Cluster(ctx, "local"); err != nil || d.Draining {
+		t.Errorf("after undrain: draining %v (%v)", d.Draining, err)
+	}
+	csrf := csrfOf(t, b, "/tenants/"+id)
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Second)
+	for _, tc := range []struct {
+		path string
+		form url.Values
+		call func() error
+	}{
+		{"/tenants/" + id + "/move", url.Values{"to": {"local"}}, func() error { _, err := f.c.MoveTenant(ctx, id, "local"); return err }},
+		{"/tenants/" + id + "/rewind", url.Values{"to": {at.Format(time.RFC3339)}}, func() error { _, err := f.c.RewindTenant(ctx, id, at); return err }},
+	} {
+		tc.form.Set("csrf", csrf)
+		status, _, body := b.Post(tc.path, f.base, tc.form)
+		var ae *api.Error
+		if err := tc.call(); !errors.As(err, &ae) {
+			t.Fatalf("%s through the API: %v, want a refusal", tc.path, err)
+		}
+		if status != ae.Status || !strings.Contains(body, html.EscapeString(ae.Message)) {
+			t.Errorf("%s: %d, want the API's %d and %q:\n%s", tc.path, status, ae.Status, ae.Message, body)
+		}
+	}
+	if status, _, _ := b.Post("/tenants/"+id+"/rewind", f.base, url.Values{"csrf": {csrf}, "to": {"yesterday"}}); status != http.StatusBadRequest {
+		t.Errorf("rewind to yesterday: %d, want 400", status)
 	}
 }

@@ -26,7 +26,27 @@ const pageSize, maxPageSize = 50, 500
 // (<meta http-equiv="refresh">: live progress without JavaScript).
 const refreshSeconds = 2
 
+// navLink is an entry of the header's navigation.
+type navLink struct{ Name, Href string }
+
+// nav is the header's navigation, in order.
+var nav = []navLink{{"Overview", "/"}, {"Tenants", "/tenants"}, {"Templates", "/templates"}, {"Jobs", "/jobs"},
+	{"Rollouts", "/rollouts"}, {"Clusters", "/clusters"}, {"Backups", "/backups"}, {"Doctor", "/doctor"},
+	{"Reconcile", "/reconcile"}, {"Audit", "/audit"}}
+
 var funcs = template.FuncMap{
+	"navLinks": func() []navLink { return nav },
+	// active says whether the page at path belongs under the nav link href.
+	"active": func(p any, href string) bool {
+		path, _ := p.(string) // a page rendered without one (a test) has none
+		if href == "/" {
+			return path == "/"
+		}
+		return path == href || strings.HasPrefix(path, href+"/") || (href == "/rollouts" && strings.HasPrefix(path, "/rollouts"))
+	},
+	// badge is the CSS class of a state's colour: ok, warn, bad, run or
+	// idle (grey).
+	"badge": badgeClass,
 	"bytes": humanBytes,
 	"rate":  func(f float64) string { return humanBytes(int64(f)) + "/s" },
 	"ago":   func(t time.Time) string { return time.Since(t).Round(time.Second).String() + " ago" },
@@ -66,6 +86,7 @@ var funcs = template.FuncMap{
 	},
 	"finished": jobs.Finished,
 	"query":    func(q url.Values) string { return q.Encode() },
+	"canary":   func(set map[string]bool, id string) bool { return set[id] },
 	"with": func(q url.Values, kv ...string) string {
 		out := url.Values{}
 		for k, vs := range q {
@@ -167,22 +188,48 @@ func withValues(q url.Values, k, val string) string {
 	return out.Encode()
 }
 
-// tenantActions are the actions of a tenant page, by name: what the
-// confirmation says, and the states they apply to.
-var tenantActions = map[string]struct {
+// tenantActionDef is an action of a tenant page: what its confirmation
+// says, the states it applies to, and the form fields it carries (chosen
+// on the tenant page, shown on the confirmation, posted with it).
+type tenantActionDef struct {
 	Title, Says string
 	From        []catalog.TenantState
-}{
-	"suspend":  {"Suspend", "No one can log in as the tenant and its sessions are ended on every node, until it is resumed.", []catalog.TenantState{catalog.StateActive}},
-	"resume":   {"Resume", "The tenant can log in again; its hot set is prewarmed.", []catalog.TenantState{catalog.StateSuspended}},
-	"drop":     {"Drop", "The tenant can no longer log in; it is kept, restorable, for the drop retention, then purged.", []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}},
-	"restore":  {"Restore", "The dropped tenant comes back as it was.", []catalog.TenantState{catalog.StateDropped}},
-	"purge":    {"Purge now", "The tenant is dropped (if it is not yet) and its database or schema is destroyed now: this cannot be undone.", []catalog.TenantState{catalog.StateActive, catalog.StateSuspended, catalog.StateDropped}},
-	"password": {"Rotate password", "The tenant gets a new password, shown once on the next page; the old one stops working and its open sessions are ended.", []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}},
+	Fields      []string
+	// Show, when set, says whether this tenant offers it at all.
+	Show func(api.Tenant) bool
 }
 
-// actionOrder is the order of the buttons on a tenant page.
-var actionOrder = []string{"suspend", "resume", "password", "drop", "restore", "purge"}
+// live are the states of a tenant that can log in, or be let in again.
+var live = []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}
+
+// tenantActions are the actions of a tenant page, by name.
+var tenantActions = map[string]tenantActionDef{
+	"suspend":  {Title: "Suspend", Says: "No one can log in as the tenant and its sessions are ended on every node, until it is resumed.", From: []catalog.TenantState{catalog.StateActive}},
+	"resume":   {Title: "Resume", Says: "The tenant can log in again; its hot set is prewarmed.", From: []catalog.TenantState{catalog.StateSuspended}},
+	"drop":     {Title: "Drop", Says: "The tenant can no longer log in; it is kept, restorable, for the drop retention, then purged.", From: live},
+	"restore":  {Title: "Restore", Says: "The dropped tenant comes back as it was.", From: []catalog.TenantState{catalog.StateDropped}},
+	"purge":    {Title: "Purge now", Says: "The tenant is dropped (if it is not yet) and its database or schema is destroyed now: this cannot be undone.", From: []catalog.TenantState{catalog.StateActive, catalog.StateSuspended, catalog.StateDropped}},
+	"password": {Title: "Rotate password", Says: "The tenant gets a new password, shown once on the next page; the old one stops working and its open sessions are ended.", From: live},
+	"analytics-enable": {Title: "Enable analytics", Says: "The tenant's tables are mirrored, as they change, into a columnar copy it can query on the analytics port with its own login.",
+		From: []catalog.TenantState{catalog.StateActive}, Show: func(t api.Tenant) bool { return t.Analytics == nil || !t.Analytics.Enabled }},
+	"analytics-disable": {Title: "Disable analytics", Says: "The tenant's columnar mirror is stopped and removed, with its replication slot; the tenant itself is untouched.",
+		From: live, Show: func(t api.Tenant) bool {
+			return t.Analytics != nil && t.Analytics.Enabled && t.Analytics.State != "disabling"
+		}},
+	"move": {Title: "Move", Says: "A job copies the tenant to the other cluster while it keeps running, then switches it over in a short pause; its DSN's host changes to the new cluster's.",
+		From: []catalog.TenantState{catalog.StateActive}, Fields: []string{"to"}},
+	"rewind": {Title: "Rewind", Says: "A job takes the tenant back, in place, to that time, from the cluster's backups and archived WAL: what it wrote since is lost. Its sessions are ended while it runs.",
+		From: []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}, Fields: []string{"to"}},
+	"fork": {Title: "Fork", Says: "A new tenant is made as a copy of this one (as of a time in its recovery window, or now); its password is shown once on the next page. This tenant is untouched.",
+		From: []catalog.TenantState{catalog.StateActive, catalog.StateSuspended}, Fields: []string{"name", "at"}},
+}
+
+// actionOrder is the order of the buttons on a tenant page; formOrder the
+// actions it offers as small forms instead (their fields first).
+var (
+	actionOrder = []string{"suspend", "resume", "password", "analytics-enable", "analytics-disable", "drop", "restore", "purge"}
+	formOrder   = []string{"move", "rewind", "fork"}
+)
 
 type actionLink struct{ Name, Title string }
 
@@ -196,7 +243,7 @@ func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
 	}
 	window := r.URL.Query().Get("history")
 	if _, ok := historyWindows[window]; !ok {
-		window = "6h"
+		window = fitWindow(c.clock().Sub(cmp.Or(derefTime(t.ClaimedAt), t.CreatedAt)))
 	}
 	m, err := cl.TenantMetrics(r.Context(), t.ID, window)
 	if err != nil {
@@ -205,7 +252,7 @@ func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
 	var links []actionLink
 	hidden := false
 	for _, name := range actionOrder {
-		if a := tenantActions[name]; slices.Contains(a.From, t.State) {
+		if a := tenantActions[name]; slices.Contains(a.From, t.State) && (a.Show == nil || a.Show(t)) {
 			if !may(who(r), "tenant/"+name) {
 				hidden = true
 				continue
@@ -213,9 +260,39 @@ func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
 			links = append(links, actionLink{name, a.Title})
 		}
 	}
+	forms := map[string]bool{}
+	var formsHidden []string
+	for _, name := range formOrder {
+		if a := tenantActions[name]; slices.Contains(a.From, t.State) {
+			if may(who(r), "tenant/"+name) {
+				forms[name] = true
+			} else if !hidden {
+				need, _ := routeScope(actionRoutes["tenant/"+name])
+				formsHidden = append(formsHidden, fmt.Sprintf("%s needs scope %s", strings.ToLower(a.Title), need))
+			}
+		}
+	}
+	if len(formsHidden) > 0 {
+		v["FormsHidden"] = fmt.Sprintf("Hidden: you are logged in with scope %s; %s (or admin).", who(r).Scope, strings.Join(formsHidden, ", "))
+	}
+	if forms["move"] {
+		cls, err := cl.Clusters(r.Context())
+		if err != nil {
+			return err
+		}
+		var to []string
+		for _, x := range cls {
+			if x.Name != t.Cluster && !x.Draining {
+				to = append(to, x.Name)
+			}
+		}
+		v["MoveTo"] = to
+	}
 	if hidden {
 		v["Hidden"] = fmt.Sprintf("Actions hidden: you are logged in with scope %s; a tenant's actions need scope tenants (or admin).", who(r).Scope)
 	}
+	v["Forms"] = forms
+	v["PageTitle"] = "Tenant " + t.ID + " " + t.Name
 	v["Tenant"], v["Metrics"], v["Actions"], v["Window"] = t, m, links, window
 	v["Windows"] = []string{"1h", "6h", "24h", "7d"}
 	v["Charts"] = tenantCharts(m.History, historyWindows[window], c.clock())
@@ -227,6 +304,25 @@ func (c *Console) tenant(w http.ResponseWriter, r *http.Request, v view) error {
 	return nil
 }
 
+// fitWindow is the chart window a tenant of age age is shown over unless
+// the page asks for another: the shortest that holds its whole life, so a
+// tenant made a minute ago is not a dot at the end of six empty hours.
+func fitWindow(age time.Duration) string {
+	for _, w := range []string{"1h", "6h", "24h"} {
+		if age <= historyWindows[w] {
+			return w
+		}
+	}
+	return "7d"
+}
+
+func derefTime(t *time.Time) time.Time {
+	if t == nil {
+		return time.Time{}
+	}
+	return *t
+}
+
 // historyWindows are the chart windows a tenant page offers.
 var historyWindows = map[string]time.Duration{"1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
 
@@ -235,7 +331,11 @@ var doneMessages = map[string]string{
 	"suspend": "Suspended.", "resume": "Resumed.", "drop": "Dropped: restorable until its purge.",
 	"restore": "Restored.", "purge": "Purge started.", "continue": "The rollout goes on.", "retry": "Failed tenants queued again.",
 	"cancel-job": "Cancel asked: the job stops at its next step.", "retry-job": "The job is queued again.",
-	"switchover": "Switchover started: the cluster's clients wait in its PgBouncer while the leader changes.",
+	"switchover":       "Switchover started: the cluster's clients wait in its PgBouncer while the leader changes.",
+	"analytics-enable": "Analytics enabled: the mirror is being made.", "analytics-disable": "Analytics disabled.",
+	"move": "Move started.", "rewind": "Rewind started.", "fork": "Fork started.",
+	"drain": "Drain started: no new tenant is placed there, and its tenants are moved away.", "undrain": "Undrained: the cluster takes new tenants again.",
+	"backup": "Backup started.",
 }
 
 // confirmTenant is the confirmation page of a tenant action (GET); its
@@ -253,8 +353,27 @@ func (c *Console) confirmTenant(w http.ResponseWriter, r *http.Request, v view) 
 	v["Title"], v["Says"], v["Action"] = a.Title, a.Says, r.URL.Path
 	v["Refused"] = refusal(who(r), "tenant/"+r.PathValue("action"))
 	v["What"] = fmt.Sprintf("tenant %s (%s, %s)", t.ID, t.Name, t.State)
+	fields := map[string]string{}
+	for _, f := range a.Fields {
+		fields[f] = strings.TrimSpace(r.URL.Query().Get(f))
+	}
+	switch name := r.PathValue("action"); {
+	case name == "move":
+		v["What"] = fmt.Sprintf("%s: from cluster %s to %s", v["What"], t.Cluster, fields["to"])
+	case name == "rewind":
+		v["What"] = fmt.Sprintf("%s: back to %s", v["What"], fields["to"])
+	case name == "fork":
+		into := "a new tenant"
+		if fields["name"] != "" {
+			into = fmt.Sprintf("a new tenant %q", fields["name"])
+		}
+		v["What"] = fmt.Sprintf("%s: into %s, as of %s", v["What"], into, cmp.Or(fields["at"], "now"))
+	}
+	if len(fields) > 0 {
+		v["Fields"] = fields
+	}
 	v["Back"] = "/tenants/" + t.ID
-	v["Danger"] = r.PathValue("action") == "purge" || r.PathValue("action") == "drop"
+	v["Danger"] = slices.Contains([]string{"purge", "drop", "rewind"}, r.PathValue("action"))
 	c.render(w, http.StatusOK, "confirm.html", v)
 	return nil
 }
@@ -281,6 +400,29 @@ func (c *Console) tenantAction(w http.ResponseWriter, r *http.Request, v view) e
 		v["Rotated"] = pw
 		c.render(w, http.StatusOK, "password.html", v)
 		return nil
+	case "analytics-enable":
+		_, err = cl.EnableAnalytics(ctx, id, nil)
+	case "analytics-disable":
+		_, err = cl.DisableAnalytics(ctx, id)
+	case "move", "rewind":
+		j, err := c.moveOrRewind(r, id, name)
+		if err != nil {
+			return err
+		}
+		http.Redirect(w, r, fmt.Sprintf("/jobs/%d?done=%s", j.ID, name), http.StatusSeeOther)
+		return nil
+	case "fork":
+		req, err := forkRequest(r)
+		if err != nil {
+			return err
+		}
+		res, err := cl.ForkTenant(ctx, id, req)
+		if err != nil {
+			return err
+		}
+		v["Created"], v["ForkOf"], v["PageTitle"] = res, id, "Fork of "+id
+		c.render(w, http.StatusOK, "created.html", v)
+		return nil
 	default:
 		http.NotFound(w, r)
 		return nil
@@ -296,26 +438,81 @@ func (c *Console) tenantAction(w http.ResponseWriter, r *http.Request, v view) e
 	return nil
 }
 
-// jobs lists jobs, newest first, refreshing while any is unfinished.
+// jobsPerPage is the jobs on one page of the list unless ?per= says
+// otherwise (up to maxPageSize).
+const jobsPerPage = 50
+
+// jobs lists jobs, newest first, filtered and paged, refreshing while any
+// shown is unfinished. Background builds (tenant.build: the spares the
+// pools keep, and cold-path tenants) are hidden unless ?builds=1 or the
+// type filter asks for them: a busy pool would bury everything else.
+// The API pages by a limit only, so page N asks for the first (N+1)*per
+// jobs (more when builds are hidden) and shows its end.
 func (c *Console) jobs(w http.ResponseWriter, r *http.Request, v view) error {
 	in := r.URL.Query()
-	q := url.Values{"limit": {"100"}}
+	filters := url.Values{}
 	for _, k := range []string{"state", "type", "target"} {
 		if s := strings.TrimSpace(in.Get(k)); s != "" {
-			q.Set(k, s)
+			filters.Set(k, s)
 		}
 	}
-	js, err := c.client(r).Jobs(r.Context(), q)
-	if err != nil {
-		return err
+	builds := in.Get("builds") == "1" || filters.Get("type") == string(jobs.TenantBuild)
+	if in.Get("builds") == "1" {
+		filters.Set("builds", "1")
 	}
+	per := jobsPerPage
+	if n, err := strconv.Atoi(in.Get("per")); err == nil && n > 0 {
+		per = min(n, maxPageSize)
+		if per != jobsPerPage {
+			filters.Set("per", strconv.Itoa(per))
+		}
+	}
+	page, _ := strconv.Atoi(in.Get("page"))
+	page = max(page, 0)
+	want := (page+1)*per + 1 // one more: is there a next page?
+	var js []jobs.Job
+	hidden := 0
+	for limit := want; ; limit *= 4 {
+		q := url.Values{"limit": {strconv.Itoa(limit)}}
+		for _, k := range []string{"state", "type", "target"} {
+			if s := filters.Get(k); s != "" {
+				q.Set(k, s)
+			}
+		}
+		all, err := c.client(r).Jobs(r.Context(), q)
+		if err != nil {
+			return err
+		}
+		js, hidden = js[:0], 0
+		for _, j := range all {
+			if !builds && j.Type == jobs.TenantBuild {
+				hidden++
+				continue
+			}
+			js = append(js, j)
+		}
+		if len(js) >= want || len(all) < limit || limit >= 10000 {
+			break
+		}
+	}
+	js = js[min(page*per, len(js)):]
+	if len(js) > per {
+		js = js[:per]
+		v["Next"] = "/jobs?" + withValues(filters, "page", strconv.Itoa(page+1))
+	}
+	if page > 0 {
+		v["Prev"] = "/jobs?" + withValues(filters, "page", strconv.Itoa(page-1))
+	}
+	v["Builds"], v["HiddenBuilds"] = builds, hidden
+	v["ShowBuilds"] = "/jobs?" + withValues(filters, "builds", "1")
+	v["Types"] = jobs.Types
 	for _, j := range js {
 		if !jobs.Finished(j.State) && j.State != jobs.Paused {
 			v["Refresh"] = refreshSeconds
 			break
 		}
 	}
-	v["Jobs"], v["Filters"] = js, q
+	v["Jobs"], v["Filters"] = js, filters
 	v["States"] = []jobs.State{jobs.Active, jobs.Queued, jobs.Running, jobs.Waiting, jobs.Paused, jobs.Succeeded, jobs.Failed, jobs.Cancelled}
 	c.render(w, http.StatusOK, "jobs.html", v)
 	return nil
@@ -336,6 +533,7 @@ func (c *Console) job(w http.ResponseWriter, r *http.Request, v view) error {
 		v["Refresh"] = refreshSeconds
 	}
 	v["Job"] = j
+	v["PageTitle"] = fmt.Sprintf("Job %d %s", j.ID, j.Type)
 	v["CanCancel"] = !jobs.Finished(j.State) && !j.CancelRequested && may(who(r), "job/cancel")
 	v["CanRetry"] = (j.State == jobs.Failed || j.State == jobs.Cancelled) && may(who(r), "job/retry")
 	v["Done"] = doneMessages[r.URL.Query().Get("done")]
@@ -397,6 +595,7 @@ func (c *Console) template(w http.ResponseWriter, r *http.Request, v view) error
 		return err
 	}
 	v["Template"], v["Rollouts"] = d, ros
+	v["PageTitle"] = "Template " + d.Name
 	v["CanRollout"] = may(who(r), "template/rollout")
 	v["Scope"] = who(r).Scope
 	c.render(w, http.StatusOK, "template.html", v)
@@ -495,6 +694,12 @@ func (c *Console) rollout(w http.ResponseWriter, r *http.Request, v view) error 
 		v["Refresh"] = refreshSeconds
 	}
 	v["Rollout"] = st
+	v["PageTitle"] = fmt.Sprintf("Rollout %d", st.ID)
+	canary := map[string]bool{}
+	for _, ct := range st.CanaryTenants {
+		canary[ct.Tenant] = true
+	}
+	v["Canary"] = canary
 	v["CanContinue"] = st.State == catalog.RolloutPaused && may(who(r), "rollout/continue")
 	v["CanRetry"] = (st.Counts[catalog.RolloutTenantFailed] > 0 || st.State == catalog.RolloutFailed) && may(who(r), "rollout/retry")
 	v["Done"] = doneMessages[r.URL.Query().Get("done")]
@@ -568,6 +773,7 @@ func (c *Console) clusters(w http.ResponseWriter, r *http.Request, v view) error
 	}
 	v["Clusters"], v["Waiting"], v["Patroni"] = cls, waiting, patroniClusters
 	v["CanSwitchover"] = may(who(r), "cluster/switchover")
+	v["CanDrain"], v["CanUndrain"] = may(who(r), "cluster/drain"), may(who(r), "cluster/undrain")
 	v["Done"] = doneMessages[r.URL.Query().Get("done")]
 	v["Charts"] = c.clusterCharts(c.clock())
 	v["Refresh"] = 10
