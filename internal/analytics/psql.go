@@ -29,11 +29,48 @@ var (
 	userByIDRE = regexp.MustCompile(`(?i)pg_catalog\s*\.\s*pg_get_userbyid\s*\(\s*[a-z_][a-z0-9_.]*\s*\)`)
 )
 
+// psql's \d TABLE (psql 15) reads columns of pg_class and pg_attribute
+// that DuckDB's emulation has not got, and catalogs it has not got at
+// all. Its queries are recognised by their text and answered from
+// DuckDB's own catalog: the table's facts (an ordinary table without
+// checks, indexes, rules or triggers, which is what a mirror table is),
+// its columns (duckdb_columns), and none of the rest.
+var (
+	describeTableRE   = regexp.MustCompile(`(?s)^\s*SELECT c\.relchecks, c\.relkind, c\.relhasindex, .*WHERE c\.oid = '(\d+)';?\s*$`)
+	describeColumnsRE = regexp.MustCompile(`(?s)^\s*SELECT a\.attname,\s+pg_catalog\.format_type\(a\.atttypid, a\.atttypmod\).*FROM pg_catalog\.pg_attribute a\s+WHERE a\.attrelid = '(\d+)' AND a\.attnum > 0 AND NOT a\.attisdropped\s+ORDER BY a\.attnum;?\s*$`)
+	// Catalogs DuckDB has not got, whose rows a mirror never has (psql's
+	// footers of \d TABLE): their queries answer no row.
+	emptyCatalogRE = regexp.MustCompile(`(?i)\bpg_catalog\s*\.\s*(pg_policy|pg_statistic_ext|pg_publication|pg_publication_rel|pg_publication_namespace|pg_inherits|pg_trigger|pg_rewrite)\b`)
+)
+
+// describeCompat answers psql's \d TABLE queries (above); ok is false for
+// any other statement.
+func describeCompat(q string) (string, bool) {
+	if m := describeTableRE.FindStringSubmatch(q); m != nil {
+		return `SELECT 0 AS relchecks, 'r' AS relkind, false AS relhasindex, false AS relhasrules, false AS relhastriggers,
+			false AS relrowsecurity, false AS relforcerowsecurity, false AS relhasoids, false AS relispartition, '' AS reloptions,
+			0 AS reltablespace, '' AS reloftype, 'p' AS relpersistence, 'd' AS relreplident, 'heap' AS amname
+			FROM duckdb_tables() WHERE table_oid = ` + m[1], true
+	}
+	if m := describeColumnsRE.FindStringSubmatch(q); m != nil {
+		return `SELECT column_name AS attname, lower(data_type) AS format_type, column_default AS "default", NOT is_nullable AS attnotnull,
+			CAST(NULL AS VARCHAR) AS attcollation, '' AS attidentity, '' AS attgenerated
+			FROM duckdb_columns() WHERE table_oid = ` + m[1] + ` ORDER BY column_index`, true
+	}
+	if emptyCatalogRE.MatchString(q) {
+		return `SELECT CAST(NULL AS VARCHAR) AS none WHERE false`, true
+	}
+	return "", false
+}
+
 // catalogCompat rewrites q's catalog idioms for DuckDB (above); a
 // statement that names no pg_catalog object is left as it is.
 func catalogCompat(q, id string) string {
 	if !strings.Contains(strings.ToLower(q), "pg_catalog") {
 		return q
+	}
+	if d, ok := describeCompat(q); ok {
+		return d
 	}
 	q = operatorRE.ReplaceAllString(q, "$1")
 	q = collateRE.ReplaceAllString(q, "")

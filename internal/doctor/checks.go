@@ -93,7 +93,9 @@ type Facts struct {
 	Backup  *BackupFacts  // the cluster's pgBackRest stanza, nil when it has none
 	Patroni *PatroniFacts // the cluster's Patroni members, nil when Patroni does not run it
 	Certs   []CertFacts   // the TLS certificates of its front door and of the daemon's ports, where configured
-	Now     time.Time     // when the facts were gathered (certificates' expiry is judged against it)
+	// TierExtensions: the extensions the tiers list, as this cluster has them.
+	TierExtensions []TierExtension
+	Now            time.Time // when the facts were gathered (certificates' expiry is judged against it)
 }
 
 // PatroniFacts are what the failover check looks at: the members of a
@@ -189,6 +191,9 @@ func Checks(f Facts) []Check {
 	}
 	if len(f.Certs) > 0 {
 		out = append(out, certificates(f.Now, f.Certs))
+	}
+	if len(f.TierExtensions) > 0 {
+		out = append(out, tierExtensions(f.TierExtensions))
 	}
 	return out
 }

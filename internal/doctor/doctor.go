@@ -140,6 +140,9 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 	if f.Settings, err = readSettings(ctx, admin); err != nil {
 		return f, fmt.Errorf("read settings of %s: %w", cl.Name(), err)
 	}
+	if f.TierExtensions, err = tierExtensionFacts(ctx, admin, d.Config.Tiers); err != nil {
+		return f, fmt.Errorf("read the extensions of %s: %w", cl.Name(), err)
+	}
 	var reset *time.Time
 	if err := admin.QueryRow(ctx, `SELECT stats_reset FROM pg_stat_bgwriter`).Scan(&reset); err == nil && reset != nil {
 		f.StatsReset = *reset

@@ -123,6 +123,24 @@ func TestDoctor_FlagsLowLockLimitAndPassesAGoodCluster(t *testing.T) {
 // TestDoctor_ConnectionsCountsClaimedTenants: the connections check adds up
 // the limits of the tenants admitted to the cluster, and flags them once
 // provision.connection_overcommit is lowered below what was admitted.
+// TestDoctor_TierExtensions: a tier listing a trusted extension, a typo
+// and an untrusted one is warned about, naming the last two.
+func TestDoctor_TierExtensions(t *testing.T) {
+	ctx := pgtest.Context(t)
+	cfg := daemontest.Config(t, pg)
+	cfg.Provision.DefaultPoolSize = 0
+	cfg.Tiers["pro"] = config.Tier{ConnectionLimit: 2, Extensions: []string{"hstore", "hstre", "postgres_fdw"}}
+	_, c := daemontest.Start(t, pg, cfg)
+	rep, err := c.Doctor(ctx, "local")
+	if err != nil || len(rep.Clusters) != 1 {
+		t.Fatalf("doctor: %+v, %v", rep, err)
+	}
+	if x := check(t, rep.Clusters[0], "tier_extensions"); x.Status != doctor.Warn || !strings.Contains(x.Got, "hstre, which the server has not installed") ||
+		!strings.Contains(x.Got, "postgres_fdw, which is not trusted") || strings.Contains(x.Got, "lists hstore") {
+		t.Errorf("tier_extensions: %+v, want warn naming hstre (missing) and postgres_fdw (untrusted), not hstore", x)
+	}
+}
+
 func TestDoctor_ConnectionsCountsClaimedTenants(t *testing.T) {
 	ctx := pgtest.Context(t)
 	cfg := daemontest.Config(t, pg)
@@ -241,6 +259,15 @@ func TestChecks(t *testing.T) {
 		}},
 		{"9.6 stats on tmpfs", "stats_temp_directory", doctor.OK, func(f *doctor.Facts) {
 			f.VersionNum, f.Databases, f.StatsTempFS = 90624, 500, "tmpfs"
+		}},
+		{"tier extensions installed and trusted", "tier_extensions", doctor.OK, func(f *doctor.Facts) {
+			f.TierExtensions = []doctor.TierExtension{{Tier: "pro", Name: "hstore", Available: true, Trusted: true}}
+		}},
+		{"a tier lists an extension the server lacks", "tier_extensions", doctor.Warn, func(f *doctor.Facts) {
+			f.TierExtensions = []doctor.TierExtension{{Tier: "pro", Name: "hstre"}}
+		}},
+		{"a tier lists an untrusted extension", "tier_extensions", doctor.Warn, func(f *doctor.Facts) {
+			f.TierExtensions = []doctor.TierExtension{{Tier: "pro", Name: "postgres_fdw", Available: true}}
 		}},
 		{"certificates valid for months", "certificates", doctor.OK, func(f *doctor.Facts) {
 			f.Now, f.Certs = time.Now(), []doctor.CertFacts{{What: "front door", Path: "/x.crt", NotAfter: time.Now().Add(200 * 24 * time.Hour)}}
