@@ -29,23 +29,31 @@ var (
 	userByIDRE = regexp.MustCompile(`(?i)pg_catalog\s*\.\s*pg_get_userbyid\s*\(\s*[a-z_][a-z0-9_.]*\s*\)`)
 )
 
-// psql's \d TABLE (psql 15) reads columns of pg_class and pg_attribute
-// that DuckDB's emulation has not got, and catalogs it has not got at
-// all. Its queries are recognised by their text and answered from
-// DuckDB's own catalog: the table's facts (an ordinary table without
-// checks, indexes, rules or triggers, which is what a mirror table is),
-// its columns (duckdb_columns), and none of the rest.
+// psql's \d TABLE and \l (psql 15) read columns of pg_class,
+// pg_attribute and pg_database that DuckDB's emulation has not got, and
+// catalogs it has not got at all. Their queries are recognised by their
+// text and answered from DuckDB's own catalog: the table's facts (an
+// ordinary table without checks, indexes, rules or triggers, which is
+// what a mirror table is), its columns (duckdb_columns), the session's one
+// database, and none of the rest.
 var (
 	describeTableRE   = regexp.MustCompile(`(?s)^\s*SELECT c\.relchecks, c\.relkind, c\.relhasindex, .*WHERE c\.oid = '(\d+)';?\s*$`)
 	describeColumnsRE = regexp.MustCompile(`(?s)^\s*SELECT a\.attname,\s+pg_catalog\.format_type\(a\.atttypid, a\.atttypmod\).*FROM pg_catalog\.pg_attribute a\s+WHERE a\.attrelid = '(\d+)' AND a\.attnum > 0 AND NOT a\.attisdropped\s+ORDER BY a\.attnum;?\s*$`)
+	// \l: the session's one database, the tenant's mirror.
+	listDatabasesRE = regexp.MustCompile(`(?s)^\s*SELECT d\.datname as "Name",.*FROM pg_catalog\.pg_database d\s+ORDER BY 1;?\s*$`)
 	// Catalogs DuckDB has not got, whose rows a mirror never has (psql's
 	// footers of \d TABLE): their queries answer no row.
 	emptyCatalogRE = regexp.MustCompile(`(?i)\bpg_catalog\s*\.\s*(pg_policy|pg_statistic_ext|pg_publication|pg_publication_rel|pg_publication_namespace|pg_inherits|pg_trigger|pg_rewrite)\b`)
 )
 
-// describeCompat answers psql's \d TABLE queries (above); ok is false for
-// any other statement.
-func describeCompat(q string) (string, bool) {
+// describeCompat answers psql's \d TABLE and \l queries (above) for
+// tenant id; ok is false for any other statement.
+func describeCompat(q, id string) (string, bool) {
+	if listDatabasesRE.MatchString(q) {
+		name := "'" + tenant.PhysicalName(id) + "'"
+		return `SELECT ` + name + ` AS "Name", ` + name + ` AS "Owner", 'UTF8' AS "Encoding", 'C' AS "Collate", 'C' AS "Ctype",
+			CAST(NULL AS VARCHAR) AS "ICU Locale", 'libc' AS "Locale Provider", '' AS "Access privileges"`, true
+	}
 	if m := describeTableRE.FindStringSubmatch(q); m != nil {
 		return `SELECT 0 AS relchecks, 'r' AS relkind, false AS relhasindex, false AS relhasrules, false AS relhastriggers,
 			false AS relrowsecurity, false AS relforcerowsecurity, false AS relhasoids, false AS relispartition, '' AS reloptions,
@@ -69,7 +77,7 @@ func catalogCompat(q, id string) string {
 	if !strings.Contains(strings.ToLower(q), "pg_catalog") {
 		return q
 	}
-	if d, ok := describeCompat(q); ok {
+	if d, ok := describeCompat(q, id); ok {
 		return d
 	}
 	q = operatorRE.ReplaceAllString(q, "$1")
