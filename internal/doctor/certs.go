@@ -22,9 +22,10 @@ type CertFacts struct {
 // certWarn is how long before its expiry a certificate is a warning.
 const certWarn = 30 * 24 * time.Hour
 
-// certFacts reads the certificates of cluster's front door and of the
-// daemon's analytics port and API, where configured.
-func certFacts(cfg config.Config, clusterName string) []CertFacts {
+// certFacts reads the certificates of a cluster's front door (frontCert,
+// "" without one) and of the daemon's analytics port and API, where
+// configured.
+func certFacts(cfg config.Config, frontCert string) []CertFacts {
 	var out []CertFacts
 	add := func(what, path string) {
 		if path == "" {
@@ -34,11 +35,7 @@ func certFacts(cfg config.Config, clusterName string) []CertFacts {
 		f.NotAfter, f.Err = readCertExpiry(path)
 		out = append(out, f)
 	}
-	for _, c := range cfg.Clusters {
-		if c.Name == clusterName && c.Pooler != nil {
-			add("front door", c.Pooler.TLSCertFile)
-		}
-	}
+	add("front door", frontCert)
 	cert, _ := cfg.AnalyticsTLSPair()
 	add("analytics port", cert)
 	if cfg.TLSCertFile != cert {

@@ -11,10 +11,10 @@ import (
 	"github.com/pgtenant/pgtenant/internal/tlsca"
 )
 
-// TestCertFacts_ReadsTheFilesConfigured: the front door's certificate of
-// the cluster asked about (not another cluster's), the analytics port's
-// and the API's once when they are the same file; each file's leaf expiry
-// as up makes it, and a file that is no certificate named as such.
+// TestCertFacts_ReadsTheFilesConfigured: the front door's certificate,
+// the analytics port's and the API's once when they are the same file;
+// each file's leaf expiry as up makes it, and a file that is no
+// certificate named as such.
 func TestCertFacts_ReadsTheFilesConfigured(t *testing.T) {
 	dir := t.TempDir()
 	// As root, up's CA lets the postgres OS user (PgBouncer) read the key.
@@ -29,11 +29,8 @@ func TestCertFacts_ReadsTheFilesConfigured(t *testing.T) {
 	if err := os.WriteFile(junk, []byte("not a certificate"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Config{TLSCertFile: files.Cert, TLSKeyFile: files.Key, Clusters: []config.ClusterConfig{
-		{Name: "a", Pooler: &config.PoolerConfig{TLSCertFile: files.Cert}},
-		{Name: "b", Pooler: &config.PoolerConfig{TLSCertFile: junk}},
-	}}
-	got := certFacts(cfg, "a")
+	cfg := config.Config{TLSCertFile: files.Cert, TLSKeyFile: files.Key}
+	got := certFacts(cfg, files.Cert)
 	if len(got) != 2 || got[0].What != "front door" || got[1].What != "analytics port" {
 		t.Fatalf("certificates of cluster a: %+v, want its front door's and the analytics port's (the API's is the same file)", got)
 	}
@@ -41,10 +38,10 @@ func TestCertFacts_ReadsTheFilesConfigured(t *testing.T) {
 	if d := got[0].NotAfter.Sub(want); got[0].Err != "" || d < -time.Hour || d > time.Hour {
 		t.Errorf("expiry read %s (%s), want about %s", got[0].NotAfter, got[0].Err, want)
 	}
-	if b := certFacts(cfg, "b"); len(b) != 2 || !strings.Contains(b[0].Err, "no PEM certificate") {
-		t.Errorf("cluster b's junk certificate: %+v, want an error saying it holds none", b)
+	if b := certFacts(cfg, junk); len(b) != 2 || !strings.Contains(b[0].Err, "no PEM certificate") {
+		t.Errorf("a junk front door certificate: %+v, want an error saying it holds none", b)
 	}
-	if c := certificates(time.Now(), certFacts(cfg, "b")); c.Status != Fail || !strings.Contains(c.Got, junk) {
+	if c := certificates(time.Now(), certFacts(cfg, junk)); c.Status != Fail || !strings.Contains(c.Got, junk) {
 		t.Errorf("check over a junk certificate: %+v, want fail naming the file", c)
 	}
 }

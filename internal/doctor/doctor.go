@@ -183,7 +183,11 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 		f.Pooler = d.poolerFacts(front, f.TenantsByTier)
 	}
 	f.Backup = backupFacts(ctx, d.Backups, cl.Name())
-	f.Certs, f.Now = certFacts(d.Config, cl.Name()), time.Now()
+	var frontCert string
+	if front != nil {
+		frontCert = front.Settings.TLSCertFile
+	}
+	f.Certs, f.Now = certFacts(d.Config, frontCert), time.Now()
 	if c, err := d.Store.GetCluster(ctx, cl.Name()); err == nil && len(c.PatroniURLs) > 0 {
 		f.Patroni = patroniFacts(ctx, c.PatroniURLs)
 	}

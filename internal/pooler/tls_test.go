@@ -134,6 +134,21 @@ func TestFrontDoor_TLS(t *testing.T) {
 		}
 	}
 
+	// doctor reads the front door's certificate.
+	rep, err := c.Doctor(ctx, "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var certs string
+	for _, ch := range rep.Clusters[0].Checks {
+		if ch.Name == "certificates" {
+			certs = ch.Status + ": " + ch.Got
+		}
+	}
+	if !strings.HasPrefix(certs, "ok: front door until ") {
+		t.Errorf("doctor's certificates check: %q, want ok naming the front door", certs)
+	}
+
 	// PgBouncer's own session to the server is TLS, verified.
 	if conn, err := connectDSN(ctx, plain.DSN); err != nil {
 		t.Fatal(err)
