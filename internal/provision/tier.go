@@ -160,10 +160,10 @@ func (s *Service) placementFor(ctx context.Context, t catalog.Tenant, tierName s
 }
 
 // alterTier sets the tier's limits on the tenant's roles (and its list of
-// extensions on its database), each attempt
-// bounded: a session of the tenant holding its role's row (an uncommitted
-// ALTER ROLE of its own, to keep its limits) is ended before the next
-// attempt, so that a downgrade cannot be held off by the tenant.
+// extensions on its database), each attempt bounded: a session of the
+// tenant holding its role's row (an uncommitted ALTER ROLE of its own, to
+// keep its limits) is ended before the next attempt, so that a downgrade
+// cannot be held off by the tenant.
 func (s *Service) alterTier(ctx context.Context, cl *cluster.Cluster, t catalog.Tenant, tierName string) (int, error) {
 	id := t.ID
 	admin, err := cl.Admin(ctx)
