@@ -410,6 +410,23 @@ func TestConsole_CreateTenant(t *testing.T) {
 	if !strings.Contains(again, `<code id="tenant-id">`+ts[0].ID+`</code>`) || !strings.Contains(again, "existed already") {
 		t.Errorf("a second create with the same external id shows another tenant:\n%s", again)
 	}
+	// Pinned by labels: to a label no cluster has, the API's refusal; to
+	// one local has, made there, its page saying so.
+	if _, err := f.c.SetCluster(ctx, "local", catalog.PlacementChange{Labels: map[string]string{"region": "eu"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, mars := b.Post("/tenants/new", f.base, url.Values{"csrf": {csrf}, "template": {"saas"}, "labels": {"region=mars"}})
+	if !strings.Contains(mars, "lacks label region=mars") {
+		t.Errorf("a create pinned to a label no cluster has: want the API's refusal naming it:\n%s", mars)
+	}
+	_, _, eu := b.Post("/tenants/new", f.base, url.Values{"csrf": {csrf}, "template": {"saas"}, "name": {"Pinned"}, "labels": {" region=eu "}})
+	pid := regexp.MustCompile(`<code id="tenant-id">([^<]+)</code>`).FindStringSubmatch(eu)
+	if pid == nil {
+		t.Fatalf("a create pinned to region=eu: no tenant shown:\n%s", eu)
+	}
+	if _, tp := b.Get("/tenants/" + pid[1]); !strings.Contains(tp, "region=eu") || !strings.Contains(tp, "pinned: only clusters with these") {
+		t.Errorf("the pinned tenant's page does not show its labels:\n%s", tp)
+	}
 	// A fork: a new tenant, its password shown once; without backups (the
 	// test's cluster has none unless pgbackrest is installed), the API's
 	// refusal, status and message.

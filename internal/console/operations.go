@@ -91,10 +91,11 @@ func forkRequest(r *http.Request) (api.ForkTenantRequest, error) {
 
 // createFields are the create form's fields, as provision.Request names
 // them.
-var createFields = []string{"template", "name", "external_id", "tier", "mode", "cluster"}
+var createFields = []string{"template", "name", "external_id", "tier", "mode", "cluster", "labels"}
 
 // newTenant is the create form: a template, a name and external id, and
-// where to place it (tier, mode, cluster: the API's defaults when empty).
+// where to place it (tier, mode, cluster, labels to pin it to: the API's
+// defaults when empty).
 func (c *Console) newTenant(w http.ResponseWriter, r *http.Request, v view) error {
 	cl := c.client(r)
 	tpls, err := cl.Templates(r.Context())
@@ -137,6 +138,9 @@ func (c *Console) confirmCreateTenant(w http.ResponseWriter, r *http.Request, v 
 	if fields["cluster"] != "" {
 		on = "on cluster " + fields["cluster"]
 	}
+	if fields["labels"] != "" {
+		on += ", pinned to clusters labelled " + fields["labels"]
+	}
 	v["What"] = fmt.Sprintf("a tenant of template %s named %q%s: %s, %s, %s", fields["template"], fields["name"], ext, mode, tier, on)
 	v["Says"] = "The tenant is claimed from the template's spare pool, or built now when the pool is empty. Its password is shown once on the next page: copy it there."
 	v["Action"], v["Fields"], v["Back"] = "/tenants/new", fields, "/tenants/new?"+r.URL.RawQuery
@@ -154,6 +158,11 @@ func (c *Console) createTenant(w http.ResponseWriter, r *http.Request, v view) e
 		Cluster: strings.TrimSpace(r.PostFormValue("cluster"))}
 	if n := strings.TrimSpace(r.PostFormValue("name")); n != "" {
 		req.Name = &n
+	}
+	for _, l := range strings.Split(r.PostFormValue("labels"), ",") {
+		if l = strings.TrimSpace(l); l != "" {
+			req.Labels = append(req.Labels, l)
+		}
 	}
 	res, err := c.client(r).CreateTenant(r.Context(), req)
 	if err != nil {
