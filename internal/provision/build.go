@@ -123,6 +123,15 @@ func (b *tenantBuilder) step(f func(context.Context, *jobs.Run, catalog.Tenant, 
 	}
 }
 
+// tier is the tier the tenant is built with: a cold create's, else the
+// default tier (a spare's, until a claim gives it another).
+func (b *tenantBuilder) tier() string {
+	if b.a.Activate != nil {
+		return b.a.Activate.Tier
+	}
+	return "default"
+}
+
 func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant, cl *cluster.Cluster) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
@@ -132,11 +141,7 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 	if err := cluster.CreateRole(ctx, admin, name); err != nil {
 		return err
 	}
-	tier := "default"
-	if b.a.Activate != nil {
-		tier = b.a.Activate.Tier
-	}
-	sql := b.s.TierSQL(t.ID, tier)
+	sql := b.s.TierSQL(t.ID, b.tier())
 	if t.Mode == tenant.ModeSchema {
 		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
 	}
@@ -217,12 +222,8 @@ func (b *tenantBuilder) buildDatabase(ctx context.Context, r *jobs.Run, t catalo
 	// agent owns the schema whose comment is the version marker (a copy
 	// does not inherit the template's). The extension guard holds its
 	// CREATE EXTENSION to the tier's list, written last.
-	tier := "default"
-	if b.a.Activate != nil {
-		tier = b.a.Activate.Tier
-	}
 	role, agent := cluster.Ident(name), cluster.Ident(tenant.AgentRole(t.ID))
-	_, err = conn.Exec(ctx, tenant.ExtensionGuardSQL+b.s.ExtensionsSQL(t, tier)+fmt.Sprintf(`DO $$ BEGIN
+	_, err = conn.Exec(ctx, tenant.ExtensionGuardSQL+b.s.ExtensionsSQL(t, b.tier())+fmt.Sprintf(`DO $$ BEGIN
 			IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public') THEN
 				ALTER SCHEMA public OWNER TO %[1]s;
 			END IF;
