@@ -85,7 +85,7 @@ func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgt
 	cfg.Migrate.RetryBackoff = config.Duration(50 * time.Millisecond)
 	cfg.Jobs.MaxAttempts = 2
 	cfg.Tiers[hostileTier] = config.Tier{ConnectionLimit: 4, StatementTimeout: config.Duration(30 * time.Second),
-		IdleInTransactionSessionTimeout: config.Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 64 << 20}
+		IdleInTransactionSessionTimeout: config.Duration(time.Minute), WorkMem: 4 << 20, TempFileLimit: 64 << 20, Extensions: []string{"hstore"}}
 	if mutate != nil {
 		mutate(&cfg)
 	}

@@ -31,7 +31,10 @@ import (
 // planted CHECK ran in both (the fixture bites): in the copy as the agent,
 // in the apply worker as the move's unprivileged role; the triggers are
 // ALWAYS and REPLICA again on the target afterwards, and the agent no
-// longer holds the copy's setting.
+// longer holds the copy's setting. A database tenant's extension (hstore,
+// which its tier allows, made among its plants) is recreated on the
+// target by the restore as the tenant: owned by its role, its column's
+// values there.
 func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 	ctx := pgtest.Context(t)
 	pg2, err := pgtest.Start(ctx, pgtest.Options{Name: "local2"})
@@ -72,6 +75,13 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 				ALTER TABLE %[1]s.victim ENABLE ALWAYS TRIGGER always_trg;
 				ALTER TABLE %[1]s.victim ENABLE REPLICA TRIGGER replica_trg;
 				INSERT INTO %[1]s.victim (v) SELECT 'before' FROM generate_series(1, 20)`, s))
+			if mode == "database" {
+				// An extension its tier allows, made among its plants: the
+				// move recreates it on the target as the tenant.
+				mustExec(t, conn, fmt.Sprintf(`CREATE EXTENSION hstore SCHEMA %[1]s;
+					CREATE TABLE %[1]s.attrs (id int PRIMARY KEY, a %[1]s.hstore);
+					INSERT INTO %[1]s.attrs VALUES (1, 'k => v')`, s))
+			}
 			// Writes during the move reach the target through the apply
 			// worker: the writer goes on until a second after the copy's
 			// snapshot, then stops so that the cut-over finds no backlog
@@ -159,6 +169,15 @@ func TestFinding12_MoveRunsNoTenantCodeWithPrivilege(t *testing.T) {
 			}
 			if granted || kept != 0 {
 				t.Errorf("the agent %s may still set session_replication_role after the move (%v), or has it in %d role settings", agent, granted, kept)
+			}
+			if mode == "database" {
+				var owner, v string
+				if err := dst.QueryRow(ctx, `SELECT r.rolname FROM pg_extension e JOIN pg_roles r ON r.oid = e.extowner WHERE e.extname = 'hstore'`).Scan(&owner); err != nil || owner != l.Role {
+					t.Errorf("hstore on the target: owner %q (%v), want the tenant's role %s (restored as the tenant)", owner, err, l.Role)
+				}
+				if err := dst.QueryRow(ctx, fmt.Sprintf(`SELECT a -> 'k' FROM %s.attrs WHERE id = 1`, s)).Scan(&v); err != nil || v != "v" {
+					t.Errorf("the hstore column on the target: %q, %v; want v", v, err)
+				}
 			}
 			var enabled string
 			if err := dst.QueryRow(ctx, `SELECT string_agg(tgname || '=' || tgenabled::text, ',' ORDER BY tgname) FROM pg_trigger
