@@ -1,7 +1,6 @@
 package analytics
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -159,15 +158,11 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 		}
 		b.rels[msg.RelationID] = r
 	case *pglogrepl.InsertMessage:
-		return false, b.change(msg.RelationID, nil, msg.Tuple)
+		return false, b.row('I', msg.RelationID, nil, msg.Tuple)
 	case *pglogrepl.UpdateMessage:
-		old := msg.OldTuple
-		if rel, ok := b.rels[msg.RelationID]; ok && old == nil && rel.keyless() {
-			old = msg.NewTuple // every column is the key, and none changed
-		}
-		return false, b.change(msg.RelationID, old, msg.NewTuple)
+		return false, b.row('U', msg.RelationID, msg.OldTuple, msg.NewTuple)
 	case *pglogrepl.DeleteMessage:
-		return false, b.change(msg.RelationID, msg.OldTuple, nil)
+		return false, b.row('D', msg.RelationID, msg.OldTuple, nil)
 	case *pglogrepl.TruncateMessage:
 		if b.skip {
 			return false, nil
@@ -184,6 +179,34 @@ func (b *batch) add(msg pglogrepl.Message, applied pglogrepl.LSN) (bool, error) 
 		}
 	}
 	return false, nil
+}
+
+// addMessage takes one pgoutput message as it came from the stream; it
+// reports a commit. Row messages, most of a stream, are decoded by d
+// without a copy of each value.
+func (b *batch) addMessage(data []byte, applied pglogrepl.LSN, d *rowDecoder) (bool, error) {
+	if len(data) > 0 && (data[0] == 'I' || data[0] == 'U' || data[0] == 'D') {
+		rel, old, new, err := d.decode(data)
+		if err != nil {
+			return false, fmt.Errorf("decode pgoutput: %w", err)
+		}
+		return false, b.row(data[0], rel, old, new)
+	}
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return false, fmt.Errorf("decode pgoutput: %w", err)
+	}
+	return b.add(msg, applied)
+}
+
+// row takes an Insert, Update or Delete (kind I, U, D) of a relation.
+func (b *batch) row(kind byte, relID uint32, old, new *pglogrepl.TupleData) error {
+	if kind == 'U' && old == nil {
+		if rel, ok := b.rels[relID]; ok && rel.keyless() {
+			old = new // every column is the key, and none changed
+		}
+	}
+	return b.change(relID, old, new)
 }
 
 func values(t *pglogrepl.TupleData) (vals []*string, known []bool) {
@@ -246,7 +269,9 @@ func tupleLine(t *pglogrepl.TupleData) (line string, plain, whole bool) {
 		case 'n':
 			buf = append(buf, `\N`...)
 		case 't':
-			plain = plain && !bytes.ContainsAny(c.Data, "\t\n\\")
+			for _, ch := range c.Data {
+				plain = plain && ch != '\t' && ch != '\n' && ch != '\\'
+			}
 			buf = append(buf, c.Data...)
 		default: // 'u': unchanged TOAST
 			plain, whole = false, false

@@ -59,19 +59,21 @@ type row struct {
 	tenant, state string
 	tables        []string
 	mine, free    bool
-	gone          bool // the tenant is dropped (or further on)
+	gone          bool   // the tenant is dropped (or further on)
+	source        string // where the tenant is (sourceOf)
 }
 
 func (s *Service) pass(ctx context.Context) error {
 	rows, err := s.Store.Pool().Query(ctx, `SELECT a.tenant, a.state, a.tables, coalesce(a.owner = $1, false),
-		a.owner IS NULL OR a.lease_expires < now(), coalesce(t.state IN ('dropped', 'purging', 'purged'), false)
+		a.owner IS NULL OR a.lease_expires < now(), coalesce(t.state IN ('dropped', 'purging', 'purged'), false),
+		coalesce(t.cluster || '/' || t.database, '')
 		FROM analytics a LEFT JOIN tenants t ON t.id = a.tenant ORDER BY a.tenant`, s.owner)
 	if err != nil {
 		return fmt.Errorf("read mirrors: %w", err)
 	}
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.tenant, &x.state, &x.tables, &x.mine, &x.free, &x.gone)
+		return x, r.Scan(&x.tenant, &x.state, &x.tables, &x.mine, &x.free, &x.gone, &x.source)
 	})
 	if err != nil {
 		return fmt.Errorf("read mirrors: %w", err)
@@ -100,6 +102,12 @@ func (s *Service) pass(ctx context.Context) error {
 				errs = append(errs, s.disable(ctx, x.tenant))
 			}
 			continue
+		}
+		if m := s.mirror(x.tenant); m != nil && m.moved(x.source) {
+			// The tenant moved: its mirror starts again (and is copied
+			// again from where the tenant is now).
+			s.Logger.Info("the tenant of an analytics mirror moved: restarting the mirror", "tenant", x.tenant, "to", x.source)
+			s.stop(x.tenant)
 		}
 		if s.running(x.tenant) {
 			tag, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET lease_expires = now() + $2::interval, owner_addr = $3
@@ -171,6 +179,12 @@ func (s *Service) running(id string) bool {
 	return ok
 }
 
+func (s *Service) mirror(id string) *mirror {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.mirrors[id]
+}
+
 func (s *Service) runningIDs() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -210,13 +224,21 @@ func (s *Service) stopAll() {
 	}
 }
 
-// report records the mirror's progress in its row (for status and metrics).
-func (s *Service) report(ctx context.Context, id, state, lsn string, rows, lag int64, failure string) {
+// report records the mirror's progress in its row (for status and
+// metrics), unless its tenant has left the cluster and database the
+// mirror reads: the move marked the row stale (catalog.MoveTenant), and so
+// it stays until the mirror reads where the tenant is.
+func (m *mirror) report(ctx context.Context, state, lsn string, rows, lag int64, failure string) {
+	m.mu.Lock()
+	source := m.source
+	m.mu.Unlock()
+	s := m.s
 	_, err := s.Store.Pool().Exec(ctx, `UPDATE analytics SET state = CASE WHEN state = 'disabling' THEN state ELSE $2 END,
-		applied_lsn = $3, applied_rows = $4, lag_bytes = $5, error = $6, reported_at = now() WHERE tenant = $1 AND owner = $7`,
-		id, state, lsn, rows, lag, failure, s.owner)
+		applied_lsn = $3, applied_rows = $4, lag_bytes = $5, error = $6, reported_at = now()
+		WHERE tenant = $1 AND owner = $7 AND ($8 = '' OR EXISTS (SELECT 1 FROM tenants WHERE id = $1 AND cluster || '/' || database = $8))`,
+		m.id, state, lsn, rows, lag, failure, s.owner, source)
 	if err != nil && ctx.Err() == nil {
-		s.Logger.Warn("report mirror progress", "tenant", id, "err", err)
+		s.Logger.Warn("report mirror progress", "tenant", m.id, "err", err)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/duckdb/duckdb-go/v2"
@@ -40,7 +41,10 @@ type mirror struct {
 		Warn(string, ...any)
 	}
 
+	hurry atomic.Bool // a session waits for an LSN: the pending batch is applied without waiting for flush_interval
+
 	mu       sync.Mutex
+	source   string            // the cluster/database the mirror reads ("" until it runs)
 	db       *sql.DB           // open while the mirror runs; sessions borrow it
 	conns    *duckdb.Connector // db's: each tenant statement gets a DuckDB connection of its own
 	opened   *duckdb.Connector // the connector of the file open() opened last (the mirror's goroutine only)
@@ -52,8 +56,9 @@ type mirror struct {
 	rows     int64
 }
 
-// errRecopy: the slot is gone or invalidated; the mirror is made again.
-var errRecopy = errors.New("the mirror's slot is gone or invalidated: copying again")
+// errRecopy: the mirror is made again (its slot is gone, or its tenant
+// moved); the error's text says why.
+var errRecopy = errors.New("copying again")
 
 // loop runs the mirror until ctx is done, retrying after failures.
 func (m *mirror) loop(ctx context.Context) {
@@ -70,7 +75,7 @@ func (m *mirror) loop(ctx context.Context) {
 			continue
 		}
 		m.log.Warn("analytics mirror failed; retrying", "err", err, "backoff", backoff)
-		m.s.report(ctx, m.id, StateCopying, m.applied.String(), m.rows, 0, err.Error())
+		m.report(ctx, StateCopying, m.applied.String(), m.rows, 0, err.Error())
 		select {
 		case <-ctx.Done():
 			return
@@ -95,13 +100,10 @@ func (m *mirror) open() (*sql.DB, error) {
 	// current storage format (DICT_FSST strings, …) instead of the v0.10
 	// one kept for older readers: no other DuckDB reads these files, and
 	// the bench's mirror is less than half the size with it, its string
-	// group-bys several times faster. checkpoint_threshold=64MB (DuckDB's
-	// default is 16MB): each checkpoint compresses the row groups that
-	// changes appended to again, and a stream of upserts appends to the
-	// same last ones; a quarter as many checkpoints cost the apply about a
-	// fifth less CPU per change (1 M rows, batches of 5,000 upserts).
-	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&checkpoint_threshold=64MB&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&allow_persistent_secrets=false&home_directory=%s&lock_configuration=true",
-		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20, neutralHome)
+	// group-bys several times faster. checkpoint_threshold: see
+	// checkpointWAL.
+	dsn := fmt.Sprintf("%s?threads=%d&memory_limit=%dMB&storage_compatibility_version=latest&checkpoint_threshold=%s&enable_external_access=false&autoload_known_extensions=false&autoinstall_known_extensions=false&allow_community_extensions=false&allow_persistent_secrets=false&home_directory=%s&lock_configuration=true",
+		m.s.File(m.id), c.Threads, int64(c.MemoryLimit)>>20, checkpointWAL, neutralHome)
 	conn, err := duckdb.NewConnector(dsn, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open mirror file: %w", err)
@@ -110,6 +112,7 @@ func (m *mirror) open() (*sql.DB, error) {
 	m.opened = conn
 	if _, err := db.Exec(`CREATE SCHEMA IF NOT EXISTS ` + stateSchema + `;
 		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ);
+		ALTER TABLE ` + stateSchema + `.state ADD COLUMN IF NOT EXISTS source VARCHAR;
 		CREATE TABLE IF NOT EXISTS ` + stateSchema + `.resync (tbl VARCHAR NOT NULL, pg_schema VARCHAR NOT NULL, pg_table VARCHAR NOT NULL, until UBIGINT NOT NULL)`); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("mirror state table: %w", err)
@@ -165,39 +168,78 @@ func (m *mirror) closeDB(db *sql.DB) {
 	db.Close()
 }
 
-func readState(ctx context.Context, db *sql.DB) (lsn pglogrepl.LSN, copied bool, rows int64, err error) {
-	var l uint64
-	err = db.QueryRowContext(ctx, `SELECT lsn, copied, applied_rows FROM `+stateSchema+`.state`).Scan(&l, &copied, &rows)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, 0, nil
-	}
-	return pglogrepl.LSN(l), copied, rows, err
+// fileState is what a mirror's file says of itself.
+type fileState struct {
+	lsn    pglogrepl.LSN // the changes it holds end here
+	copied bool          // past its initial copy
+	rows   int64
+	source string // the cluster/database it was copied from ("": a file of an earlier release)
 }
+
+func readState(ctx context.Context, db *sql.DB) (fileState, error) {
+	var st fileState
+	var l uint64
+	var source sql.NullString
+	err := db.QueryRowContext(ctx, `SELECT lsn, copied, applied_rows, source FROM `+stateSchema+`.state`).Scan(&l, &st.copied, &st.rows, &source)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fileState{}, nil
+	}
+	st.lsn, st.source = pglogrepl.LSN(l), source.String
+	return st, err
+}
+
+// sourceOf is where a tenant's mirror reads from: its cluster and database.
+func sourceOf(t catalog.Tenant) string { return t.Cluster + "/" + t.Database }
 
 // openState opens the file and reads its state. A file DuckDB cannot open
 // or whose state it cannot read (corrupt, truncated, another version) is
 // removed, with an event, and an empty one made: the mirror is copied
 // again. A file held by another process (its lock) is left alone.
-func (m *mirror) openState(ctx context.Context) (*sql.DB, pglogrepl.LSN, bool, int64, error) {
+func (m *mirror) openState(ctx context.Context) (*sql.DB, fileState, error) {
 	db, err := m.open()
 	if err == nil {
-		lsn, copied, rows, rerr := readState(ctx, db)
+		st, rerr := readState(ctx, db)
 		if rerr == nil {
-			return db, lsn, copied, rows, nil
+			return db, st, nil
 		}
 		db.Close()
 		err = fmt.Errorf("read mirror state: %w", rerr)
 	}
 	if ctx.Err() != nil || strings.Contains(err.Error(), "Could not set lock") {
-		return nil, 0, false, 0, err
+		return nil, fileState{}, err
 	}
 	m.log.Warn("analytics mirror file unreadable: copying again", "err", err)
 	_ = m.s.Store.AddEvent(ctx, m.s.Store.Pool(), m.id, "analytics", "mirror file unreadable, copying again: "+err.Error())
 	if err := m.s.removeFile(m.id); err != nil {
-		return nil, 0, false, 0, err
+		return nil, fileState{}, err
 	}
 	db, err = m.open()
-	return db, 0, false, 0, err
+	return db, fileState{}, err
+}
+
+// moved reports whether the mirror reads from elsewhere than source,
+// where its tenant is now.
+func (m *mirror) moved(source string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.source != "" && source != "" && m.source != source
+}
+
+// recopyMoved: the tenant left the cluster and database the file was copied
+// from (a move): the slot there goes (a reconcile drops it if that
+// cluster cannot be reached now) and the mirror is copied again from
+// where the tenant is.
+func (m *mirror) recopyMoved(ctx context.Context, from string, t catalog.Tenant) error {
+	name, _, _ := strings.Cut(from, "/")
+	if old, err := m.s.Clusters.Get(name); err == nil {
+		if err := DropSlot(ctx, old, SlotName(m.id)); err != nil {
+			m.log.Warn("drop the mirror's slot on the tenant's former cluster", "cluster", name, "err", err)
+		}
+	}
+	if err := m.s.removeFile(m.id); err != nil {
+		return err
+	}
+	return fmt.Errorf("the tenant moved from %s to %s: %w", from, sourceOf(t), errRecopy)
 }
 
 // run makes (or resumes) the mirror and streams until an error or ctx.
@@ -206,9 +248,23 @@ func (m *mirror) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	db, lsn, copied, rows, err := m.openState(ctx)
+	m.mu.Lock()
+	m.source = sourceOf(t)
+	m.mu.Unlock()
+	db, st, err := m.openState(ctx)
 	if err != nil {
 		return err
+	}
+	lsn, copied, rows := st.lsn, st.copied, st.rows
+	if copied && st.source != "" && st.source != sourceOf(t) {
+		db.Close()
+		return m.recopyMoved(ctx, st.source, t)
+	}
+	if copied && st.source == "" { // a file of an earlier release: it is the tenant's as it is now
+		if _, err := db.ExecContext(ctx, `UPDATE `+stateSchema+`.state SET source = ?`, sourceOf(t)); err != nil {
+			db.Close()
+			return err
+		}
 	}
 	if copied {
 		lost, err := slotLost(ctx, cl, SlotName(m.id))
@@ -224,7 +280,7 @@ func (m *mirror) run(ctx context.Context) error {
 			if err := m.s.removeFile(m.id); err != nil {
 				return err
 			}
-			return errRecopy
+			return fmt.Errorf("the mirror's slot is gone or invalidated: %w", errRecopy)
 		}
 	} else {
 		// A copy that did not finish: start from nothing.
@@ -256,7 +312,7 @@ func (m *mirror) run(ctx context.Context) error {
 		if err := m.publication(ctx, cl, t); err != nil {
 			return err
 		}
-		m.s.report(ctx, m.id, StateCopying, "", 0, 0, "")
+		m.report(ctx, StateCopying, "", 0, 0, "")
 		res, err := m.s.createSlot(ctx, cl, repl, SlotName(m.id), "the analytics mirror of tenant "+m.id,
 			pglogrepl.CreateReplicationSlotOptions{SnapshotAction: "EXPORT_SNAPSHOT", Mode: pglogrepl.LogicalReplication})
 		if err != nil {
@@ -274,7 +330,7 @@ func (m *mirror) run(ctx context.Context) error {
 	m.applied, m.rows = lsn, rows
 	m.mu.Unlock()
 	m.setDB(db)
-	m.s.report(ctx, m.id, StateStreaming, lsn.String(), rows, 0, "")
+	m.report(ctx, StateStreaming, lsn.String(), rows, 0, "")
 	for {
 		err := m.stream(ctx, w, cl, repl, t, lsn)
 		if !errors.Is(err, errRestream) {
@@ -284,9 +340,10 @@ func (m *mirror) run(ctx context.Context) error {
 		if repl, err = cl.ConnectReplication(ctx, t.Database); err != nil {
 			return err
 		}
-		if lsn, _, _, err = readState(ctx, db); err != nil {
+		if st, err = readState(ctx, db); err != nil {
 			return err
 		}
+		lsn = st.lsn
 	}
 }
 
@@ -568,6 +625,7 @@ type writer struct {
 	cols   map[string]map[string]string // tables' columns (name → DuckDB type) as of the last commit
 	seen   map[string]map[string]string // … and as this transaction left them (nil: changed, read again)
 	canons map[string]string            // DuckDB type → its name in duckdb_columns()
+	inTxn  bool                         // begun, neither committed nor rolled back
 }
 
 func newWriter(c *sql.Conn) *writer {
@@ -577,11 +635,13 @@ func newWriter(c *sql.Conn) *writer {
 func (w *writer) begin(ctx context.Context) error {
 	w.seen = map[string]map[string]string{}
 	_, err := w.c.ExecContext(ctx, "BEGIN TRANSACTION")
+	w.inTxn = err == nil
 	return err
 }
 
 func (w *writer) commit(ctx context.Context) error {
 	_, err := w.c.ExecContext(ctx, "COMMIT")
+	w.inTxn = err != nil // a COMMIT that failed: rollback makes sure
 	if err == nil {
 		for qt, cols := range w.seen {
 			if cols == nil {
@@ -595,8 +655,13 @@ func (w *writer) commit(ctx context.Context) error {
 }
 
 // rollback ends a transaction that did not commit (after a commit there
-// is none, and DuckDB's error says so).
-func (w *writer) rollback() { _, _ = w.c.ExecContext(context.Background(), "ROLLBACK") }
+// is none to end).
+func (w *writer) rollback() {
+	if w.inTxn {
+		w.inTxn = false
+		_, _ = w.c.ExecContext(context.Background(), "ROLLBACK")
+	}
+}
 
 // textRows fills a staging row from rows of text values (nil = NULL).
 func textRows(rows [][]*string) func(int, []driver.Value) {
@@ -708,7 +773,7 @@ func (m *mirror) copyAll(ctx context.Context, w *writer, cl *cluster.Cluster, t 
 	if _, err := w.c.ExecContext(ctx, `DELETE FROM `+stateSchema+`.state`); err != nil {
 		return 0, err
 	}
-	if _, err := w.c.ExecContext(ctx, `INSERT INTO `+stateSchema+`.state VALUES (?, true, ?, now())`, uint64(lsn), total); err != nil {
+	if _, err := w.c.ExecContext(ctx, `INSERT INTO `+stateSchema+`.state (lsn, copied, applied_rows, applied_at, source) VALUES (?, true, ?, now(), ?)`, uint64(lsn), total, sourceOf(t)); err != nil {
 		return 0, err
 	}
 	if err := w.commit(ctx); err != nil {
@@ -989,6 +1054,21 @@ func (m *mirror) resync(ctx context.Context, w *writer, cl *cluster.Cluster, t c
 	return lsn, nil
 }
 
+// checkpointWAL is the size of DuckDB's WAL at which a commit checkpoints
+// the file (DuckDB's default is 16MB). A checkpoint compresses what was
+// appended since the last one (about 5 µs of CPU per upsert of the bench's
+// 22-column table) and rewrites the row groups whose rows were deleted
+// (about 1.4 s at 1 M rows, whatever the number of changes): at 64MB the
+// apply cost 28 µs per change, at 256MB 19 (BenchmarkApply, 1 M changes).
+// The WAL is replayed after a crash (a few seconds at this size), and
+// the stream checkpoints when it is idle (idleCheckpoint).
+const checkpointWAL = "256MB"
+
+// idleCheckpoint: a mirror that applied changes and then had none for
+// this long checkpoints its file, so that the WAL a crash would replay and
+// the memory its uncompressed rows take stay small when the tenant rests.
+const idleCheckpoint = 5 * time.Second
+
 // keepalive is how often the stream reports its position to the primary.
 const keepalive = 5 * time.Second
 
@@ -1052,6 +1132,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	}()
 
 	rels := map[uint32]*relation{}
+	var dec rowDecoder
 	b := newBatch(t, rels, skipUntil)
 	applied := lsn
 	// confirmed is what the primary may forget: applied, or, while
@@ -1061,6 +1142,8 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	confirmed := lsn
 	var received pglogrepl.LSN // the last change received
 	var firstPending time.Time // when b's first transaction arrived
+	var uncheckpointed int64   // changes applied since the last idle checkpoint
+	var lastApply time.Time    // when the last batch was applied
 	nextStatus := time.Now().Add(keepalive)
 	publish := func() {
 		m.mu.Lock()
@@ -1083,7 +1166,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		m.mu.Lock()
 		lag := m.lagBytes
 		m.mu.Unlock()
-		m.s.report(ctx, m.id, StateStreaming, applied.String(), m.rowsNow(), lag, "")
+		m.report(ctx, StateStreaming, applied.String(), m.rowsNow(), lag, "")
 		return err
 	}
 	done := func(res applyResult) error {
@@ -1093,6 +1176,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		}
 		applied = inflight.end
 		confirmed = max(confirmed, applied)
+		uncheckpointed, lastApply = uncheckpointed+res.rows, time.Now()
 		m.mu.Lock()
 		m.rows += res.rows
 		m.mu.Unlock()
@@ -1115,7 +1199,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		}
 		// A batch ends only between transactions: the file never holds
 		// part of one.
-		if applying == nil && b.txns > 0 && !b.inTxn && (b.rows >= cfg.BatchRows || time.Since(firstPending) >= cfg.FlushInterval.D()) {
+		if applying == nil && b.txns > 0 && !b.inTxn && (b.rows >= cfg.BatchRows || time.Since(firstPending) >= cfg.FlushInterval.D() || m.hurry.Swap(false)) {
 			inflight, b, firstPending = b, newBatch(t, rels, skipUntil), time.Time{}
 			applying = make(chan applyResult, 1)
 			go func(bb *batch, out chan<- applyResult) {
@@ -1126,6 +1210,16 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		if time.Now().After(nextStatus) {
 			if err := status(); err != nil {
 				return err
+			}
+		}
+		if applying == nil && b.txns == 0 && !b.inTxn && uncheckpointed > 0 && time.Since(lastApply) >= idleCheckpoint {
+			// A checkpoint fails while a session's query runs: the next
+			// idle period tries again.
+			if _, err := w.c.ExecContext(ctx, "CHECKPOINT"); err != nil {
+				m.log.Info("analytics mirror idle checkpoint: trying again later", "err", err)
+				lastApply = time.Now()
+			} else {
+				uncheckpointed = 0
 			}
 		}
 		if err := ctx.Err(); err != nil {
@@ -1151,8 +1245,8 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		switch {
 		case applying != nil:
 			wait = min(wait, applyPoll)
-		case b.txns > 0 && !b.inTxn:
-			wait = min(wait, time.Until(firstPending.Add(cfg.FlushInterval.D())))
+		case b.txns > 0 && !b.inTxn: // and look for a session's hurry now and then
+			wait = min(wait, time.Until(firstPending.Add(cfg.FlushInterval.D())), hurryPoll)
 		}
 		deadline := time.Now().Add(max(wait, time.Millisecond))
 		msg, err := receive(repl, deadline)
@@ -1190,11 +1284,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 					return err
 				}
 				received = max(received, x.WALStart)
-				lm, err := pglogrepl.Parse(x.WALData)
-				if err != nil {
-					return fmt.Errorf("decode pgoutput: %w", err)
-				}
-				committed, err := b.add(lm, applied)
+				committed, err := b.addMessage(x.WALData, applied, &dec)
 				if err != nil {
 					return err
 				}
@@ -1208,8 +1298,9 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 }
 
 // applyPoll is how often the stream looks for the end of a batch's apply
-// while no message comes.
-const applyPoll = 5 * time.Millisecond
+// while no message comes; hurryPoll, while a batch waits for
+// flush_interval, for a session waiting for an LSN (mirror.hurry).
+const applyPoll, hurryPoll = 5 * time.Millisecond, 20 * time.Millisecond
 
 func (m *mirror) rowsNow() int64 {
 	m.mu.Lock()

@@ -778,7 +778,7 @@ func (ss *sqlSession) waitLSN(ctx context.Context, text string, simple bool) err
 	ctx, cancel := context.WithTimeout(ctx, ss.s.Config.StatementTimeout.D())
 	defer cancel()
 	for {
-		applied, caughtUp, ok := ss.s.position(ss.id)
+		applied, caughtUp, ok := ss.s.position(ss.id, want)
 		// The mirror has every change of the tenant up to caughtUp: what
 		// it applied, or what the primary decoded with nothing pending.
 		if ok && caughtUp >= want {
@@ -798,17 +798,20 @@ func (ss *sqlSession) waitLSN(ctx context.Context, text string, simple bool) err
 }
 
 // position is what the tenant's mirror has applied and the LSN up to which
-// it holds every change of the tenant.
-func (s *Service) position(id string) (applied, caughtUp pglogrepl.LSN, ok bool) {
-	s.mu.Lock()
-	m, ok := s.mirrors[id]
-	s.mu.Unlock()
-	if !ok {
+// it holds every change of the tenant; short of want, the mirror applies
+// what it has gathered without waiting for the rest of flush_interval.
+func (s *Service) position(id string, want pglogrepl.LSN) (applied, caughtUp pglogrepl.LSN, ok bool) {
+	m := s.mirror(id)
+	if m == nil {
 		return 0, 0, false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.applied, max(m.applied, m.caughtUp), m.db != nil
+	applied, caughtUp = m.applied, max(m.applied, m.caughtUp)
+	if caughtUp < want {
+		m.hurry.Store(true)
+	}
+	return applied, caughtUp, m.db != nil
 }
 
 // decodeParams turns a Bind's parameters (text, or binary of the types

@@ -135,6 +135,12 @@ func (s *Store) MoveTenant(ctx context.Context, q Querier, id, from, to string) 
 	if err == nil && tag.RowsAffected() == 0 {
 		err = fmt.Errorf("%w: tenant %s is not on cluster %s", ErrConflict, id, from)
 	}
+	if err == nil {
+		// Its analytics mirror read the copy left behind: stale from now
+		// until it is copied again from the new one (it then reports).
+		_, err = q.Exec(ctx, `UPDATE analytics SET state = 'copying', lag_bytes = 0, error = $2 WHERE tenant = $1 AND state <> 'disabling'`,
+			id, fmt.Sprintf("the tenant moved to cluster %s: its mirror is being copied again from there", to))
+	}
 	return err
 }
 

@@ -3,6 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,6 +24,29 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	}
 	cmd.PersistentFlags().StringVar(&env.Dir, "dir", "", "work directory for the throwaway fleet (default: a new temp dir)")
 	cmd.PersistentFlags().BoolVar(&env.Keep, "keep", false, "keep the fleet's files afterwards (for inspection)")
+	var profile string
+	cmd.PersistentFlags().StringVar(&profile, "cpu-profile", "", "write a CPU profile of this process (the daemon, for benches that run it in-process) to `FILE`, for go tool pprof")
+	cmd.PersistentPreRunE = func(cmd *cobra.Command, args []string) error {
+		if err := cmd.Root().PersistentPreRunE(cmd, args); err != nil { // cobra runs only the nearest hook
+			return err
+		}
+		if profile == "" {
+			return nil
+		}
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return err
+		}
+		cobra.OnFinalize(func() { // also after a bench that failed its targets
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+		return nil
+	}
 
 	var crash bench.CrashOptions
 	crashCmd := &cobra.Command{
@@ -111,12 +136,14 @@ filtered aggregate; PK lookups with pgbench -M prepared (p50); upserts (insert â
 conflict (id) do update) with pgbench at each of --clients, mirror off. Then the
 mirror is enabled (initial copy timed) and the same queries run on it through the
 analytics port, and the upserts again with the mirror on: tps, the slowest 1 s window,
-the mirror's lag (p50, p99, max) and its catch-up after the load; last the mirror is
-disabled and the upserts run once more with it off, so that the mirror-on runs are
-compared with the mean of a run before and a run after them. Then once more with
-decoding only: a pgoutput slot of the table streamed by pg_recvlogical to /dev/null,
-no mirror, which is what logical decoding alone costs the primary (no mirror's tps
-can be above it on the same cores). Exits non-zero if a target is not met.`,
+the mirror's lag (p50, p99, max), its catch-up after the load, and the CPU per change
+of the daemon (its apply, Go and DuckDB, and a checkpoint of the mirror taken once it
+has caught up, so that the compression of the run's changes counts) and of the
+walsender; last the mirror is disabled and the upserts run once more with it off.
+Then once more with decoding only: a pgoutput slot of the table streamed by
+pg_recvlogical to /dev/null, no mirror, which is what logical decoding alone costs the
+primary: the mirror-on tps is compared with it (no mirror's tps can be above it on the
+same cores). Exits non-zero if a target is not met.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr
