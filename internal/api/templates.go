@@ -3,6 +3,8 @@ package api
 import (
 	"net/http"
 	"strconv"
+
+	"github.com/pgtenant/pgtenant/internal/provision"
 )
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) error {
@@ -74,6 +76,14 @@ func (s *Server) showTemplate(w http.ResponseWriter, r *http.Request) error {
 	}
 	for v, n := range dist {
 		d.Tenants[strconv.Itoa(v)] = n
+	}
+	if s.Provision != nil {
+		if d.Pools, err = s.Provision.Pool.Status(ctx, t.Name); err != nil {
+			return err
+		}
+	}
+	if d.Pools == nil {
+		d.Pools = []provision.PoolStatus{}
 	}
 	writeJSON(w, http.StatusOK, d)
 	return nil

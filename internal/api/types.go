@@ -9,6 +9,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/patroni"
+	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
@@ -115,6 +116,8 @@ type TemplateDetail struct {
 	Builds   []catalog.TemplateBuild   `json:"builds"`
 	// Tenants counts active, suspended and dropped tenants by version ("1": 12).
 	Tenants map[string]int `json:"tenants_by_version"`
+	// Pools are its spare pools, by cluster and mode.
+	Pools []provision.PoolStatus `json:"pools"`
 }
 
 // Tenant is a tenant as the API shows it: never its password.

@@ -270,8 +270,11 @@ func TestCLI_ReadableOutput(t *testing.T) {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(body)
-	if want := "0001_init.sql  sha256 " + hex.EncodeToString(sum[:])[:16]; !strings.Contains(out, want) {
+	if want := `0001_init.sql +sha256 ` + hex.EncodeToString(sum[:])[:16]; !regexp.MustCompile(want).MatchString(out) {
 		t.Errorf("template show:\n%s\nwant the file's checksum (%s)", out, want)
+	}
+	if !regexp.MustCompile(`spare pool local/database +v1, \d+ ready, \d+ building of target \d+ \(size \d+\)`).MatchString(out) || !strings.Contains(out, "spare pool local/schema") {
+		t.Errorf("template show:\n%s\nwant the spare pools of both modes on local", out)
 	}
 
 	// drop --purge-now --wait shows the tenant as the purge left it.

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -112,7 +113,7 @@ waits for the version before it to be built (or to fail).`,
 		},
 	}
 	show := &cobra.Command{
-		Use: "show NAME", Short: "Show a template: versions, files, where it is materialised, tenants by version", Args: cobra.ExactArgs(1),
+		Use: "show NAME", Short: "Show a template: versions, files, where it is materialised, tenants by version, spare pools", Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
 			if err != nil {
@@ -155,6 +156,19 @@ waits for the version before it to be built (or to fail).`,
 				sort.Strings(versions)
 				for _, v := range versions {
 					row(w, "tenants at v"+v, d.Tenants[v])
+				}
+				for _, p := range d.Pools {
+					detail := fmt.Sprintf("v%d, %d ready, %d building of target %d (size %d)", p.Version, p.Ready, p.Building, p.Target, p.Size)
+					if p.Retiring > 0 {
+						detail += fmt.Sprintf(", %d retiring", p.Retiring)
+					}
+					if p.LastCreate != nil {
+						detail += fmt.Sprintf("; %d create(s) lately, the last %s", p.RecentCreates, p.LastCreate.Local().Format(time.DateTime))
+					}
+					if p.Draining {
+						detail += "; the cluster is draining: no spares"
+					}
+					row(w, fmt.Sprintf("spare pool %s/%s", p.Cluster, p.Mode), detail)
 				}
 			})
 		},

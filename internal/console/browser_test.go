@@ -488,6 +488,9 @@ func TestBrowser_ConsolePages(t *testing.T) {
 	if builds := text("#builds"); !strings.Contains(builds, "local") || !strings.Contains(builds, "ready") {
 		t.Errorf("template builds:\n%s", builds)
 	}
+	if pools := text("#pools"); !strings.Contains(pools, "local") || !strings.Contains(pools, "database") || !strings.Contains(pools, "schema") {
+		t.Errorf("template's spare pools:\n%s", pools)
+	}
 	shot.take("template")
 
 	// Jobs: background builds hidden, then shown; paged; filtered.

@@ -99,7 +99,7 @@ func TestConsole_Pages(t *testing.T) {
 		"/jobs":                            {"template.build"},
 		"/jobs/1":                          {"Job 1: template.build", "Steps done", "succeeded"},
 		"/rollouts":                        {"no rollout yet"},
-		"/templates/saas":                  {"Start a rollout"},
+		"/templates/saas":                  {"Start a rollout", "Spare pools", "<td>local</td><td>database</td>", "<td>local</td><td>schema</td>"},
 		"/clusters":                        {"local", "Steps held by the pacer now"},
 		"/tenants/" + f.acme.ID + "/purge": {"Purge now?", "cannot be undone", `name="csrf"`},
 		"/templates":                       {`<a href="/templates/saas"><b>saas</b></a>`, "<title>Templates · pgtenant</title>"},

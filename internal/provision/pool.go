@@ -101,6 +101,70 @@ func Target(cfg config.ProvisionConfig, size, recent int) int {
 	return max(size, min(want, cfg.MaxPoolSize))
 }
 
+// PoolStatus is one pool as its refill sees it: the spares of the version
+// new tenants get on a cluster, in one mode.
+type PoolStatus struct {
+	Cluster  string      `json:"cluster"`
+	Mode     tenant.Mode `json:"mode"`
+	Version  int         `json:"version"`
+	Size     int         `json:"size"`   // configured: provision.pools, else provision.default_pool_size
+	Target   int         `json:"target"` // the size grown with recent creates, up to provision.max_pool_size
+	Ready    int         `json:"ready"`
+	Building int         `json:"building"`
+	Retiring int         `json:"retiring"`
+	// RecentCreates are the creates within provision.pool_demand_window
+	// before LastCreate, the latest (within provision.pool_idle_after).
+	RecentCreates int        `json:"recent_creates"`
+	LastCreate    *time.Time `json:"last_create,omitempty"`
+	Draining      bool       `json:"draining,omitempty"` // its cluster keeps no spares
+}
+
+// Status is the pools of a template, by cluster and mode (none on a
+// cluster where no version of it is built yet). Safe on a nil Pool.
+func (p *Pool) Status(ctx context.Context, template string) ([]PoolStatus, error) {
+	if p == nil {
+		return nil, nil
+	}
+	s := p.Svc
+	pc := s.Provision
+	demand, err := s.Store.PoolDemands(ctx, pc.PoolDemandWindow.D(), pc.PoolIdleAfter.D())
+	if err != nil {
+		return nil, err
+	}
+	cs, err := s.Store.Clusters(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []PoolStatus
+	for _, c := range cs {
+		version, err := s.Templates.ProvisionVersion(ctx, template, c.Name)
+		if errors.Is(err, catalog.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, mode := range tenant.Modes {
+			d := demand[catalog.PoolKey{Cluster: c.Name, Template: template, Mode: mode}]
+			st := PoolStatus{Cluster: c.Name, Mode: mode, Version: version, Size: p.Size(c.Name, template, mode), RecentCreates: d.Recent, Draining: c.Draining}
+			st.Target = Target(pc, st.Size, d.Recent)
+			if c.Draining {
+				st.Size, st.Target = 0, 0
+			}
+			if !d.Last.IsZero() {
+				st.LastCreate = &d.Last
+			}
+			n, err := s.Store.CountPool(ctx, s.Store.Pool(), c.Name, template, version, mode)
+			if err != nil {
+				return nil, err
+			}
+			st.Ready, st.Building, st.Retiring = n.Ready, n.Building, n.Retiring
+			out = append(out, st)
+		}
+	}
+	return out, nil
+}
+
 // Refill runs one pass over every pool.
 func (p *Pool) Refill(ctx context.Context) error {
 	s := p.Svc
