@@ -49,7 +49,7 @@ analytics port (its DSN is in 'analytics status' and 'tenant show'), read-only.`
 	}
 	enable.Flags().StringSliceVar(&tables, "tables", nil, "only these tables (name, or schema.name in database mode); default every table, new ones included")
 	enable.Flags().StringSliceVar(&exclude, "exclude-tables", nil, "every table the tenant has now but these (tables made later are not mirrored)")
-	enable.Flags().BoolVar(&wait, "wait", false, "wait until the initial copy is done and the mirror streams")
+	enable.Flags().BoolVar(&wait, "wait", false, "wait until the initial copy is done and the mirror streams (a failure the mirror reports ends the wait with its error; the mirror retries)")
 	var waitOff bool
 	disable := &cobra.Command{
 		Use:   "disable ID",
@@ -93,12 +93,21 @@ analytics port (its DSN is in 'analytics status' and 'tenant show'), read-only.`
 	return cmd
 }
 
-// waitAnalytics polls a mirror's status until done says so.
+// waitAnalytics polls a mirror's status until done says so, or until the
+// mirror reports a failure after the first poll (it retries in the
+// background: the wait ends with its error rather than for ever).
 func waitAnalytics(ctx context.Context, c *api.Client, id string, done func(analytics.Status) bool) (analytics.Status, error) {
-	for {
+	var since *time.Time
+	for first := true; ; first = false {
 		st, err := c.AnalyticsStatus(ctx, id)
 		if err != nil || done(st) {
 			return st, err
+		}
+		if first {
+			since = st.ReportedAt
+		} else if st.Error != "" && st.ReportedAt != nil && (since == nil || st.ReportedAt.After(*since)) {
+			return st, fmt.Errorf("the mirror of tenant %s failed (%s): %s; it retries in the background: `pgtenant analytics status %s` follows it, `pgtenant analytics disable %s` stops it",
+				id, st.State, st.Error, id, id)
 		}
 		select {
 		case <-ctx.Done():

@@ -512,3 +512,34 @@ func TestCLI_LifecycleJSONIsTheTenant(t *testing.T) {
 		}
 	}
 }
+
+// TestCLI_AnalyticsWaitEndsOnFailure: `analytics enable --wait` of a
+// mirror that keeps failing ends with its error and what to do, instead of
+// waiting for ever while the mirror retries.
+func TestCLI_AnalyticsWaitEndsOnFailure(t *testing.T) {
+	e := startCLI(t)
+	if _, err := e.run(t, "template", "create", "saas", "--from", "../../examples/templates/saas", "--wait"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.run(t, "-o", "json", "tenant", "create", "--template", "saas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := regexp.MustCompile(`"id": "([a-z0-9]+)"`).FindStringSubmatch(out)
+	if id == nil {
+		t.Fatalf("tenant create printed no id:\n%s", out)
+	}
+	// The mirror's file is a directory with a file in it: the mirror can
+	// neither open it nor remove it, and fails at every attempt.
+	if err := os.MkdirAll(filepath.Join(e.d.Analytics().File(id[1]), "in-the-way"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	out, err = e.run(t, "analytics", "enable", id[1], "--wait")
+	if err == nil || ExitCode(err) != ExitError || !strings.Contains(err.Error(), "the mirror of tenant "+id[1]+" failed") ||
+		!strings.Contains(err.Error(), "pgtenant analytics disable "+id[1]) {
+		t.Fatalf("analytics enable --wait of a failing mirror: %v (exit %d)\n%s\nwant its failure and what to do", err, ExitCode(err), out)
+	}
+	if _, err := e.run(t, "analytics", "disable", id[1]); err != nil {
+		t.Fatal(err)
+	}
+}
