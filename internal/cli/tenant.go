@@ -527,8 +527,9 @@ pgtenant installation makes a new tenant of it with 'tenant import': for moving 
 customer between regions or installations, and for handing customers their own
 data ('pg_restore -l tenant.dump' lists it; 'pg_restore --no-owner' restores it
 into any PostgreSQL 15 or later). The file is written as FILE.partial and renamed
-once complete; "-" writes to standard output. A tenant whose database has
-extensions beyond plpgsql is refused (the archive would not carry them).`,
+once complete; "-" writes to standard output. A database tenant's extensions
+(beyond plpgsql) are in the archive; an import refuses a tier that does not allow
+them all (tiers.<name>.extensions).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()

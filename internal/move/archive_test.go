@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -311,4 +312,106 @@ func TestImport_StopsAndResumes(t *testing.T) {
 	if left := scratchLeft(); len(left) > 0 {
 		t.Errorf("scratch instances left: %v", left)
 	}
+}
+
+// TestExportImport_Extensions: a database tenant with an hstore column is
+// exported with its extension (named in the manifest); an import under a
+// tier that does not allow hstore is refused naming it, before any tenant
+// is made, and so is an archive whose manifest hides it (the dump's own
+// extensions are checked once loaded); under a tier that does, the new
+// tenant has hstore, made by its own role, and the column's values.
+func TestExportImport_Extensions(t *testing.T) {
+	ctx, cancel := context.WithTimeout(pgtest.Context(t), 4*time.Minute)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Tiers["ext"] = config.Tier{ConnectionLimit: 5, Extensions: []string{"hstore"}}
+	_, c := daemontest.Start(t, pgs[0], cfg)
+	buildSaas(t, c)
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.ModeDatabase, Tier: "ext"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Job != nil {
+		waitJob(t, ctx, c, r.Job.ID)
+	}
+	const attrs = `SELECT string_agg(id || ':' || (a -> 'k'), ',' ORDER BY id) FROM attrs`
+	backuptest.Exec(t, ctx, r.DSN, `CREATE EXTENSION hstore; CREATE TABLE attrs (id int PRIMARY KEY, a hstore);
+		INSERT INTO attrs SELECT g, hstore('k', 'v' || g) FROM generate_series(1, 50) g`)
+	path := exportTo(t, ctx, c, r.Tenant.ID, t.TempDir())
+	m, f, err := move.ReadArchive(mustOpen(t, path))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	if !slices.Equal(m.Extensions, []string{"hstore"}) {
+		t.Errorf("manifest extensions %v, want [hstore]", m.Extensions)
+	}
+
+	before, err := c.Tenants(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.ImportTenant(ctx, mustOpen(t, path), api.ImportTenantQuery{})
+	var apiErr *api.Error
+	if !errors.As(err, &apiErr) || apiErr.Status != 409 || !strings.Contains(err.Error(), "hstore") || !strings.Contains(err.Error(), "tier default does not allow") {
+		t.Errorf("import under the default tier: %v; want 409 naming hstore and the tier", err)
+	}
+	if after, err := c.Tenants(ctx, nil); err != nil || len(after) != len(before) {
+		t.Errorf("the refused import made a tenant: %d tenants before, %d after (%v)", len(before), len(after), err)
+	}
+
+	// A manifest that hides the extension: the dump's own is refused once
+	// loaded, and the job fails without a tenant.
+	body, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hidden := rewriteManifest(t, body, func(m *move.Manifest) { m.Extensions = nil })
+	lying, err := c.ImportTenant(ctx, bytes.NewReader(hidden), api.ImportTenantQuery{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err := c.WaitJob(ctx, lying.Job.ID, nil); err != nil || j.State != jobs.Failed || !strings.Contains(j.LastError, "hstore") || !strings.Contains(j.LastError, "tier default does not allow") {
+		t.Errorf("import of an archive whose manifest hides hstore: %s %q (%v); want failed naming hstore and the tier", j.State, j.LastError, err)
+	}
+
+	res, err := c.ImportTenant(ctx, mustOpen(t, path), api.ImportTenantQuery{Tier: "ext"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitJob(t, ctx, c, res.Job.ID)
+	conn, err := connectDSN(ctx, res.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var got, want, owner string
+	if err := conn.QueryRow(ctx, attrs).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	src, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close(ctx)
+	if err := src.QueryRow(ctx, attrs).Scan(&want); err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Errorf("imported hstore column: %.80s, want %.80s", got, want)
+	}
+	if err := conn.QueryRow(ctx, `SELECT extowner::regrole::text FROM pg_extension WHERE extname = 'hstore'`).Scan(&owner); err != nil || owner != tenant.PhysicalName(res.Tenant.ID) {
+		t.Errorf("hstore in the imported tenant is owned by %q (%v), want its role %s", owner, err, tenant.PhysicalName(res.Tenant.ID))
+	}
+}
+
+func mustOpen(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }

@@ -25,8 +25,9 @@ import (
 // An export is a portable archive of one tenant: a tar of manifest.json
 // (what the tenant was and what the archive holds, with checksums) and
 // tenant.dump (pg_dump's custom format of the tenant's objects and rows,
-// as dumpScope bounds them: no owners, privileges or extensions but
-// plpgsql). Another installation imports it as a new tenant (import.go).
+// as dumpScope bounds them: no owners or privileges; a database tenant's
+// extensions, which its import creates as the new tenant where its tier
+// allows them). Another installation imports it as a new tenant (import.go).
 
 // ArchiveFormat names the archive's layout; an import refuses any other.
 const ArchiveFormat = "pgtenant-tenant-archive/1"
@@ -56,6 +57,9 @@ type Manifest struct {
 	Marker           string `json:"marker"`
 	TemplateChecksum string `json:"template_checksum"`
 	Tier             string `json:"tier,omitempty"`
+	// Extensions are a database tenant's extensions but plpgsql: the dump
+	// creates them, and an import refuses a tier that does not allow them.
+	Extensions []string `json:"extensions,omitempty"`
 	// Cluster and ServerVersion are where it was exported from.
 	Cluster       string         `json:"cluster"`
 	ServerVersion string         `json:"server_version"`
@@ -185,10 +189,7 @@ func (s *Service) Export(ctx context.Context, id string) (*Export, error) {
 	}
 	m.TemplateChecksum = v.Checksum
 	if t.Mode == tenant.ModeDatabase {
-		if exts, err := extraExtensions(ctx, conn); err != nil || len(exts) > 0 {
-			if err == nil {
-				err = fmt.Errorf("%w: %w: tenant %s has extensions %s, which an archive does not carry", catalog.ErrConflict, ErrRefused, t.ID, strings.Join(exts, ", "))
-			}
+		if m.Extensions, err = extraExtensions(ctx, conn); err != nil {
 			return nil, err
 		}
 	}
@@ -216,7 +217,7 @@ func (s *Service) Export(ctx context.Context, id string) (*Export, error) {
 		return nil, err
 	}
 	x := &Export{dump: f}
-	sum, size, err := dumpArchive(ctx, dsn, t.Mode, tenant.PhysicalName(t.ID), snapshot, f)
+	sum, size, err := dumpArchive(ctx, dsn, t.Mode, tenant.PhysicalName(t.ID), snapshot, m.Extensions, f)
 	if err != nil {
 		return nil, errors.Join(fmt.Errorf("tenant %s: %w", t.ID, err), x.Close())
 	}
@@ -229,14 +230,14 @@ func (s *Service) Export(ctx context.Context, id string) (*Export, error) {
 	return x, nil
 }
 
-// dumpArchive runs pg_dump's custom format of a tenant in snapshot into f
-// and returns its checksum and size.
-func dumpArchive(ctx context.Context, dsn string, mode tenant.Mode, schema, snapshot string, f *os.File) (string, int64, error) {
+// dumpArchive runs pg_dump's custom format of a tenant in snapshot (with
+// its extensions exts) into f and returns its checksum and size.
+func dumpArchive(ctx context.Context, dsn string, mode tenant.Mode, schema, snapshot string, exts []string, f *os.File) (string, int64, error) {
 	bin, err := pgDump()
 	if err != nil {
 		return "", 0, err
 	}
-	argv := append([]string{"--format=custom", "--snapshot=" + snapshot}, dumpScope(mode, schema, nil)...)
+	argv := append([]string{"--format=custom", "--snapshot=" + snapshot}, dumpScope(mode, schema, exts)...)
 	cmd := exec.CommandContext(ctx, bin, append(argv, "--dbname="+dsn)...)
 	h := sha256.New()
 	cw := &countingWriter{w: io.MultiWriter(f, h)}

@@ -122,6 +122,9 @@ func (s *Service) Import(ctx context.Context, r io.Reader, req ImportRequest) (p
 		return provision.Created{}, jobs.Job{}, fmt.Errorf("%w: version %d of template %s differs here from the archive's (checksum %s, the archive's %s): its rollouts would not fit the tenant; import into an installation whose template has the same versions",
 			catalog.ErrConflict, m.Version, m.Template, v.Checksum, m.TemplateChecksum)
 	}
+	if err := s.extensionsAllowed(m.Extensions, req.Tier); err != nil {
+		return provision.Created{}, jobs.Job{}, err
+	}
 	name := req.Name
 	if name == nil && m.Name != "" {
 		name = &m.Name
@@ -252,6 +255,15 @@ func (i *importer) copy(ctx context.Context, r *jobs.Run, e *ienv) error {
 		return fmt.Errorf("connect to the scratch instance: %w", cluster.Classify(err))
 	}
 	defer sconn.Close(context.WithoutCancel(ctx))
+	if m.Mode == tenant.ModeDatabase {
+		exts, err := extraExtensions(ctx, sconn)
+		if err != nil {
+			return err
+		}
+		if err := i.s.extensionsAllowed(exts, e.into.Tier); err != nil {
+			return jobs.Permanent(fmt.Errorf("%w: %w", ErrBadArchive, err))
+		}
+	}
 	from, to := tenant.PhysicalName(m.Tenant), tenant.PhysicalName(e.into.ID)
 	if m.Mode == tenant.ModeSchema {
 		if err := renameSchema(ctx, sconn, from, to); err != nil {
@@ -280,6 +292,33 @@ func (i *importer) copy(ctx context.Context, r *jobs.Run, e *ienv) error {
 	}
 	return i.s.copyScratch(ctx, r, scratchCopy{cl: e.cl, into: e.into, sconn: sconn, dsn: sc.PrimaryDSN(scratchDB),
 		what: "the archive of tenant " + m.Tenant, marker: m.Marker, verify: verify})
+}
+
+// extensionsAllowed refuses an archive whose tenant has extensions exts
+// the new tenant's tier does not allow (tiers.X.extensions): its restore
+// runs in the tenant's agent session, which the extension guard lets
+// through. The manifest's list is checked before the tenant is made, the
+// dump's own once it is loaded (a manifest may say less than its dump);
+// whether the cluster has them installed is checked by the copy.
+func (s *Service) extensionsAllowed(exts []string, tier string) error {
+	if tier == "" {
+		tier = "default"
+	}
+	allowed := map[string]bool{}
+	for _, e := range s.Provision.Tiers[tier].Extensions {
+		allowed[e] = true
+	}
+	var refused []string
+	for _, e := range exts {
+		if !allowed[e] {
+			refused = append(refused, e)
+		}
+	}
+	if len(refused) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the archive's tenant has extension(s) %s, which tier %s does not allow: import it with a tier whose tiers.<name>.extensions lists them (--tier)",
+		catalog.ErrConflict, strings.Join(refused, ", "), tier)
 }
 
 // readObject copies the archive's dump out of the catalog into a temporary
