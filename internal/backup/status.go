@@ -100,9 +100,15 @@ func (s *Stanza) RepoDisk() (Disk, error) {
 	if s.RepoPath() == "" {
 		return Disk{}, ErrRepoNotLocal
 	}
+	return DiskOf(s.RepoPath())
+}
+
+// DiskOf reads the file system dir is on (statfs; the space a non-root
+// user may use counts as free).
+func DiskOf(dir string) (Disk, error) {
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(s.RepoPath(), &st); err != nil {
-		return Disk{}, fmt.Errorf("statfs %s: %w", s.RepoPath(), err)
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return Disk{}, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return Disk{Free: int64(st.Bavail) * st.Bsize, Total: int64(st.Blocks) * st.Bsize}, nil
 }

@@ -91,9 +91,9 @@ func scratchLeft() []string {
 // at the export (checksums over every column; the source changed since),
 // sequences are not behind, the new tenant has new credentials, its
 // template version and an "imported" event, and no scratch instance is
-// left. A damaged archive, something that is not one and an archive of a
-// template version the installation has not got are refused before any
-// tenant is made.
+// left. A damaged archive, something that is not one, one whose dump the
+// disk has not room for, and an archive of a template version the
+// installation has not got are refused before any tenant is made.
 func TestExportImport_BothModes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(pgtest.Context(t), 6*time.Minute)
 	defer cancel()
@@ -174,6 +174,7 @@ func TestExportImport_BothModes(t *testing.T) {
 		{"damaged", damaged, api.ErrInvalid, "the archive is damaged"},
 		{"not an archive", []byte("SELECT 1;\n"), api.ErrInvalid, "made by `pgtenant tenant export`"},
 		{"a template version not here", rewriteManifest(t, body, func(m *move.Manifest) { m.Version = 99; m.Marker = tenant.BuiltMarker(99).String() }), catalog.ErrConflict, "push the template's versions up to 99"},
+		{"a dump larger than the disk", rewriteManifest(t, body, func(m *move.Manifest) { m.Files[0].Bytes = 1 << 50 }), catalog.ErrConflict, "a scratch instance that loads it"},
 	} {
 		_, err := b.ImportTenant(ctx, bytes.NewReader(tc.body), api.ImportTenantQuery{})
 		if !errors.Is(err, tc.want) || err == nil || !strings.Contains(err.Error(), tc.says) {

@@ -17,8 +17,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -81,12 +83,17 @@ func ReadArchive(r io.Reader) (Manifest, *os.File, error) {
 	if h, err = tr.Next(); err != nil || h.Name != dumpFile {
 		return m, nil, bad("its second file is not %s", dumpFile)
 	}
+	if err := roomFor(m.Files[0].Bytes); err != nil {
+		return m, nil, err
+	}
 	f, err := os.CreateTemp("", "pgtenant-import-*.dump")
 	if err != nil {
 		return m, nil, err
 	}
 	sum := sha256.New()
-	n, err := io.Copy(io.MultiWriter(f, sum), tr)
+	// No more than the manifest says: a longer dump is a damaged archive,
+	// not a way to fill the disk.
+	n, err := io.Copy(io.MultiWriter(f, sum), io.LimitReader(tr, m.Files[0].Bytes+1))
 	if err == nil {
 		if got := hex.EncodeToString(sum.Sum(nil)); n != m.Files[0].Bytes || got != m.Files[0].SHA256 {
 			err = bad("%s has %d bytes with sha256 %s; the manifest says %d bytes with sha256 %s: the archive is damaged",
@@ -319,6 +326,27 @@ func (s *Service) extensionsAllowed(exts []string, tier string) error {
 	}
 	return fmt.Errorf("%w: the archive's tenant has extension(s) %s, which tier %s does not allow: import it with a tier whose tiers.<name>.extensions lists them (--tier)",
 		catalog.ErrConflict, strings.Join(refused, ", "), tier)
+}
+
+// importRoom is how many times its dump an import needs free in the
+// temporary directory: the dump read out of the request, its copy read
+// back out of the catalog for the job, and the scratch instance that
+// loads it (a custom-format dump is compressed: the tables and their
+// indexes take more than it).
+const importRoom = 4
+
+// roomFor refuses an archive whose dump of size bytes the temporary
+// directory has not room for (importRoom).
+func roomFor(size int64) error {
+	d, err := backup.DiskOf(os.TempDir())
+	if err != nil {
+		return err
+	}
+	if need := importRoom * size; need > d.Free {
+		return fmt.Errorf("%w: the archive's dump has %s: importing it needs about %s free in %s (the dump, its copy and a scratch instance that loads it), which has %s free: free some, or point TMPDIR of the daemon elsewhere",
+			catalog.ErrConflict, config.ByteSize(size).Human(), config.ByteSize(need).Human(), os.TempDir(), config.ByteSize(d.Free).Human())
+	}
+	return nil
 }
 
 // readObject copies the archive's dump out of the catalog into a temporary
