@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
+	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 )
 
@@ -45,6 +46,36 @@ func (s *Stanza) ScratchDir(name string) string {
 // scratch is the scratch instance named name.
 func (s *Stanza) scratch(name string, pgctl string) *Scratch {
 	return &Scratch{Dir: s.ScratchDir(name), password: s.password, role: s.superuser, user: s.user, pgctl: pgctl}
+}
+
+// ErrNoRoom is a scratch restore the disk has not room for.
+var ErrNoRoom = errors.New("not enough free disk")
+
+// scratchMargin is the free space a scratch restore needs beyond its
+// database: the system databases, the WAL its recovery replays and the
+// copy's temporary files.
+const scratchMargin = 1 << 30
+
+// ScratchRoom refuses a scratch restore (name) of a database of about size
+// bytes where the disk that would hold it has not that much free and
+// scratchMargin: what a rewind or a fork checks before it starts.
+func (s *Stanza) ScratchRoom(name string, size int64) error {
+	dir := s.ScratchDir(name)
+	for { // the nearest directory that exists: the disk it will be on
+		if _, err := os.Stat(dir); err == nil || filepath.Dir(dir) == dir {
+			break
+		}
+		dir = filepath.Dir(dir)
+	}
+	d, err := DiskOf(dir)
+	if err != nil {
+		return err
+	}
+	if need := size + scratchMargin; need > d.Free {
+		return fmt.Errorf("%w: the scratch instance needs about %s free in %s (the database, %s now, and %s for the system databases and the WAL its recovery replays), which has %s: free some first",
+			ErrNoRoom, config.ByteSize(need).Human(), dir, config.ByteSize(size).Human(), config.ByteSize(scratchMargin).Human(), config.ByteSize(d.Free).Human())
+	}
+	return nil
 }
 
 // ErrTargetNotReached is a restore whose archive ends before its target.

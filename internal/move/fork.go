@@ -328,6 +328,13 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	if err := st.Check(ctx); err != nil {
 		return err
 	}
+	var size int64 // the database as it is now: the size of its restore, near enough
+	if err := admin.QueryRow(ctx, "SELECT coalesce(pg_catalog.pg_database_size(d.oid), 0) FROM pg_catalog.pg_database d WHERE d.datname = $1", e.src.Database).Scan(&size); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return cluster.Classify(err)
+	}
+	if err := st.ScratchRoom(f.scratchName(r), size); err != nil {
+		return jobs.Permanent(err)
+	}
 	r.Progress(ctx, 0, 1, fmt.Sprintf("restoring %s as of %s into a scratch instance", e.src.Database, f.a.At.Format(time.RFC3339)))
 	sc, err := st.RestoreScratch(ctx, f.scratchName(r), f.a.At, []string{e.src.Database})
 	if errors.Is(err, backup.ErrTargetNotReached) {
