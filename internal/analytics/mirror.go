@@ -621,7 +621,6 @@ func insertRows(ctx context.Context, w *writer, qt string, cols []column, rows [
 // so that the appender's rows belong to them) and its staging tables.
 type writer struct {
 	c      *sql.Conn
-	staged map[int]bool                 // staging tables made, by width
 	cols   map[string]map[string]string // tables' columns (name → DuckDB type) as of the last commit
 	seen   map[string]map[string]string // … and as this transaction left them (nil: changed, read again)
 	canons map[string]string            // DuckDB type → its name in duckdb_columns()
@@ -629,7 +628,7 @@ type writer struct {
 }
 
 func newWriter(c *sql.Conn) *writer {
-	return &writer{c: c, staged: map[int]bool{}, cols: map[string]map[string]string{}, canons: map[string]string{}}
+	return &writer{c: c, cols: map[string]map[string]string{}, canons: map[string]string{}}
 }
 
 func (w *writer) begin(ctx context.Context) error {
@@ -676,24 +675,21 @@ func textRows(rows [][]*string) func(int, []driver.Value) {
 	}
 }
 
-// stage empties the staging table of width text columns (c0, c1, …) and
-// appends n rows to it, each filled by row, in the writer's transaction.
+// stage makes the staging table of width text columns (c0, c1, …) anew
+// and appends n rows to it, each filled by row, in the writer's
+// transaction.
 func (w *writer) stage(ctx context.Context, width, n int, row func(i int, vals []driver.Value)) (string, error) {
 	// Temporary tables live in memory, outside the file and its WAL:
-	// staged rows cost nothing at commit.
+	// staged rows cost nothing at commit. Replacing the table costs less
+	// than deleting its rows (3–5 ms of CPU a batch of 1,000 changes:
+	// BenchmarkApply).
 	name := fmt.Sprintf("pgtenant_stage_%d", width)
 	qualified := "temp.main." + name
-	if !w.staged[width] {
-		defs := make([]string, width)
-		for i := range defs {
-			defs[i] = fmt.Sprintf("c%d VARCHAR", i)
-		}
-		if _, err := w.c.ExecContext(ctx, "CREATE TEMP TABLE IF NOT EXISTS "+name+" ("+strings.Join(defs, ", ")+")"); err != nil {
-			return "", err
-		}
-		w.staged[width] = true
+	defs := make([]string, width)
+	for i := range defs {
+		defs[i] = fmt.Sprintf("c%d VARCHAR", i)
 	}
-	if _, err := w.c.ExecContext(ctx, "DELETE FROM "+qualified); err != nil {
+	if _, err := w.c.ExecContext(ctx, "CREATE OR REPLACE TEMP TABLE "+name+" ("+strings.Join(defs, ", ")+")"); err != nil {
 		return "", err
 	}
 	err := w.c.Raw(func(dc any) error {
