@@ -378,12 +378,11 @@ func (s *Service) dsn(addr string, t catalog.Tenant) string {
 // the wait it drops the server side itself (the slot must not outlive the
 // tenant: it would retain WAL for ever).
 func (s *Service) Purge(ctx context.Context, t catalog.Tenant) error {
-	var live string
-	err := s.Store.Pool().QueryRow(ctx, `SELECT cluster FROM tenants WHERE id = $1`, t.ID).Scan(&live)
-	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("tenant %s: %w", t.ID, err)
+	live, err := s.Store.GetTenant(ctx, nil, t.ID)
+	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+		return err
 	}
-	if err == nil && live != t.Cluster {
+	if err == nil && live.Cluster != t.Cluster {
 		// The copy a move left behind: the tenant's mirror, if it has
 		// one, follows it where it lives; only its slot on this cluster
 		// can remain (a mirror that has not yet seen the move streams

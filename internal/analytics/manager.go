@@ -172,13 +172,9 @@ func (s *Service) disable(ctx context.Context, id string) error {
 	return err
 }
 
-func (s *Service) running(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	_, ok := s.mirrors[id]
-	return ok
-}
+func (s *Service) running(id string) bool { return s.mirror(id) != nil }
 
+// mirror is the mirror of tenant id this daemon runs (nil: none).
 func (s *Service) mirror(id string) *mirror {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -260,10 +256,8 @@ var ErrNotHere = errors.New("the mirror is not served by this daemon")
 // its mirror and the file is past its initial copy; the mirror is not
 // closed while f runs.
 func (s *Service) WithMirror(id string, f func(*sql.DB) error) error {
-	s.mu.Lock()
-	m, ok := s.mirrors[id]
-	s.mu.Unlock()
-	if !ok {
+	m := s.mirror(id)
+	if m == nil {
 		return ErrNotHere
 	}
 	db, release, ok := m.borrow()
@@ -278,10 +272,8 @@ func (s *Service) WithMirror(id string, f func(*sql.DB) error) error {
 // file (mirror.connect), if this daemon runs its mirror and the file is
 // past its initial copy.
 func (s *Service) withConn(ctx context.Context, id string, f func(*duckdb.Conn) error) error {
-	s.mu.Lock()
-	m, ok := s.mirrors[id]
-	s.mu.Unlock()
-	if !ok {
+	m := s.mirror(id)
+	if m == nil {
 		return ErrNotHere
 	}
 	c, release, err := m.connect(ctx)
@@ -303,10 +295,8 @@ type Progress struct {
 
 // Progress reports a mirror this daemon runs (ok false otherwise).
 func (s *Service) Progress(id string) (Progress, bool) {
-	s.mu.Lock()
-	m, ok := s.mirrors[id]
-	s.mu.Unlock()
-	if !ok {
+	m := s.mirror(id)
+	if m == nil {
 		return Progress{}, false
 	}
 	m.mu.Lock()

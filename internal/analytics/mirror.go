@@ -1138,7 +1138,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 	confirmed := lsn
 	var received pglogrepl.LSN // the last change received
 	var firstPending time.Time // when b's first transaction arrived
-	var uncheckpointed int64   // changes applied since the last idle checkpoint
+	var uncheckpointed bool    // changes applied since the last idle checkpoint
 	var lastApply time.Time    // when the last batch was applied
 	nextStatus := time.Now().Add(keepalive)
 	publish := func() {
@@ -1172,7 +1172,7 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 		}
 		applied = inflight.end
 		confirmed = max(confirmed, applied)
-		uncheckpointed, lastApply = uncheckpointed+res.rows, time.Now()
+		uncheckpointed, lastApply = uncheckpointed || res.rows > 0, time.Now()
 		m.mu.Lock()
 		m.rows += res.rows
 		m.mu.Unlock()
@@ -1208,14 +1208,14 @@ func (m *mirror) stream(ctx context.Context, w *writer, cl *cluster.Cluster, rep
 				return err
 			}
 		}
-		if applying == nil && b.txns == 0 && !b.inTxn && uncheckpointed > 0 && time.Since(lastApply) >= idleCheckpoint {
+		if applying == nil && b.txns == 0 && !b.inTxn && uncheckpointed && time.Since(lastApply) >= idleCheckpoint {
 			// A checkpoint fails while a session's query runs: the next
 			// idle period tries again.
 			if _, err := w.c.ExecContext(ctx, "CHECKPOINT"); err != nil {
 				m.log.Info("analytics mirror idle checkpoint: trying again later", "err", err)
 				lastApply = time.Now()
 			} else {
-				uncheckpointed = 0
+				uncheckpointed = false
 			}
 		}
 		if err := ctx.Err(); err != nil {

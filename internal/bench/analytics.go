@@ -545,16 +545,14 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 	}
 	t.Rows = append(t.Rows, []string{"PK lookup p50 (pgbench -M prepared, 4 clients)", fmt.Sprintf("%s (%.0f tps)", ms(r.LookupP50), r.LookupTPS), "(served by the heap)", ""})
 	on := map[int]AnalyticsUpsert{}
-	off := map[int][]float64{} // tps of the off runs before and after the mirror
-	for _, u := range r.Upserts {
-		if !u.Mirror && !u.DecodingOnly {
-			off[u.Clients] = append(off[u.Clients], u.TPS)
-		}
-	}
+	off := map[int][]float64{}    // tps of the off runs before and after the mirror
 	decoding := map[int]float64{} // tps of the decoding-only runs
 	for _, u := range r.Upserts {
-		if u.DecodingOnly {
+		switch {
+		case u.DecodingOnly:
 			decoding[u.Clients] = u.TPS
+		case !u.Mirror:
+			off[u.Clients] = append(off[u.Clients], u.TPS)
 		}
 	}
 	offMean := map[int]float64{}
@@ -623,11 +621,7 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 // (pid 0) from getrusage, another from /proc (0 when unreadable).
 func processCPU(pid int) time.Duration {
 	if pid == 0 {
-		var ru syscall.Rusage
-		if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
-			return 0
-		}
-		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		return rusageCPU(syscall.RUSAGE_SELF)
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -646,9 +640,12 @@ func processCPU(pid int) time.Duration {
 }
 
 // threadCPU is the CPU the calling OS thread has used.
-func threadCPU() time.Duration {
+func threadCPU() time.Duration { return rusageCPU(1 /* RUSAGE_THREAD */) }
+
+// rusageCPU is the user and system CPU getrusage reports for who.
+func rusageCPU(who int) time.Duration {
 	var ru syscall.Rusage
-	if syscall.Getrusage(1 /* RUSAGE_THREAD */, &ru) != nil {
+	if syscall.Getrusage(who, &ru) != nil {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())

@@ -452,6 +452,27 @@ type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
+// ExtensionTrust reports, for each of names the server has installed
+// (pg_available_extension_versions), whether a version of it is trusted:
+// one a role without superuser may create. A name it has not got is absent.
+func ExtensionTrust(ctx context.Context, q *pgxpool.Pool, names []string) (map[string]bool, error) {
+	rows, err := q.Query(ctx, `SELECT name::text, pg_catalog.bool_or(trusted) FROM pg_catalog.pg_available_extension_versions
+		WHERE name = ANY($1) GROUP BY name`, names)
+	if err != nil {
+		return nil, Classify(err)
+	}
+	out := map[string]bool{}
+	for rows.Next() {
+		var name string
+		var trusted bool
+		if err := rows.Scan(&name, &trusted); err != nil {
+			return nil, Classify(err)
+		}
+		out[name] = trusted
+	}
+	return out, Classify(rows.Err())
+}
+
 // ExtensionSchema returns the quoted schema an extension is installed in, in
 // the database q is connected to, for qualifying its objects (admin
 // sessions resolve unqualified names in pg_catalog only). ErrNotFound: it is

@@ -35,21 +35,8 @@ func tierExtensionFacts(ctx context.Context, admin *pgxpool.Pool, tiers map[stri
 	if len(names) == 0 {
 		return nil, nil
 	}
-	trusted := map[string]bool{}
-	rows, err := admin.Query(ctx, `SELECT name::text, pg_catalog.bool_or(trusted) FROM pg_catalog.pg_available_extension_versions
-		WHERE name = ANY($1) GROUP BY name`, names)
+	trusted, err := cluster.ExtensionTrust(ctx, admin, names)
 	if err != nil {
-		return nil, cluster.Classify(err)
-	}
-	for rows.Next() {
-		var n string
-		var t bool
-		if err := rows.Scan(&n, &t); err != nil {
-			return nil, err
-		}
-		trusted[n] = t
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	var out []TierExtension

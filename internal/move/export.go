@@ -273,26 +273,19 @@ func carriedExtensions(ctx context.Context, conn *pgx.Conn, to *cluster.Cluster)
 	if err != nil {
 		return nil, nil, err
 	}
-	rows, err := admin.Query(ctx, `SELECT e, v.trusted FROM pg_catalog.unnest($1::text[]) e
-		LEFT JOIN (SELECT name, pg_catalog.bool_or(trusted) AS trusted FROM pg_catalog.pg_available_extension_versions GROUP BY name) v ON v.name = e
-		ORDER BY e`, exts)
+	trust, err := cluster.ExtensionTrust(ctx, admin, exts)
 	if err != nil {
-		return nil, nil, cluster.Classify(err)
+		return nil, nil, err
 	}
-	for rows.Next() {
-		var name string
-		var trusted *bool
-		if err := rows.Scan(&name, &trusted); err != nil {
-			return nil, nil, cluster.Classify(err)
-		}
-		switch {
-		case trusted == nil:
+	for _, name := range exts {
+		switch trusted, ok := trust[name]; {
+		case !ok:
 			refused = append(refused, fmt.Sprintf("it has extension %s, which cluster %s has not installed: install it there", name, to.Name()))
-		case !*trusted:
+		case !trusted:
 			refused = append(refused, fmt.Sprintf("it has extension %s, which is not trusted: only a superuser may create it, and the copy is restored as the tenant", name))
 		}
 	}
-	return exts, refused, cluster.Classify(rows.Err())
+	return exts, refused, nil
 }
 
 // checkManifest refuses a manifest this code cannot import.

@@ -146,11 +146,8 @@ func (p *Pool) Status(ctx context.Context, template string) ([]PoolStatus, error
 		}
 		for _, mode := range tenant.Modes {
 			d := demand[catalog.PoolKey{Cluster: c.Name, Template: template, Mode: mode}]
-			st := PoolStatus{Cluster: c.Name, Mode: mode, Version: version, Size: p.Size(c.Name, template, mode), RecentCreates: d.Recent, Draining: c.Draining}
-			st.Target = Target(pc, st.Size, d.Recent)
-			if c.Draining {
-				st.Size, st.Target = 0, 0
-			}
+			st := PoolStatus{Cluster: c.Name, Mode: mode, Version: version, RecentCreates: d.Recent, Draining: c.Draining}
+			st.Size, st.Target = p.sizes(c.Name, template, mode, d, c.Draining)
 			if !d.Last.IsZero() {
 				st.LastCreate = &d.Last
 			}
@@ -163,6 +160,16 @@ func (p *Pool) Status(ctx context.Context, template string) ([]PoolStatus, error
 		}
 	}
 	return out, nil
+}
+
+// sizes are a pool's configured size and its target after its demand d;
+// a draining cluster's pool has both 0.
+func (p *Pool) sizes(clusterName, template string, mode tenant.Mode, d catalog.PoolDemand, draining bool) (size, target int) {
+	if draining {
+		return 0, 0
+	}
+	size = p.Size(clusterName, template, mode)
+	return size, Target(p.Svc.Provision, size, d.Recent)
 }
 
 // Refill runs one pass over every pool.
@@ -256,11 +263,7 @@ func (p *Pool) Refill(ctx context.Context) error {
 func (p *Pool) fill(ctx context.Context, clusterName, template string, version int, mode tenant.Mode, d catalog.PoolDemand, draining bool) error {
 	s := p.Svc
 	pc := s.Provision
-	size := p.Size(clusterName, template, mode)
-	target := Target(pc, size, d.Recent)
-	if draining {
-		size, target = 0, 0
-	}
+	size, target := p.sizes(clusterName, template, mode, d, draining)
 	n, err := s.Store.CountPool(ctx, s.Store.Pool(), clusterName, template, version, mode)
 	if err != nil {
 		return err
