@@ -14,12 +14,12 @@ import (
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/console/consoletest"
-	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/migrate"
 	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/patroni/patronitest"
+	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
@@ -45,7 +45,7 @@ func TestSwitchover_PausesTheFrontDoor(t *testing.T) {
 	cfg := daemontest.Config(t, pg)
 	cfg.Tiers["busy"] = config.Tier{ConnectionLimit: 5, PoolMode: "transaction", PoolSize: 2}
 	local := daemontest.Managed(pg)
-	d, c := following(t, ctx, cfg, pc, "pc2")
+	d, c := daemontest.Following(t, ctx, cfg, []*pgtest.Cluster{pg}, pc, "pc2")
 
 	for _, bad := range []struct {
 		what   string
@@ -223,26 +223,6 @@ func waitJob(t *testing.T, ctx context.Context, c *api.Client, id int64) jobs.Jo
 	return j
 }
 
-// following registers the Patroni cluster pc as name, as `cluster add
-// --patroni` does, with a daemon it then starts again with a PgBouncer in
-// front of the cluster (a pooler block is read at start), and returns
-// that daemon.
-func following(t *testing.T, ctx context.Context, cfg config.Config, pc *patronitest.Cluster, name string) (*daemon.Daemon, *api.Client) {
-	t.Helper()
-	local := daemontest.Managed(pg)
-	_, c, stop := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local}})
-	// The DSN's host and port are nobody's: the leader's replace them.
-	dsn := fmt.Sprintf("host=192.0.2.1 port=1 user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
-		patroni.SuperuserName, pc.Passwords.Superuser)
-	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: name, DSN: dsn, Patroni: pc.URLs}); err != nil {
-		t.Fatal(err)
-	}
-	stop()
-	d, c, _ := daemontest.StartOptions(t, daemon.Options{Config: cfg, Managed: []catalog.Cluster{local},
-		Poolers: map[string]config.PoolerConfig{name: daemontest.Pooler(t)}})
-	return d, c
-}
-
 // TestSwitchover_JobsInFlightFinish starts a rollout and a purge while a
 // switchover of their cluster runs: both meet the old leader going away
 // and finish on the new one; every tenant is at the new version, the
@@ -253,7 +233,7 @@ func TestSwitchover_JobsInFlightFinish(t *testing.T) {
 	pc := patronitest.Start(t, ctx, patronitest.Options{Scope: "pc3",
 		Parameters: map[string]string{"max_connections": "60"}, Programs: []string{"pgbouncer"}})
 	_, standby := pc.WaitLeaderAndSyncStandby(t, ctx, "")
-	_, c := following(t, ctx, daemontest.Config(t, pg), pc, "pc3")
+	_, c := daemontest.Following(t, ctx, daemontest.Config(t, pg), []*pgtest.Cluster{pg}, pc, "pc3")
 
 	v1 := templates.Upload{Name: "0001_init.sql", Body: `CREATE TABLE items (id int PRIMARY KEY, note text);`}
 	daemontest.CreateTemplate(t, c, "w", []templates.Upload{v1})

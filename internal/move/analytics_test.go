@@ -1,6 +1,7 @@
 package move_test
 
 import (
+	"context"
 	"database/sql"
 	"fmt"
 	"strings"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/pgtenant/pgtenant/internal/analytics"
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -27,42 +30,8 @@ func TestMove_AnalyticsMirrorFollows(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := r.Tenant.ID
-	write := func(from, to int) {
-		t.Helper()
-		conn, err := connectDSN(ctx, r.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS facts (id int PRIMARY KEY, v text);
-			INSERT INTO facts SELECT g, 'v' || g FROM generate_series($1::int, $2::int) g;
-			UPDATE facts SET v = v || '!' WHERE id % 7 = 0; DELETE FROM facts WHERE id % 11 = 0`, from, to); err != nil {
-			t.Fatal(err)
-		}
-	}
-	const digest = `SELECT count(*)::text || ':' || coalesce(string_agg(id::text || '=' || v, ',' ORDER BY id), '') FROM facts`
-	sameAsHeap := func(when string) {
-		t.Helper()
-		conn, err := connectDSN(ctx, r.DSN)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close(ctx)
-		var heap, mirror string
-		if err := conn.QueryRow(ctx, digest).Scan(&heap); err != nil {
-			t.Fatal(err)
-		}
-		var last error
-		for range 600 {
-			last = d.Analytics().WithMirror(id, func(db *sql.DB) error { return db.QueryRow(digest).Scan(&mirror) })
-			if last == nil && mirror == heap {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		st, _ := c.AnalyticsStatus(ctx, id)
-		t.Fatalf("%s: the mirror never equalled the heap (last error %v, status %+v)\nheap:   %.200s\nmirror: %.200s", when, last, st, heap, mirror)
-	}
+	write := func(from, to int) { t.Helper(); writeFacts(t, ctx, r.DSN, from, to) }
+	sameAsHeap := func(when string) { t.Helper(); mirrorEqualsHeap(t, ctx, d, c, id, r.DSN, when) }
 	slots := func(pg *pgtest.Cluster) int {
 		var n int
 		if err := pg.Conn(t, "postgres").QueryRow(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1`, analytics.SlotName(id)).Scan(&n); err != nil {
@@ -108,17 +77,68 @@ func TestMove_AnalyticsMirrorFollows(t *testing.T) {
 			t.Errorf("status once equal: %+v %v; want streaming", st, err)
 		}
 	}
+	if moved := events(t, ctx, c, id, "analytics", "the tenant moved from"); moved != 2 {
+		t.Errorf("%d analytics events saying the tenant moved, want 2", moved)
+	}
+}
+
+// writeFacts makes the table facts (id primary key, v) if need be and
+// inserts ids from…to through dsn, then updates and deletes some.
+func writeFacts(t *testing.T, ctx context.Context, dsn string, from, to int) {
+	t.Helper()
+	conn, err := connectDSN(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `CREATE TABLE IF NOT EXISTS facts (id int PRIMARY KEY, v text);
+		INSERT INTO facts SELECT g, 'v' || g FROM generate_series($1::int, $2::int) g;
+		UPDATE facts SET v = v || '!' WHERE id % 7 = 0; DELETE FROM facts WHERE id % 11 = 0`, from, to); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// factsDigest is every row of facts, in order, as one text.
+const factsDigest = `SELECT count(*)::text || ':' || coalesce(string_agg(id::text || '=' || v, ',' ORDER BY id), '') FROM facts`
+
+// mirrorEqualsHeap waits up to a minute for tenant id's analytics mirror
+// to hold what facts holds through dsn, and fails the test with both
+// when it never does.
+func mirrorEqualsHeap(t *testing.T, ctx context.Context, d *daemon.Daemon, c *api.Client, id, dsn, when string) {
+	t.Helper()
+	conn, err := connectDSN(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var heap, mirror string
+	if err := conn.QueryRow(ctx, factsDigest).Scan(&heap); err != nil {
+		t.Fatal(err)
+	}
+	var last error
+	for range 600 {
+		last = d.Analytics().WithMirror(id, func(db *sql.DB) error { return db.QueryRow(factsDigest).Scan(&mirror) })
+		if last == nil && mirror == heap {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	st, _ := c.AnalyticsStatus(ctx, id)
+	t.Fatalf("%s: the mirror never equalled the heap (last error %v, status %+v)\nheap:   %.200s\nmirror: %.200s", when, last, st, heap, mirror)
+}
+
+// events counts tenant id's events of kind whose detail has text.
+func events(t *testing.T, ctx context.Context, c *api.Client, id, kind, text string) int {
+	t.Helper()
 	view, err := c.Tenant(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	moved := 0
+	n := 0
 	for _, e := range view.Events {
-		if e.Kind == "analytics" && strings.Contains(string(e.Detail), "the tenant moved from") {
-			moved++
+		if e.Kind == kind && strings.Contains(string(e.Detail), text) {
+			n++
 		}
 	}
-	if moved != 2 {
-		t.Errorf("%d analytics events saying the tenant moved, want 2: %+v", moved, view.Events)
-	}
+	return n
 }

@@ -1140,6 +1140,21 @@ func (m *mover) cutover(ctx context.Context, r *jobs.Run, e *env) error {
 		return err
 	}
 	defer dconn.Close(context.WithoutCancel(ctx))
+	// The source failed over since the copy: a logical slot does not
+	// survive a promotion (PostgreSQL 15), so the subscription has nothing
+	// left to stream from. The copy is made again from the new primary
+	// (it empties the target first).
+	if _, err := slotBacklog(ctx, sconn, Name(e.t.ID)); errors.Is(err, errSlotGone) {
+		r.Note(ctx, fmt.Sprintf("the move's slot is gone from %s (a failover since the copy): copying again", e.src.Name()))
+		if err := m.record(ctx, e.t.ID, "move_copied_again", map[string]any{"cluster": e.src.Name(), "why": "the move's slot is gone (a failover since the copy)", "job": r.Job.ID}); err != nil {
+			return err
+		}
+		if err := m.copy(ctx, r, e); err != nil {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
 	schemas, err := tenantSchemas(ctx, sconn, e.t)
 	if err != nil {
 		return err
@@ -1389,6 +1404,9 @@ func lockOut(ctx context.Context, cl *cluster.Cluster, roles ...string) error {
 	return err
 }
 
+// errSlotGone: the move's slot is not on the source (it failed over).
+var errSlotGone = errors.New("gone from the source")
+
 // slotBacklog is the WAL of the source the move's subscription has not
 // confirmed yet.
 func slotBacklog(ctx context.Context, sconn *pgx.Conn, slot string) (int64, error) {
@@ -1396,7 +1414,7 @@ func slotBacklog(ctx context.Context, sconn *pgx.Conn, slot string) (int64, erro
 	err := sconn.QueryRow(ctx, `SELECT coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), confirmed_flush_lsn), 0)::int8
 		FROM pg_catalog.pg_replication_slots WHERE slot_name = $1`, slot).Scan(&n)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("slot %s is gone from the source", slot)
+		return 0, fmt.Errorf("slot %s is %w", slot, errSlotGone)
 	}
 	return n, cluster.Classify(err)
 }

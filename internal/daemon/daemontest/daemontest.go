@@ -4,6 +4,7 @@ package daemontest
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -19,6 +20,8 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/patroni"
+	"github.com/pgtenant/pgtenant/internal/patroni/patronitest"
 	"github.com/pgtenant/pgtenant/internal/pgtest"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/templates"
@@ -170,6 +173,29 @@ func StartOptions(t testing.TB, opts daemon.Options) (d *daemon.Daemon, c *api.C
 	}
 	d, stop = run(t, opts)
 	return d, client(t, d, opts.Config), stop
+}
+
+// Following runs a daemon over pgs (as StartClusters, unpooled) that
+// follows the Patroni cluster pc registered as name, as `cluster add
+// --patroni` does, with a PgBouncer in front of pc: a first daemon
+// registers it, and the one returned is started again with the pooler (a
+// pooler block is read at start).
+func Following(t testing.TB, ctx context.Context, cfg config.Config, pgs []*pgtest.Cluster, pc *patronitest.Cluster, name string) (*daemon.Daemon, *api.Client) {
+	t.Helper()
+	var local []catalog.Cluster
+	for _, pg := range pgs {
+		local = append(local, managed(pg))
+	}
+	_, c, stop := StartOptions(t, daemon.Options{Config: cfg, Managed: local})
+	// The DSN's host and port are nobody's: the leader's replace them.
+	dsn := fmt.Sprintf("host=192.0.2.1 port=1 user=%s password=%s dbname=postgres sslmode=disable connect_timeout=2",
+		patroni.SuperuserName, pc.Passwords.Superuser)
+	if _, err := c.AddCluster(ctx, api.AddClusterRequest{Name: name, DSN: dsn, Patroni: pc.URLs}); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	d, c, _ := StartOptions(t, daemon.Options{Config: cfg, Managed: local, Poolers: map[string]config.PoolerConfig{name: Pooler(t)}})
+	return d, c
 }
 
 // Managed is pg as `up` registers it: its primary's and standbys' DSNs.
