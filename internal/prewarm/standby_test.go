@@ -195,6 +195,15 @@ func TestPrewarm_TenantNotPrewarmedIsNamed(t *testing.T) {
 		!strings.Contains(j.ProgressMsg, "tenant "+shut.Tenant.ID+": ") || strings.Contains(j.ProgressMsg, ok.Tenant.ID) {
 		t.Errorf("prewarm job = %s (%q), want succeeded, its result naming tenant %s only", j.State, j.ProgressMsg, shut.Tenant.ID)
 	}
+	// A job for a standby the cluster no longer has (the old leader of a
+	// failover, not back yet) ends at once, saying so.
+	gone, err := jobs.Enqueue(ctx, e.cat, prewarm.Spec(prewarm.Args{Cluster: "local", Node: "standby7", Reason: "failover"}), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j, err := e.c.WaitJob(ctx, gone.ID, nil); err != nil || j.State != jobs.Succeeded || !strings.Contains(j.ProgressMsg, "local/standby7 is not in the cluster now") {
+		t.Errorf("prewarm of a standby that is gone = %s (%q), %v; want succeeded, saying it is gone", j.State, j.ProgressMsg, err)
+	}
 	for _, c := range []struct {
 		id    string
 		state prewarm.Outcome

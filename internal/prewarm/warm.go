@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -24,6 +25,13 @@ func (s *Service) prewarm(ctx context.Context, r *jobs.Run, a Args) error {
 	cl, err := s.Clusters.Get(a.Cluster)
 	if err != nil {
 		return jobs.Permanent(err)
+	}
+	if !slices.Contains(cl.Nodes(), a.Node) {
+		// A standby that left the cluster since the job was queued: a
+		// failover, whose old leader is not back as a standby yet. The
+		// watcher prewarms it when it sees it start.
+		r.Result(fmt.Sprintf("%s/%s is not in the cluster now (a failover?): nothing prewarmed there", a.Cluster, a.Node))
+		return nil
 	}
 	plan, err := s.plan(ctx, a)
 	if err != nil {
