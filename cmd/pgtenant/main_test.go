@@ -127,7 +127,7 @@ func TestUp_StartStopRestart(t *testing.T) {
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
 	ctx := context.Background()
 
-	p := startUp(t, dataDir)
+	p := startUp(t, dataDir, "--patroni=false")
 	c := api.NewClient(p.info.URL, p.info.Token)
 	cs, err := c.Clusters(ctx)
 	if err != nil {
@@ -202,7 +202,7 @@ func TestUp_Clusters(t *testing.T) {
 		t.Skip("end-to-end")
 	}
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
-	p := startUp(t, dataDir, "--clusters", "2", "--standbys", "0")
+	p := startUp(t, dataDir, "--patroni=false", "--clusters", "2", "--standbys", "0")
 	defer p.stop(t)
 	if len(p.info.Clusters) != 2 || p.info.Clusters[0].Name != "local" || p.info.Clusters[1].Name != "local2" {
 		t.Fatalf("up printed clusters %+v, want local and local2", p.info.Clusters)
@@ -239,7 +239,7 @@ func TestUp_RestartsKilledPrimary(t *testing.T) {
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p := startUp(t, dataDir, "--standbys", "0")
+	p := startUp(t, dataDir, "--patroni=false", "--standbys", "0")
 	stopped := false
 	defer func() {
 		if !stopped {

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,6 +158,127 @@ func TestUp_Patroni(t *testing.T) {
 	if err := conn.QueryRow(ctx, `SELECT count(*) FROM writes`).Scan(&n); err != nil || n != 3 {
 		t.Errorf("the tenant's rows after its rewind under Patroni: %d, %v; want 3", n, err)
 	}
+}
+
+// TestUp_PatroniEtcdThree runs `up --etcd 3` on a new data dir, under
+// Patroni by default (one node: --standbys 0): three etcd members
+// (DATA_DIR/etcd/e1, e2, e3), every Patroni given their three endpoints.
+// The etcd leader is SIGKILLed and stays down (--max-restarts 0): the two
+// others keep a quorum, so over loop_wait + retry_timeout and more the
+// cluster keeps its leader, Patroni never loses the store, and a tenant
+// create through the API works. Ctrl-C leaves no process.
+func TestUp_PatroniEtcdThree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	for _, p := range []string{"patroni", "etcd", "pgbouncer"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not installed (make test installs it)", p)
+		}
+	}
+	dataDir := filepath.Join(pgtest.TempDir(t), "data")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	p := startUp(t, dataDir, "--etcd", "3", "--standbys", "0", "--max-restarts", "0")
+	stopped := false
+	defer func() {
+		if !stopped {
+			p.stop(t)
+		}
+	}()
+	if len(p.info.Clusters) != 1 || len(p.info.Clusters[0].Patroni) != 1 {
+		t.Fatalf("up --etcd 3 printed clusters %+v; want local under Patroni (1 endpoint); up's log:\n%s", p.info.Clusters, p.stderr)
+	}
+	var endpoints []string
+	for _, m := range []string{"e1", "e2", "e3"} {
+		b, err := os.ReadFile(filepath.Join(dataDir, "etcd", m, "ports.json"))
+		var ports struct{ Client int }
+		if err != nil || json.Unmarshal(b, &ports) != nil || ports.Client == 0 {
+			t.Fatalf("etcd member %s: ports.json %s, %v", m, b, err)
+		}
+		endpoints = append(endpoints, "127.0.0.1:"+strconv.Itoa(ports.Client))
+	}
+	conf, err := os.ReadFile(filepath.Join(dataDir, "local", "n1", "patroni.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range endpoints {
+		if !strings.Contains(string(conf), e) {
+			t.Errorf("n1's patroni.yml does not name etcd member %s:\n%s", e, conf)
+		}
+	}
+	pc := patroni.NewClient(p.info.Clusters[0].Patroni, nil)
+	leader := waitLeader(t, ctx, pc)
+	c := api.NewClient(p.info.URL, p.info.Token)
+	if _, err := c.CreateTemplate(ctx, "w", []templates.Upload{{Name: "0001_init.sql", Body: `CREATE TABLE writes (id int NOT NULL);`}}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The etcd leader dies, and stays down.
+	lost := etcdLeader(t, ctx, endpoints)
+	pids := pidsWith(filepath.Join(dataDir, "etcd", lost, "data"))
+	if len(pids) != 1 {
+		t.Fatalf("etcd member %s: pids %v; want one", lost, pids)
+	}
+	_ = syscall.Kill(pids[0], syscall.SIGKILL)
+	killed := time.Now()
+	// A leader that lost the store would demote itself within loop_wait
+	// (2 s) + retry_timeout (5 s): watch it for twice that.
+	for time.Since(killed) < 15*time.Second {
+		m, err := pc.Leader(ctx)
+		if err != nil || m.Name != leader {
+			t.Fatalf("%.1fs after etcd member %s died: leader %+v, %v; want %s still leading", time.Since(killed).Seconds(), lost, m, err, leader)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	created, err := c.CreateTenant(ctx, provision.Request{Template: "w"})
+	if err != nil {
+		t.Fatalf("tenant create with etcd member %s down: %v", lost, err)
+	}
+	write(t, ctx, created.DSN, 1, time.Minute)
+	if log, _ := os.ReadFile(filepath.Join(dataDir, "local", "n1", "patroni.log")); strings.Contains(string(log), "DCS is not accessible") {
+		t.Errorf("Patroni lost the store with one etcd member of three down; its log:\n%s", log)
+	}
+	t.Logf("etcd member %s (the etcd leader) killed: %s still led %.1fs later, and a tenant create worked", lost, leader, time.Since(killed).Seconds())
+
+	p.stop(t)
+	stopped = true
+	for _, leftover := range processesUnder(dataDir) {
+		t.Errorf("after Ctrl-C, still running: %s", leftover)
+	}
+}
+
+// etcdLeader names the member (e1, e2, e3: as endpoints) that leads the
+// etcd cluster, from each one's status on the v3 gateway.
+func etcdLeader(t *testing.T, ctx context.Context, endpoints []string) string {
+	t.Helper()
+	for i, e := range endpoints {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+e+"/v3/maintenance/status", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("etcd status of %s: %v", e, err)
+		}
+		var st struct {
+			Header struct {
+				MemberID string `json:"member_id"`
+			} `json:"header"`
+			Leader string `json:"leader"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("etcd status of %s: %v", e, err)
+		}
+		if st.Leader != "" && st.Leader == st.Header.MemberID {
+			return "e" + strconv.Itoa(i+1)
+		}
+	}
+	t.Fatalf("no etcd member of %v leads", endpoints)
+	return ""
 }
 
 // waitLeader waits for the cluster's running leader and names it.

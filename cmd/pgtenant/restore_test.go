@@ -35,7 +35,7 @@ func TestClusterRestore_AfterLosingBothNodes(t *testing.T) {
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	p := startUp(t, dataDir)
+	p := startUp(t, dataDir, "--patroni=false")
 	c := api.NewClient(p.info.URL, p.info.Token)
 	fail := func(format string, args ...any) {
 		t.Helper()

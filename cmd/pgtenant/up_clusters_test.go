@@ -30,7 +30,7 @@ func TestUp_RemembersItsClusters(t *testing.T) {
 	}
 	ctx := pgtest.Context(t)
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
-	p := startUp(t, dataDir, "--clusters", "2", "--standbys", "0")
+	p := startUp(t, dataDir, "--patroni=false", "--clusters", "2", "--standbys", "0")
 	c := api.NewClient(p.info.URL, p.info.Token)
 	added, err := c.CreateTemplate(ctx, "saas", examples.Saas())
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
+	"github.com/pgtenant/pgtenant/internal/patroni"
 	"github.com/pgtenant/pgtenant/internal/pooler"
 	"github.com/pgtenant/pgtenant/internal/tlsca"
 )
@@ -70,7 +71,7 @@ type nodeInfo struct {
 
 func newUpCmd(g *globals) *cobra.Command {
 	var listen, cfgPath string
-	var standbys, maxRestarts, clusters int
+	var standbys, maxRestarts, clusters, etcd int
 	var withPooler, allowFewer, underPatroni bool
 	cmd := &cobra.Command{
 		Use:   "up",
@@ -88,19 +89,24 @@ refused, naming the clusters it would leave down, unless --allow-fewer says to
 leave them down (their tenants are unreachable until an up starts them again;
 the other clusters' tenants and front doors are not affected).
 
-With --patroni, a new data dir's clusters run under Patroni: up starts an etcd
-(DATA_DIR/etcd) and a Patroni per node (DATA_DIR/local/n1, n2, …), which run the
-servers: a standby is promoted when the primary's node dies, the daemon follows the
-new leader (catalog, pools, PgBouncer), and ` + "`cluster switchover`" + ` works. Such a data
-dir is always run so (plain up detects it); one made without Patroni refuses
---patroni. Clusters under Patroni archive and are backed up with pgBackRest as the
-others are (pgBackRest finds whichever node leads).
+A new data dir's clusters run under Patroni when patroni and etcd are installed:
+up starts an etcd of --etcd members (1, or 3 on loopback ports: one lost leaves a
+quorum; DATA_DIR/etcd) and a Patroni per node (DATA_DIR/local/n1, n2, …), which run
+the servers: a standby is promoted when the primary's node dies, the daemon follows
+the new leader (catalog, pools, PgBouncer), and ` + "`cluster switchover`" + ` works. Without
+them installed, up says what to install and stops; --patroni=false makes a data dir
+whose clusters up runs itself, without failover (a warning at each start). A data
+dir keeps what it was made with
+(plain up detects it): one made under Patroni refuses --patroni=false and another
+--etcd, one made without refuses --patroni and --etcd. Clusters under Patroni
+archive and are backed up with pgBackRest as the others are (pgBackRest finds
+whichever node leads).
 
 While it runs, up restarts a server of the cluster that dies (checked every 2 s;
 backoff from 1 s doubling to 1 min between failed attempts) and gives up on it after
 --max-restarts failed attempts in a row, with an error naming its log (under
-Patroni: a node's Patroni that dies; Patroni restarts its server). A server
-stopped by hand is restarted: to take one down, stop up.
+Patroni: a node's Patroni, or an etcd member, that dies; Patroni restarts its
+server). A server stopped by hand is restarted: to take one down, stop up.
 
 The PgBouncers and the analytics port serve TLS with a certificate signed by a
 local CA that up makes under DATA_DIR/tls (kept, renewed 30 days before it ends):
@@ -118,6 +124,8 @@ As root, PostgreSQL runs as the postgres OS user.`,
 				return usagef("--max-restarts %d: must be 0 (never restart) or more", maxRestarts)
 			case clusters < 1 || clusters > 8:
 				return usagef("--clusters %d: must be 1 to 8", clusters)
+			case etcd != 1 && etcd != 3:
+				return usagef("--etcd %d: must be 1 or 3 (three members keep a quorum when one is lost)", etcd)
 			}
 			cfg := config.Default()
 			if cfgPath != "" {
@@ -130,7 +138,8 @@ As root, PostgreSQL runs as the postgres OS user.`,
 				cfg.Listen = listen
 			}
 			return runUp(cmd.Context(), g, cfg, upOptions{standbys: standbys, maxRestarts: maxRestarts, pooler: withPooler, clusters: clusters,
-				clustersSet: cmd.Flags().Changed("clusters"), allowFewer: allowFewer, patroni: underPatroni})
+				clustersSet: cmd.Flags().Changed("clusters"), allowFewer: allowFewer, patroni: underPatroni, patroniSet: cmd.Flags().Changed("patroni"),
+				etcd: etcd, etcdSet: cmd.Flags().Changed("etcd")})
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:8080", "address of the API, /metrics and the console")
@@ -139,8 +148,11 @@ As root, PostgreSQL runs as the postgres OS user.`,
 	cmd.Flags().BoolVar(&allowFewer, "allow-fewer", false, "start fewer --clusters than the data dir has: the others stay down, and their tenants unreachable")
 	cmd.Flags().IntVar(&maxRestarts, "max-restarts", 5, "failed restart attempts in a row after which up gives up on a server that died; 0: never restart")
 	cmd.Flags().BoolVar(&withPooler, "pooler", true, "run a PgBouncer in front of each cluster: tenants' DSNs point at it")
-	cmd.Flags().BoolVar(&underPatroni, "patroni", false, "make a new data dir's clusters under Patroni (an etcd, a Patroni per node): "+
-		"a standby takes over when the primary's node dies; a data dir made so is always run so")
+	cmd.Flags().BoolVar(&underPatroni, "patroni", true, "make a new data dir's clusters under Patroni (an etcd, a Patroni per node): "+
+		"a standby takes over when the primary's node dies; patroni and etcd must be installed. "+
+		"--patroni=false: up runs them itself, without failover. A data dir keeps what it was made with")
+	cmd.Flags().IntVar(&etcd, "etcd", 1, "etcd members of a new data dir under Patroni: 1, or 3 (one lost leaves a quorum, and the leaders keep leading); "+
+		"fixed when the data dir is made")
 	cmd.Flags().StringVar(&cfgPath, "config", "", "optional config file for tiers, pools and budgets (clusters and catalog are set by up)")
 	return cmd
 }
@@ -148,9 +160,12 @@ As root, PostgreSQL runs as the postgres OS user.`,
 type upOptions struct {
 	standbys, maxRestarts, clusters int
 	pooler                          bool
-	// patroni: the data dir's clusters run under Patroni (--patroni, or a
-	// data dir made so).
-	patroni bool
+	// patroni: --patroni's value (true unless --patroni=false), which
+	// patroniSet says was given; etcd: --etcd's, which etcdSet says was
+	// given. upUnderPatroni decides from them and the data dir.
+	patroni, patroniSet bool
+	etcd                int
+	etcdSet             bool
 	// clustersSet: --clusters was given; allowFewer: --allow-fewer.
 	clustersSet, allowFewer bool
 }
@@ -227,15 +242,19 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	}
 	o.clusters = n
 
-	underPatroni, err := upUnderPatroni(dir, o.patroni)
+	etcdMembers, patroniNote, err := upUnderPatroni(dir, o)
 	if err != nil {
 		return err
 	}
+	if patroniNote != "" {
+		fmt.Fprintln(g.stderr, patroniNote)
+	}
+	underPatroni := etcdMembers > 0
 	var ucs []upCluster
 	// The clusters are stopped with a context of their own: ctx is already
 	// cancelled when Ctrl-C brings us here. Deferred first, so that it runs
 	// after everything else up started has stopped.
-	var stopEtcd func(context.Context) error
+	var etcd *patroni.EtcdCluster
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -245,8 +264,8 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 				fmt.Fprintln(g.stderr, "stop:", err)
 			}
 		}
-		if stopEtcd != nil {
-			if err := stopEtcd(sctx); err != nil {
+		if etcd != nil {
+			if err := etcd.Stop(sctx); err != nil {
 				fmt.Fprintln(g.stderr, "stop etcd:", err)
 			}
 		}
@@ -258,9 +277,8 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	if noBackRest != nil {
 		fmt.Fprintln(g.stderr, "pgbackrest is not installed: new clusters get no WAL archive and no backups; to have them: "+backup.InstallHint)
 	}
-	var etcd []string
 	if underPatroni {
-		if etcd, stopEtcd, err = startUpEtcd(ctx, g, dir, log); err != nil {
+		if etcd, err = startUpEtcd(ctx, g, dir, etcdMembers, log); err != nil {
 			return err
 		}
 	}
@@ -268,7 +286,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		var uc upCluster
 		var st *backup.Stanza
 		if underPatroni {
-			uc, st, err = startPatroniCluster(ctx, g, dir, ClusterName(i), o.standbys, etcd, pgbackrest, log)
+			uc, st, err = startPatroniCluster(ctx, g, dir, ClusterName(i), o.standbys, etcd.Endpoints(), pgbackrest, log)
 		} else {
 			uc, st, err = startFleetCluster(ctx, g, dir, ClusterName(i), o.standbys, noBackRest == nil, i == 0, log)
 		}
@@ -308,9 +326,14 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	if cfg.Analytics.TLSCertFile == "" && cfg.Analytics.TLSKeyFile == "" {
 		cfg.Analytics.TLSCertFile, cfg.Analytics.TLSKeyFile, cfg.Analytics.TLSCAFile = ca.Cert, ca.Key, ca.CA
 	}
-	sups := make([]fleet.Supervised, len(ucs))
-	for i, uc := range ucs {
-		sups[i] = uc.sup
+	// What up's supervisors keep running: each cluster's servers (or
+	// Patroni nodes), and the etcd members under Patroni.
+	var sups []fleet.Supervised
+	for _, uc := range ucs {
+		sups = append(sups, uc.sup)
+	}
+	if etcd != nil {
+		sups = append(sups, etcd)
 	}
 	restarts := restartCounter(sups)
 	opts := daemon.Options{Config: cfg, Collectors: []prometheus.Collector{restarts}, Logger: log, Poolers: map[string]config.PoolerConfig{},
@@ -358,7 +381,8 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	//     while the supervisors still keep the servers up for the work it
 	//     finishes;
 	//  2. the supervisors stop; an attempt in progress runs to its end;
-	//  3. the deferred Stops stop each cluster's primary, then its standbys.
+	//  3. the deferred Stops stop each cluster's primary, then its standbys
+	//     (under Patroni: its nodes at once), then the etcd members.
 	// The supervisors must be done before 3, or one would restart a server
 	// that up is stopping: hence their own context, cancelled only after
 	// the daemon has returned, and eg.Wait before the deferred Stops.
@@ -372,8 +396,8 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 		return d.Run(ectx)
 	})
 	if o.maxRestarts > 0 {
-		for _, uc := range ucs {
-			sup := &fleet.Supervisor{Cluster: uc.sup, MaxRestarts: o.maxRestarts, Logger: log,
+		for _, s := range sups {
+			sup := &fleet.Supervisor{Cluster: s, MaxRestarts: o.maxRestarts, Logger: log,
 				OnEvent: func(ev fleet.RestartEvent) { restarts.WithLabelValues(ev.Cluster, ev.Node, ev.Outcome).Inc() }}
 			eg.Go(func() error { return sup.Run(supCtx) })
 		}
@@ -422,7 +446,7 @@ func localPooler(dir string, ca tlsca.Files) (config.PoolerConfig, error) {
 func restartCounter(cs []fleet.Supervised) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pgtenant_managed_restarts_total",
-		Help: "Restart attempts of managed servers (or Patroni nodes) that died, by outcome (restarted, failed), and give-ups (gave_up), by pgtenant up's supervisor.",
+		Help: "Restart attempts of managed servers (or Patroni nodes, or etcd members) that died, by outcome (restarted, failed), and give-ups (gave_up), by pgtenant up's supervisor.",
 	}, []string{"cluster", "node", "outcome"})
 	for _, cl := range cs {
 		for _, n := range cl.SupervisedNodes() {

@@ -91,11 +91,16 @@ func newNodeInfo(name, superuser string, port int) nodeInfo {
 	return nodeInfo{Name: name, DSN: "postgres://" + superuser + "@127.0.0.1:" + strconv.Itoa(port) + "/postgres?sslmode=disable"}
 }
 
-// upUnderPatroni decides whether up runs the data dir's clusters under
-// Patroni: a data dir made so always is, one made without it never is
-// (--patroni is refused), a new one is when --patroni asks. Patroni and
-// etcd must then be installed.
-func upUnderPatroni(dir string, asked bool) (bool, error) {
+// upUnderPatroni decides how up runs the data dir's clusters: under
+// Patroni, with the etcd members it returns (1 or 3), or itself (0). A data
+// dir made under Patroni always is, one made without it never is (an
+// explicit --patroni or --etcd is refused); a new one is unless
+// --patroni=false, and then patroni and etcd must be installed (the
+// error says what to install, or to ask for --patroni=false). Clusters up
+// runs itself come with a warning (note): no failover. The etcd's member count
+// is the data dir's once made: another --etcd is refused. The usage errors
+// come first, so that they do not depend on what is installed.
+func upUnderPatroni(dir string, o upOptions) (etcd int, note string, err error) {
 	var fleetMade, patroniMade bool
 	for _, name := range dataDirClusters(dir) {
 		if _, err := os.Stat(filepath.Join(dir, name, "patroni.json")); err == nil {
@@ -104,12 +109,29 @@ func upUnderPatroni(dir string, asked bool) (bool, error) {
 			fleetMade = true
 		}
 	}
-	if asked && fleetMade {
-		return false, usagef("%s was made without Patroni: its clusters are run by up itself (run `pgtenant up` without --patroni), "+
+	switch {
+	case fleetMade && (o.patroniSet && o.patroni || o.etcdSet):
+		return 0, "", usagef("%s was made without Patroni: its clusters are run by up itself (run `pgtenant up` without --patroni or --etcd), "+
 			"or make a fleet under Patroni in another --data-dir", dir)
+	case patroniMade && o.patroniSet && !o.patroni:
+		return 0, "", usagef("%s was made under Patroni: its clusters always run under it (run `pgtenant up` without --patroni=false), "+
+			"or make a fleet without Patroni in another --data-dir", dir)
+	case o.patroniSet && !o.patroni && o.etcdSet:
+		return 0, "", usagef("--etcd %d: etcd is Patroni's store, and --patroni=false runs the clusters without Patroni: drop one of the two", o.etcd)
+	case !patroniMade && (fleetMade || o.patroniSet && !o.patroni):
+		return 0, noFailover, nil
 	}
-	if !asked && !patroniMade {
-		return false, nil
+	have, err := patroni.EtcdMembers(filepath.Join(dir, "etcd"))
+	if err != nil {
+		return 0, "", err
+	}
+	etcd = o.etcd
+	if have != 0 {
+		if o.etcdSet && o.etcd != have {
+			return 0, "", usagef("--etcd %d: %s has %d etcd member(s), fixed when it was made: run `pgtenant up` without --etcd, "+
+				"or make a fleet with --etcd %d in another --data-dir", o.etcd, dir, have, o.etcd)
+		}
+		etcd = have
 	}
 	var missing []string
 	for _, p := range []struct{ program, pkg string }{{"patroni", "patroni"}, {"etcd", "etcd-server"}} {
@@ -118,21 +140,35 @@ func upUnderPatroni(dir string, asked bool) (bool, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return false, fmt.Errorf("clusters under Patroni need %s: apt-get install -y %s (make run and make test install them as root)",
-			strings.Join(missing, " and "), strings.Join(missing, " "))
+		how := "make run and make test install them as root"
+		if !patroniMade {
+			how += "; or run this fleet's clusters without failover: pgtenant up --patroni=false"
+		}
+		return 0, "", fmt.Errorf("clusters under Patroni need %s: apt-get install -y %s (%s)", strings.Join(missing, " and "), patroniPackages, how)
 	}
-	return true, nil
+	return etcd, "", nil
 }
 
-// startUpEtcd starts the one-member etcd the data dir's Patroni nodes
-// keep their leader locks in (DATA_DIR/etcd, the same ports each time).
-func startUpEtcd(ctx context.Context, g *globals, dir string, log *slog.Logger) ([]string, func(context.Context) error, error) {
-	e, err := patroni.StartEtcd(ctx, patroni.EtcdOptions{Dir: filepath.Join(dir, "etcd"), Logger: log})
+// noFailover is what up says at each start of clusters it runs itself.
+const noFailover = "WARNING: no failover: up runs this data dir's clusters itself (--patroni=false, or made so): " +
+	"when a primary dies, up restarts it, but if its machine or disk is lost its tenants are down until a person " +
+	"promotes the standby (docs/operations/failover.md); a new data dir runs under Patroni by default"
+
+// patroniPackages are Debian's packages of clusters under Patroni
+// (python3-etcd: Patroni's etcd3 store imports it, and the patroni
+// package's dependency may be met by another store's client).
+const patroniPackages = "patroni etcd-server python3-etcd"
+
+// startUpEtcd starts the data dir's etcd, where its Patroni nodes keep
+// their leader locks: members etcd members (DATA_DIR/etcd for one,
+// DATA_DIR/etcd/e1, e2, e3 for three; the same ports each time).
+func startUpEtcd(ctx context.Context, g *globals, dir string, members int, log *slog.Logger) (*patroni.EtcdCluster, error) {
+	e, err := patroni.StartEtcdCluster(ctx, patroni.EtcdClusterOptions{Dir: filepath.Join(dir, "etcd"), Members: members, Logger: log})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	fmt.Fprintf(g.stderr, "etcd (Patroni's store) on %s\n", e.Endpoint())
-	return []string{e.Endpoint()}, e.Stop, nil
+	fmt.Fprintf(g.stderr, "etcd (Patroni's store, %d member(s)) on %s\n", len(e.Members), strings.Join(e.Endpoints(), ", "))
+	return e, nil
 }
 
 // startPatroniCluster starts (or makes) a cluster of 1 + standbys nodes

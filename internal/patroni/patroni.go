@@ -1,5 +1,5 @@
-// Package patroni runs PostgreSQL clusters under Patroni: a one-member etcd
-// as Patroni's store (Etcd), one Patroni per node with the config pgtenant
+// Package patroni runs PostgreSQL clusters under Patroni: an etcd of one or
+// three members as Patroni's store (Etcd, EtcdCluster), one Patroni per node with the config pgtenant
 // writes for it (Node), and a client of Patroni's REST API (Client) that
 // reads the members, waits for a leader, checks a node's health and asks
 // for a switchover or a failover.
