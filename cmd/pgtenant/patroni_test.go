@@ -35,14 +35,7 @@ import (
 // backed up under Patroni: a backup after the node loss works, and a
 // rewind takes the tenant back.
 func TestUp_Patroni(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end")
-	}
-	for _, p := range []string{"patroni", "etcd", "pgbouncer"} {
-		if _, err := exec.LookPath(p); err != nil {
-			t.Skipf("%s not installed (make test installs it)", p)
-		}
-	}
+	skipWithoutPatroni(t)
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 9*time.Minute)
 	defer cancel()
@@ -168,14 +161,7 @@ func TestUp_Patroni(t *testing.T) {
 // cluster keeps its leader, Patroni never loses the store, and a tenant
 // create through the API works. Ctrl-C leaves no process.
 func TestUp_PatroniEtcdThree(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end")
-	}
-	for _, p := range []string{"patroni", "etcd", "pgbouncer"} {
-		if _, err := exec.LookPath(p); err != nil {
-			t.Skipf("%s not installed (make test installs it)", p)
-		}
-	}
+	skipWithoutPatroni(t)
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -382,4 +368,18 @@ func pidsWith(s string) []int {
 		}
 	}
 	return out
+}
+
+// skipWithoutPatroni skips an end-to-end test of up under Patroni with
+// -short or without the programs it runs.
+func skipWithoutPatroni(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	for _, p := range []string{"patroni", "etcd", "pgbouncer"} {
+		if _, err := exec.LookPath(p); err != nil {
+			t.Skipf("%s not installed (make test installs it)", p)
+		}
+	}
 }

@@ -185,7 +185,14 @@ func (c *Cluster) Registry(t testing.TB, standbys bool) *cluster.Registry {
 			dsns = append(dsns, c.DSN(s, "postgres"))
 		}
 	}
-	cl, err := cluster.New(c.Name(), c.PrimaryDSN("postgres"), dsns, Logger(t))
+	return NewRegistry(t, c.Name(), c.PrimaryDSN("postgres"), dsns)
+}
+
+// NewRegistry holds one cluster, name, at primary (and standbys), closed at
+// the end of the test.
+func NewRegistry(t testing.TB, name, primary string, standbys []string) *cluster.Registry {
+	t.Helper()
+	cl, err := cluster.New(name, primary, standbys, Logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
