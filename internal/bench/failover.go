@@ -462,7 +462,7 @@ func (b *failoverBench) run(ctx context.Context, mode, scenario string, n int) (
 	// The server the writers reach before the event: a write it still
 	// acknowledges after the kill (a dying backend's) is no resumption.
 	var was server
-	if err := queryRow(ctx, b.nodeDSN(leader.Port), `SELECT inet_server_port(), pg_postmaster_start_time()`, &was.port, &was.started); err != nil {
+	if err := queryRow(ctx, b.nodeDSN(leader.Port), `SELECT current_setting('port')::int, pg_postmaster_start_time()`, &was.port, &was.started); err != nil {
 		return r, from, to, err
 	}
 	// A second of writes before the event: a writer that is still
@@ -638,7 +638,7 @@ func (b *failoverBench) lost(ctx context.Context, port int) (int, error) {
 // server is one run of a PostgreSQL server: a restart in place is
 // another, a promoted standby is another by its port.
 type server struct {
-	port    int       // inet_server_port()
+	port    int       // current_setting('port'): the same over TCP and a Unix socket
 	started time.Time // pg_postmaster_start_time()
 }
 
@@ -700,7 +700,7 @@ func (w *failoverWriter) run(ctx context.Context, pace time.Duration) {
 		}
 		ectx, cancel := context.WithTimeout(ctx, failoverWriteTimeout)
 		var by server
-		err := conn.QueryRow(ectx, `INSERT INTO writes (client, id) VALUES ($1, $2) RETURNING inet_server_port(), pg_postmaster_start_time()`,
+		err := conn.QueryRow(ectx, `INSERT INTO writes (client, id) VALUES ($1, $2) RETURNING current_setting('port')::int, pg_postmaster_start_time()`,
 			w.client, id).Scan(&by.port, &by.started)
 		cancel()
 		if ctx.Err() != nil {

@@ -96,6 +96,9 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 		return res, Table{}, err
 	}
 	pc.MaxClientConn = o.Tenants*o.Idle + 4*o.Busy + 100
+	// The server through its Unix socket, as `up` makes it; the TCP rows
+	// re-point the pooler for their run.
+	pc.ServerSocketDir = fc.SocketDir()
 	// The front door serves TLS (a local CA's certificate, as `up` makes):
 	// pgbench runs through it in clear text and over TLS, in the same run.
 	ca, err := tlsca.Ensure(filepath.Join(e.Dir, "pooler", "tls"))
@@ -156,8 +159,30 @@ func (e *Env) Pooler(ctx context.Context, o PoolerOptions) (PoolerResult, Table,
 	if out, err := exec.CommandContext(ctx, pgbench, "-i", "-s", "2", "-q", r.DirectDSN).CombinedOutput(); err != nil {
 		return res, Table{}, fmt.Errorf("pgbench -i: %w: %s", err, out)
 	}
+	tcp, err := pgx.ParseConfig(fc.PrimaryDSN("postgres"))
+	if err != nil {
+		return res, Table{}, err
+	}
+	// point sends the pooler to the server over TCP or through its socket.
+	point := func(overTCP bool) error {
+		if pc.ServerSocketDir == "" {
+			return nil
+		}
+		if overTCP {
+			return front.Point(ctx, tcp.Host, int(tcp.Port))
+		}
+		return front.Point(ctx, pc.ServerSocketDir, int(tcp.Port))
+	}
 	for _, mode := range []struct{ name, flag string }{{"select-only", "-S"}, {"TPC-B-like", ""}} {
-		for _, path := range []struct{ name, dsn string }{{"direct", r.DirectDSN}, {"pooler", clearText(r.DSN)}, {"pooler, TLS", r.DSN}} {
+		for _, path := range []struct {
+			name, dsn string
+			tcp       bool
+		}{{"direct", r.DirectDSN, false}, {"pooler", clearText(r.DSN), false}, {"pooler, TCP", clearText(r.DSN), true}, {"pooler, TLS", r.DSN, false}} {
+			if path.name != "direct" {
+				if err := point(path.tcp); err != nil {
+					return res, Table{}, err
+				}
+			}
 			row, err := e.pgbench(ctx, pgbench, dir, mode.flag, path.dsn, o)
 			if err != nil {
 				return res, Table{}, err
@@ -475,12 +500,17 @@ func poolerTable(r PoolerResult, o PoolerOptions) Table {
 		t.Rows = append(t.Rows, []string{row.Method, fmt.Sprintf("%.0f", row.TPS), ms(row.P50), ms(row.P95), strconv.Itoa(row.Failed)})
 		byName[row.Method] = row
 	}
-	for _, m := range []string{"select-only", "TPC-B-like"} {
-		dr, pr := byName[m+", direct"], byName[m+", pooler"]
+	// The targets of this machine (issue 28): the pooler, PostgreSQL and
+	// pgbench share 2 cores, so the pooler's CPU is taken from the server.
+	for _, m := range []struct {
+		name string
+		min  float64
+	}{{"select-only", 0.7}, {"TPC-B-like", 0.8}} {
+		dr, pr := byName[m.name+", direct"], byName[m.name+", pooler"]
 		if dr.TPS > 0 {
 			ratio := pr.TPS / dr.TPS
-			t.Checks = append(t.Checks, Check{Target: fmt.Sprintf("%s: pooler overhead <= 20%% of direct throughput (%d busy clients)", m, o.Busy),
-				Got: fmt.Sprintf("%.0f%% of direct (%.0f vs %.0f tps); p95 %s vs %s", ratio*100, pr.TPS, dr.TPS, ms(pr.P95), ms(dr.P95)), Met: ratio >= 0.8})
+			t.Checks = append(t.Checks, Check{Target: fmt.Sprintf("%s through the pooler >= %.0f%% of direct throughput (%d busy clients)", m.name, 100*m.min, o.Busy),
+				Got: fmt.Sprintf("%.0f%% of direct (%.0f vs %.0f tps); p95 %s vs %s", ratio*100, pr.TPS, dr.TPS, ms(pr.P95), ms(dr.P95)), Met: ratio >= m.min})
 		}
 	}
 	t.Checks = append(t.Checks,
@@ -494,6 +524,7 @@ func poolerTable(r PoolerResult, o PoolerOptions) Table {
 			r.LeakTxns, r.LeakForeign, r.LeakWrongRole), Met: r.LeakTxns > 0 && r.LeakForeign == 0 && r.LeakWrongRole == 0})
 	t.Notes = []string{
 		"pgbench runs with -M simple on both paths (PgBouncer 1.18 cannot carry protocol-level prepared statements in transaction mode), -c busy -j 2, on one database tenant of tier bench (transaction mode, pool_size = busy clients); p50/p95 from pgbench's per-transaction log.",
+		"pooler: PgBouncer reaches the server through its Unix socket, as `up` configures it (pooler.server_socket_dir); pooler, TCP: the same pooler re-pointed at the server's loopback TCP port for that run.",
 		"pooler, TLS: the same tenant through the same PgBouncer, with the DSN pgtenant hands out (sslmode=verify-full, a local CA's ECDSA P-256 certificate, client_tls_sslmode prefer); pgbench connects once per client, so the row measures encryption, not handshakes. The other pooler rows and the density and leak phases use sslmode=disable.",
 		"the pooler, PostgreSQL (primary and standby), pgbench and pgtenant share the machine's cores.",
 		"density: schema tenants of a one-table template, tier dense (transaction mode, pool_size 1); idle clients connect 8 at a time, about 40 tenants a second, each runs SELECT 1 and stays connected; server_idle_timeout 1 s; busy clients INSERT in a loop, one per tenant.",
@@ -501,6 +532,10 @@ func poolerTable(r PoolerResult, o PoolerOptions) Table {
 	}
 	// TLS has no target yet: its cost is reported, not judged.
 	for _, m := range []string{"select-only", "TPC-B-like"} {
+		if pr, tr := byName[m+", pooler"], byName[m+", pooler, TCP"]; pr.TPS > 0 && tr.TPS > 0 {
+			t.Notes = append(t.Notes, fmt.Sprintf("%s through the pooler, its server over the Unix socket against TCP: %.0f vs %.0f tps (%+.0f%%), p95 %s vs %s.",
+				m, pr.TPS, tr.TPS, 100*(pr.TPS/tr.TPS-1), ms(pr.P95), ms(tr.P95)))
+		}
 		if pr, tr := byName[m+", pooler"], byName[m+", pooler, TLS"]; pr.TPS > 0 && tr.TPS > 0 {
 			t.Notes = append(t.Notes, fmt.Sprintf("%s through the pooler over TLS: %.0f%% of its clear-text throughput (%.0f vs %.0f tps), p95 %s vs %s.",
 				m, 100*tr.TPS/pr.TPS, tr.TPS, pr.TPS, ms(tr.P95), ms(pr.P95)))

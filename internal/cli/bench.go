@@ -81,6 +81,7 @@ targets marked MET or NOT MET. Results and commands are recorded in docs/BENCHMA
 	cmd.AddCommand(newBenchIdleIOCmd(g, env))
 	cmd.AddCommand(newBenchPoolerCmd(g, env))
 	cmd.AddCommand(newBenchBurstCmd(g, env))
+	cmd.AddCommand(newBenchDensityCmd(g, env))
 	cmd.AddCommand(newBenchMoveCmd(g, env))
 	cmd.AddCommand(newBenchAnalyticsCmd(g, env))
 	cmd.AddCommand(newBenchRestoreCmd(g, env))
@@ -171,9 +172,10 @@ func newBenchPoolerCmd(g *globals, env *bench.Env) *cobra.Command {
 		Short: "pgbench through the pooler (clear text and TLS) vs direct, a burst of creates and its reloads, density (1,000 tenants × 3 idle clients + 20 busy on max_connections 100) and the leak check",
 		Long: `On one primary (max_connections 100) with a streaming standby and a PgBouncer run by
 pgtenant in front of it: (a) pgbench select-only and TPC-B-like on one database tenant,
---busy clients for --duration, direct, through the pooler and through the pooler over
-TLS (sslmode=verify-full, a local CA's certificate) (throughput, p50, p95);
-(b) --burst creates, 20 at a time, and the pooler RELOADs they cost; (c) density:
+--busy clients for --duration, direct, through the pooler (which reaches the server
+through its Unix socket, as up makes it), through the same pooler re-pointed at the
+server's TCP port, and through the pooler over TLS (sslmode=verify-full, a local CA's
+certificate) (throughput, p50, p95); (b) --burst creates, 50 at a time, and the pooler RELOADs they cost; (c) density:
 --tenants schema tenants, --idle idle clients each connected through the pooler and
 served one query, then --busy busy clients, with the server's client backends sampled
 throughout; (d) the transaction-mode leak check (SET search_path, RESET ALL, DISCARD
@@ -200,6 +202,42 @@ target is not met.`,
 	c.Flags().IntVar(&opts.Busy, "busy", 20, "busy clients (pgbench and density)")
 	c.Flags().DurationVar(&opts.Duration, "duration", 15*time.Second, "each pgbench run and the density's busy phase")
 	c.Flags().IntVar(&opts.Burst, "burst", 200, "creates in the burst whose reloads are counted")
+	return c
+}
+
+func newBenchDensityCmd(g *globals, env *bench.Env) *cobra.Command {
+	var opts bench.DensityOptions
+	c := &cobra.Command{
+		Use:   "density",
+		Short: "The control plane on a catalog of a million tenants over 200 clusters (catalog rows only)",
+		Long: `What the control plane itself costs at internet scale, without the PostgreSQL objects
+of the tenants: on one primary with a streaming standby, the catalog gets
+--simulate-tenants active tenants (four in five schema tenants, one in five database
+tenants, each with a name and an external id) spread over --clusters registered
+clusters (all but the real one with DSNs nothing answers) and --jobs finished jobs of
+the last 30 days. At a hundredth, a tenth and all of --simulate-tenants a daemon is
+started on that catalog and measured: its start, API list (first page, a page after a
+random id, one cluster's page), search and show p50/p95 over --requests calls each,
+the jobs list, the placement query, one cluster's tenants read and its pooler config
+rendered, a /metrics scrape, the Go heap, and show through a second daemon on the same
+catalog. The notes say which figures grow with the catalog.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			env.Log = g.stderr
+			if opts.SimulateTenants < 1000 || opts.Clusters < 1 || opts.Requests < 1 || opts.Jobs < 0 {
+				return usagef("--simulate-tenants must be at least 1000, --clusters and --requests at least 1, --jobs at least 0")
+			}
+			_, table, err := env.Density(cmd.Context(), opts)
+			if err != nil {
+				return err
+			}
+			return g.printTable(table)
+		},
+	}
+	c.Flags().IntVar(&opts.SimulateTenants, "simulate-tenants", 1000000, "tenants in the catalog at the last scale point (rows only)")
+	c.Flags().IntVar(&opts.Clusters, "clusters", 200, "registered clusters the tenants are spread over")
+	c.Flags().IntVar(&opts.Jobs, "jobs", 500000, "finished jobs in the catalog (about a month of a large fleet's history)")
+	c.Flags().IntVar(&opts.Requests, "requests", 200, "API calls per measured request and scale point")
 	return c
 }
 

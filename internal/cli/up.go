@@ -341,7 +341,7 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 	for _, uc := range ucs {
 		opts.Managed = append(opts.Managed, uc.managed)
 		if o.pooler {
-			pc, err := localPooler(filepath.Join(dir, uc.name, "pooler"), ca)
+			pc, err := localPooler(filepath.Join(dir, uc.name, "pooler"), ca, uc.socketDir)
 			if err != nil {
 				return err
 			}
@@ -425,8 +425,9 @@ func runUp(ctx context.Context, g *globals, cfg config.Config, o upOptions) erro
 
 // localPooler is the pooler block of up's cluster: its files under dir, a
 // loopback port kept from one start to the next, stopped with up, TLS
-// with the local CA's certificate.
-func localPooler(dir string, ca tlsca.Files) (config.PoolerConfig, error) {
+// with the local CA's certificate, the server reached through its Unix
+// socket in socketDir (unless "").
+func localPooler(dir string, ca tlsca.Files, socketDir string) (config.PoolerConfig, error) {
 	port, err := pooler.LocalPort(dir)
 	if err != nil {
 		return config.PoolerConfig{}, fmt.Errorf("pooler: %w", err)
@@ -437,6 +438,7 @@ func localPooler(dir string, ca tlsca.Files) (config.PoolerConfig, error) {
 	stop := false
 	pc.KeepRunning = &stop
 	pc.TLSCertFile, pc.TLSKeyFile, pc.TLSCAFile = ca.Cert, ca.Key, ca.CA
+	pc.ServerSocketDir = socketDir
 	return pc, nil
 }
 

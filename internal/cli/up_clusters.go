@@ -31,6 +31,9 @@ type upCluster struct {
 	catalogDSN string
 	nodes      []nodeInfo
 	stop       func(context.Context) error // nil when nothing was started
+	// socketDir holds every node's Unix socket: its pooler reaches the
+	// primary there ("": over TCP).
+	socketDir string
 }
 
 // startFleetCluster opens (or makes) and starts a cluster up runs itself,
@@ -45,7 +48,7 @@ func startFleetCluster(ctx context.Context, g *globals, dir, name string, standb
 		fmt.Fprintln(g.stderr, "running as root: PostgreSQL runs as the postgres OS user; the cluster files are owned by it")
 	}
 	fmt.Fprintf(g.stderr, "starting cluster %s (PostgreSQL %s from %s) in %s\n", name, fc.Binaries().Version, fc.Binaries().Dir, filepath.Join(dir, name))
-	uc := upCluster{name: name, sup: fc, stop: fc.Stop}
+	uc := upCluster{name: name, sup: fc, stop: fc.Stop, socketDir: fc.SocketDir()}
 	if fc.Backups() {
 		// The config is there before the archiver first needs it.
 		st, err := backup.ForCluster(fc, true)
@@ -206,7 +209,7 @@ func startPatroniCluster(ctx context.Context, g *globals, dir, name string, stan
 		defer cancel()
 		return pc.Stop(ctx)
 	}
-	uc := upCluster{name: name, sup: pc, stop: stop, catalogDSN: pc.PrimaryDSN("pgtenant")}
+	uc := upCluster{name: name, sup: pc, stop: stop, catalogDSN: pc.PrimaryDSN("pgtenant"), socketDir: pc.SocketDir()}
 	if err := pc.Start(ctx); err != nil {
 		return uc, nil, err
 	}

@@ -119,7 +119,7 @@ func TestFollow_NodeLossThroughPooler(t *testing.T) {
 		t.Fatalf("connect through the new tenant's DSN: %v", err)
 	}
 	var port int
-	err = conn.QueryRow(ctx, `INSERT INTO writes VALUES (1) RETURNING inet_server_port()`).Scan(&port)
+	err = conn.QueryRow(ctx, `INSERT INTO writes VALUES (1) RETURNING current_setting('port')::int`).Scan(&port)
 	conn.Close(ctx)
 	if err != nil || port != pc.Node(standby.Name).Port() {
 		t.Fatalf("write through the new tenant's DSN: server port %d, %v; want %d", port, err, pc.Node(standby.Name).Port())

@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/config"
 )
 
 // Superuser is the PostgreSQL superuser of a managed cluster.
@@ -103,8 +105,10 @@ func maxFilesPerProcess() int {
 // fleet. Callers override them with Options.Settings.
 func DefaultSettings() map[string]string {
 	return map[string]string{
-		"listen_addresses":        "'127.0.0.1'",
-		"unix_socket_directories": "''", // TCP only: no clash over /var/run/postgresql, no path-length limit
+		"listen_addresses": "'127.0.0.1'",
+		// No socket in /var/run/postgresql (shared, maybe not writable):
+		// writeConf puts the nodes' sockets in the cluster's SocketDir.
+		"unix_socket_directories": "''",
 		// Admission (provision.connection_overcommit) gives each tenant its
 		// tier's whole connection limit: room for about 46 tenants of the
 		// default tier (docs/connections.md). The superuser reserve keeps pgtenant's admin sessions in
@@ -622,6 +626,23 @@ func (c *Cluster) initdb(ctx context.Context, dir string) error {
 	return nil
 }
 
+// SocketDir is the directory of the cluster's Unix sockets (SocketDirIn).
+func (c *Cluster) SocketDir() string { return SocketDirIn(c.opts.Dir) }
+
+// SocketDirIn is the directory of the Unix sockets of the cluster whose
+// files are in dir: every node's socket, each at its own port, reached by
+// the server OS user only (0700). A PgBouncer on this host reaches the
+// primary there (pooler.server_socket_dir), which costs less CPU per
+// query than TCP. "": dir is too long for a socket's path, or not a path
+// pgbouncer.ini takes: TCP only.
+func SocketDirIn(dir string) string {
+	d := filepath.Join(dir, "sock")
+	if config.CheckSocketDir(d) != nil {
+		return ""
+	}
+	return d
+}
+
 // writeConf writes pgtenant.conf (our settings) and includes it from
 // postgresql.conf, leaving postgresql.auto.conf to ALTER SYSTEM.
 func (c *Cluster) writeConf(dir string, port int) error {
@@ -629,6 +650,15 @@ func (c *Cluster) writeConf(dir string, port int) error {
 	// cluster_name names the node in ps and, on a standby, becomes the
 	// application_name the primary shows in pg_stat_replication.
 	settings["cluster_name"] = "'" + c.opts.Name + "/" + filepath.Base(dir) + "'"
+	if sd := c.SocketDir(); sd != "" {
+		if err := os.MkdirAll(sd, 0o700); err != nil {
+			return err
+		}
+		if err := c.user.own(sd); err != nil {
+			return err
+		}
+		settings["unix_socket_directories"] = "'" + sd + "'"
+	}
 	for k, v := range c.opts.Settings {
 		settings[k] = v
 	}

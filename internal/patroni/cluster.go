@@ -100,7 +100,8 @@ func NewCluster(opts ClusterOptions) (*Cluster, error) {
 		}
 		np := &st.Nodes[i]
 		no := NodeOptions{Cluster: opts.Scope, Name: np.Name, Dir: filepath.Join(opts.Dir, np.Name), Etcd: opts.Etcd,
-			Port: np.Port, RESTPort: np.RESTPort, Settings: opts.Settings, Passwords: st.Passwords, Logger: opts.Logger}
+			Port: np.Port, RESTPort: np.RESTPort, Settings: opts.Settings, Passwords: st.Passwords, Logger: opts.Logger,
+			SocketDir: c.SocketDir()}
 		if st.Backups {
 			no.Archive = fleet.ArchivePush(opts.PgBackRest, backupConfigPath(opts.Dir), opts.Scope, dataDir(no.Dir))
 		}
@@ -292,6 +293,11 @@ func (c *Cluster) Backups() bool { return c.backups }
 func (c *Cluster) BackupDir() string { return backupDir(c.opts.Dir) }
 
 func (c *Cluster) BackupConfigPath() string { return backupConfigPath(c.opts.Dir) }
+
+// SocketDir is the directory of every node's Unix socket, each at its
+// own port (fleet.SocketDirIn): a PgBouncer on this host follows the
+// leader there. "": each node's socket is in its own dir.
+func (c *Cluster) SocketDir() string { return fleet.SocketDirIn(c.opts.Dir) }
 
 func backupDir(dir string) string        { return filepath.Join(dir, "backup") }
 func backupConfigPath(dir string) string { return filepath.Join(backupDir(dir), "pgbackrest.conf") }

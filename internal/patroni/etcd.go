@@ -271,6 +271,24 @@ func StartEtcdCluster(ctx context.Context, opts EtcdClusterOptions) (*EtcdCluste
 	case have != 0 && have != n:
 		return nil, fmt.Errorf("etcd in %s has %d members, not %d: a member count is fixed when the etcd is made", opts.Dir, have, n)
 	}
+	for attempt := 1; ; attempt++ {
+		c, err := startEtcdMembers(ctx, opts, n)
+		if err == nil || have != 0 || attempt == 3 || !strings.Contains(err.Error(), "address already in use") {
+			return c, err
+		}
+		// A port found free was taken by another process before etcd bound
+		// it. The etcd is new (nothing in it yet): made again on other ports.
+		if opts.Logger != nil {
+			opts.Logger.Warn("etcd: a port was taken before etcd bound it; making it again on other ports", "err", err)
+		}
+		if err := os.RemoveAll(opts.Dir); err != nil {
+			return nil, fmt.Errorf("etcd: %w", err)
+		}
+	}
+}
+
+// startEtcdMembers starts the n members of the etcd in opts.Dir.
+func startEtcdMembers(ctx context.Context, opts EtcdClusterOptions, n int) (*EtcdCluster, error) {
 	if err := os.MkdirAll(opts.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create etcd dir: %w", err)
 	}

@@ -132,7 +132,11 @@ type NodeOptions struct {
 	BinDir         string // default DefaultBinDir
 	Settings       Settings
 	// Archive is the node's archive_command (unquoted; "": no archiving).
-	Archive   string
+	Archive string
+	// SocketDir is the directory of the node's Unix socket, shared by the
+	// nodes of a cluster (each at its own port) so that a PgBouncer
+	// follows the leader there; default Dir.
+	SocketDir string
 	Passwords Passwords
 	Logger    *slog.Logger
 }
@@ -410,10 +414,9 @@ func (n *Node) writeConfig() error {
 		"rewind":      {RewindName, o.Passwords.Rewind},
 	}
 	pg.Parameters = map[string]string{
-		// The socket in the node's dir: /var/run/postgresql may be missing or
-		// not writable by the server user, and two nodes must not share a
-		// socket dir on one port.
-		"unix_socket_directories": o.Dir,
+		// Not /var/run/postgresql: it may be missing or not writable by
+		// the server user. Nodes may share a socket dir: each has its port.
+		"unix_socket_directories": cmp.Or(o.SocketDir, o.Dir),
 	}
 	if o.Archive != "" {
 		// On a replica archive_mode=on archives nothing until it leads.
@@ -448,6 +451,14 @@ func (n *Node) writeConfig() error {
 	}
 	if err := n.user.Own(o.Dir); err != nil {
 		return fmt.Errorf("hand node dir to the server user: %w", err)
+	}
+	if o.SocketDir != "" {
+		if err := os.MkdirAll(o.SocketDir, 0o700); err != nil {
+			return fmt.Errorf("create socket dir: %w", err)
+		}
+		if err := n.user.Own(o.SocketDir); err != nil {
+			return fmt.Errorf("hand socket dir to the server user: %w", err)
+		}
 	}
 	return nil
 }

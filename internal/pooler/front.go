@@ -59,6 +59,9 @@ type Front struct {
 	// fixedServer: the pooler block names its server (pooler.server, a
 	// proxy of the operator's), which Repoint leaves alone.
 	fixedServer bool
+	// socketDir: the primary is reached through its Unix socket there
+	// (pooler.server_socket_dir), at the port Repoint is given.
+	socketDir string
 
 	once    sync.Once
 	kick    chan struct{}
@@ -287,28 +290,37 @@ func (f *Front) Sync(ctx context.Context) error {
 }
 
 // Repoint sends the entries of the pooler's own cluster to a new primary
-// (a Patroni failover): their host and port are rewritten and reloaded,
-// then RECONNECT closes every server connection once released, so that no
-// session goes on with the old primary (PgBouncer reconnects on a changed
-// entry by itself; RECONNECT also covers one it kept unchanged). It
-// reports false, doing nothing, when the pooler block names its own
-// server (pooler.server): the operator's proxy follows the primary then.
+// (a Patroni failover) at host:port, or at port through the socket
+// directory of the pooler block (server_socket_dir: every node of a
+// cluster up makes has its socket there). It reports false, doing
+// nothing, when the pooler block names its own server (pooler.server):
+// the operator's proxy follows the primary then.
 func (f *Front) Repoint(ctx context.Context, host string, port int) (bool, error) {
 	f.init()
 	if f.fixedServer {
 		return false, nil
 	}
+	return true, f.Point(ctx, cmp.Or(f.socketDir, host), port)
+}
+
+// Point sends the entries of the pooler's own cluster to host (an
+// address, or a socket directory) and port: rewritten and reloaded, then
+// RECONNECT closes every server connection once released, so that no
+// session goes on with the old server (PgBouncer reconnects on a changed
+// entry by itself; RECONNECT also covers one it kept unchanged).
+func (f *Front) Point(ctx context.Context, host string, port int) error {
+	f.init()
 	f.mu.Lock()
 	f.Settings.ServerHost, f.Settings.ServerPort = host, port
 	f.mu.Unlock()
 	if err := f.Sync(ctx); err != nil {
-		return true, err
+		return err
 	}
 	if err := f.command(ctx, "RECONNECT", ""); err != nil {
-		return true, err
+		return err
 	}
 	f.Logger.Info("pooler re-pointed", "server", Addr(host, port))
-	return true, nil
+	return nil
 }
 
 // Poke asks for a sync without waiting for it.

@@ -89,12 +89,18 @@ func TestFrontDoor_BothModesConnectThroughThePooler(t *testing.T) {
 			t.Fatalf("%s: connect through the pooler at once after create: %v", mode, err)
 		}
 		var user, db, path string
-		if err := conn.QueryRow(ctx, "SELECT current_user, current_database(), current_setting('search_path')").Scan(&user, &db, &path); err != nil {
+		var overSocket bool
+		if err := conn.QueryRow(ctx, "SELECT current_user, current_database(), current_setting('search_path'), inet_client_addr() IS NULL").Scan(&user, &db, &path, &overSocket); err != nil {
 			t.Fatal(err)
 		}
 		conn.Close(ctx)
 		if user != role || db != r.Tenant.Database {
 			t.Errorf("%s: session %s in %s, want %s in %s", mode, user, db, role, r.Tenant.Database)
+		}
+		// The pooler reaches the server through its Unix socket, as up
+		// configures it (pooler.server_socket_dir).
+		if !overSocket {
+			t.Errorf("%s: the pooler's server session came over TCP, want the server's Unix socket in %s", mode, pg.SocketDir())
 		}
 		if mode == "schema" && path != role {
 			t.Errorf("schema tenant's search_path %q, want its schema %s (from its role)", path, role)

@@ -74,7 +74,8 @@ type User struct {
 type Settings struct {
 	ListenHost string
 	ListenPort int
-	// ServerHost and ServerPort locate the cluster's primary.
+	// ServerHost and ServerPort locate the cluster's primary; a
+	// ServerHost that starts with / is the directory of its Unix socket.
 	ServerHost string
 	ServerPort int
 	// MaxClientConn bounds the clients of every pool together.
@@ -166,7 +167,7 @@ type Files struct {
 // entries give the same bytes (a sync whose files did not change reloads
 // nothing). An invalid entry is an error: callers filter first.
 func Render(dir string, s Settings, entries []Entry) (Files, error) {
-	if !hostRE.MatchString(s.ListenHost) || !hostRE.MatchString(s.ServerHost) {
+	if !hostRE.MatchString(s.ListenHost) || !(hostRE.MatchString(s.ServerHost) || config.CheckSocketDir(s.ServerHost) == nil) {
 		return Files{}, fmt.Errorf("pooler: bad listen or server host")
 	}
 	if !ValidVerifier(s.AdminVerifier) {

@@ -1,6 +1,7 @@
 package pooler
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -416,7 +417,7 @@ func NewFront(cl *cluster.Cluster, pc config.PoolerConfig, src Source, stopOnExi
 		return nil, fmt.Errorf("pooler of cluster %s: listen: %w", cl.Name(), err)
 	}
 	port, _ := strconv.Atoi(portText)
-	serverHost, serverPort := cl.Host(), int(cl.Port())
+	serverHost, serverPort := cmp.Or(pc.ServerSocketDir, cl.Host()), int(cl.Port())
 	if pc.Server != "" {
 		h, p, err := splitHostPort(pc.Server)
 		if err != nil {
@@ -425,7 +426,7 @@ func NewFront(cl *cluster.Cluster, pc config.PoolerConfig, src Source, stopOnExi
 		serverHost = h
 		serverPort, _ = strconv.Atoi(p)
 	}
-	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host, fixedServer: pc.Server != "",
+	return &Front{Cluster: cl.Name(), Proc: proc, Source: src, PublicHost: pc.Host, fixedServer: pc.Server != "", socketDir: pc.ServerSocketDir,
 		Settings: Settings{ListenHost: host, ListenPort: port, ServerHost: serverHost, ServerPort: serverPort,
 			MaxClientConn: pc.MaxClientConn, ServerIdleTimeout: pc.ServerIdleTimeout.D(), QueryWaitTimeout: pc.QueryWaitTimeout.D(),
 			TLSCertFile: pc.TLSCertFile, TLSKeyFile: pc.TLSKeyFile, TLSCAFile: pc.TLSCAFile, RequireTLS: pc.RequireTLS,

@@ -60,7 +60,15 @@ func Start(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon,
 // the daemon in a temp dir on a free port, stopped with it).
 func StartPooled(t testing.TB, pg *pgtest.Cluster, cfg config.Config) (*daemon.Daemon, *api.Client) {
 	t.Helper()
-	return start(t, pg, daemon.Options{Config: cfg, Poolers: map[string]config.PoolerConfig{"local": Pooler(t)}})
+	return start(t, pg, daemon.Options{Config: cfg, Poolers: map[string]config.PoolerConfig{"local": socketPooler(t, pg.SocketDir())}})
+}
+
+// socketPooler is Pooler reaching its server through the Unix socket in
+// dir, as `up` makes it.
+func socketPooler(t testing.TB, dir string) config.PoolerConfig {
+	pc := Pooler(t)
+	pc.ServerSocketDir = dir
+	return pc
 }
 
 // Pooler is a pooler block for a test: a temp dir, a free loopback port,
@@ -155,7 +163,7 @@ func StartClusters(t testing.TB, pgs []*pgtest.Cluster, cfg config.Config, poole
 	for _, pg := range pgs {
 		opts.Managed = append(opts.Managed, managed(pg))
 		if pooled {
-			opts.Poolers[pg.Name()] = Pooler(t)
+			opts.Poolers[pg.Name()] = socketPooler(t, pg.SocketDir())
 		}
 	}
 	d, stop = run(t, opts)
@@ -194,7 +202,7 @@ func Following(t testing.TB, ctx context.Context, cfg config.Config, pgs []*pgte
 		t.Fatal(err)
 	}
 	stop()
-	d, c, _ := StartOptions(t, daemon.Options{Config: cfg, Managed: local, Poolers: map[string]config.PoolerConfig{name: Pooler(t)}})
+	d, c, _ := StartOptions(t, daemon.Options{Config: cfg, Managed: local, Poolers: map[string]config.PoolerConfig{name: socketPooler(t, pc.SocketDir())}})
 	return d, c
 }
 

@@ -58,7 +58,7 @@ func StartWriter(t testing.TB, ctx context.Context, dsn string) *Writer {
 			}
 			ectx, ecancel := context.WithTimeout(ctx, 5*time.Second)
 			var port int
-			err := conn.QueryRow(ectx, `INSERT INTO writes (id) VALUES ($1) RETURNING inet_server_port()`, id).Scan(&port)
+			err := conn.QueryRow(ectx, `INSERT INTO writes (id) VALUES ($1) RETURNING current_setting('port')::int`, id).Scan(&port)
 			ecancel()
 			if err != nil {
 				w.failed(err)

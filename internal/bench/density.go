@@ -1,0 +1,369 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/fleet"
+	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// DensityOptions size bench density's simulated catalog.
+type DensityOptions struct {
+	SimulateTenants int // catalog rows of tenants at the last scale point
+	Clusters        int // registered clusters the tenants are spread over
+	Jobs            int // finished jobs in the catalog: about a month of history
+	Requests        int // API requests per measured call and scale point
+}
+
+// DensityPoint is what one scale point of the simulated catalog cost.
+type DensityPoint struct {
+	Tenants int `json:"tenants"`
+	// API p50/p95 through one daemon.
+	ListFirst, ListFirstP95     time.Duration `json:"-"`
+	ListDeepP95, ListClusterP95 time.Duration `json:"-"`
+	SearchP50, SearchP95        time.Duration `json:"-"`
+	ShowP50, ShowP95            time.Duration `json:"-"`
+	JobsP95                     time.Duration `json:"-"`
+	// ClusterLoads is the query behind every placement decision (reloaded
+	// every 10 s by each daemon); ClusterTenants the catalog read of one
+	// cluster's tenants (reconcile's and the pooler sync's); Render the
+	// pooler config of that cluster.
+	ClusterLoads, ClusterTenants, Render time.Duration `json:"-"`
+	PoolerBytes                          int           `json:"pooler_config_bytes"`
+	PerCluster                           int           `json:"tenants_per_cluster"`
+	MetricsScrape                        time.Duration `json:"-"`
+	MetricsBytes                         int           `json:"metrics_bytes"`
+	DaemonStart                          time.Duration `json:"-"`
+	HeapBytes                            uint64        `json:"heap_bytes"`
+	CatalogBytes                         int64         `json:"catalog_bytes"`
+	SecondDaemonShowP95                  time.Duration `json:"-"`
+}
+
+// Density runs bench density --simulate-tenants: the control plane's own
+// cost at internet scale. The catalog gets tenant rows (no PostgreSQL
+// objects behind them) spread over Clusters registered clusters, and a
+// month of finished jobs; at each scale point a daemon is started on it
+// and its API, placement query, pooler config generation, /metrics and
+// memory are measured.
+func (e *Env) Density(ctx context.Context, o DensityOptions) ([]DensityPoint, Table, error) {
+	fc, stop, err := e.fleetFor(ctx, "density", nil, true)
+	if err != nil {
+		return nil, Table{}, err
+	}
+	defer stop()
+	dir, removeDir, err := e.daemonDir("density-daemon")
+	if err != nil {
+		return nil, Table{}, err
+	}
+	defer removeDir()
+	cfg := benchConfig(fc, dir)
+	d, err := e.startDaemonInProcess(ctx, fc, cfg)
+	if err != nil {
+		return nil, Table{}, err
+	}
+	if err := d.createTemplate(ctx, "tiny", tinyTemplate); err != nil {
+		d.Stop()
+		return nil, Table{}, err
+	}
+	if err := d.Stop(); err != nil {
+		return nil, Table{}, err
+	}
+	cat, err := smallPool(ctx, cfg.Catalog.DSN)
+	if err != nil {
+		return nil, Table{}, err
+	}
+	defer cat.Close()
+	clusters, err := registerSimulatedClusters(ctx, cat, fc.Name(), o.Clusters)
+	if err != nil {
+		return nil, Table{}, err
+	}
+	e.logf("density: %d clusters registered (%d simulated: their DSNs answer nothing); %d finished jobs of a month", len(clusters), len(clusters)-1, o.Jobs)
+	if err := simulateJobs(ctx, cat, o.Jobs, clusters); err != nil {
+		return nil, Table{}, err
+	}
+	store, err := catalog.Open(ctx, cfg.Catalog.DSN, nil)
+	if err != nil {
+		return nil, Table{}, err
+	}
+	defer store.Close()
+
+	var points []DensityPoint
+	have := 0
+	for _, n := range densitySteps(o.SimulateTenants) {
+		e.logf("density: adding %d tenants (catalog rows only) to reach %d", n-have, n)
+		if err := simulateCatalogTenants(ctx, cat, clusters, n-have); err != nil {
+			return nil, Table{}, err
+		}
+		have = n
+		if _, err := cat.Exec(ctx, "VACUUM ANALYZE tenants; VACUUM ANALYZE jobs"); err != nil {
+			return nil, Table{}, err
+		}
+		p, err := e.densityPoint(ctx, fc, cfg, store, cat, clusters, n, o)
+		if err != nil {
+			return nil, Table{}, err
+		}
+		e.logf("density: %d tenants: show p95 %s, search p95 %s, placement query %s, /metrics %s", n, ms(p.ShowP95), ms(p.SearchP95), ms(p.ClusterLoads), ms(p.MetricsScrape))
+		points = append(points, p)
+	}
+	return points, densityTable(points, o), nil
+}
+
+// densitySteps are the scale points up to n: each a tenth of the next.
+func densitySteps(n int) []int {
+	out := []int{n}
+	for s := n / 10; s >= 1000 && len(out) < 3; s /= 10 {
+		out = append([]int{s}, out...)
+	}
+	return out
+}
+
+// registerSimulatedClusters adds n-1 external clusters beside the real
+// one; their DSNs point at a port nothing listens on, so that what is
+// measured is the catalog's size, not their servers.
+func registerSimulatedClusters(ctx context.Context, cat *pgxpool.Pool, real string, n int) ([]string, error) {
+	out := []string{real}
+	for i := 1; i < n; i++ {
+		out = append(out, fmt.Sprintf("sim%03d", i))
+	}
+	_, err := cat.Exec(ctx, `INSERT INTO clusters (name, kind, dsn)
+		SELECT c, 'external', 'postgres://nobody@127.0.0.1:9/postgres?connect_timeout=1' FROM unnest($1::text[]) c
+		ON CONFLICT (name) DO NOTHING`, out[1:])
+	return out, err
+}
+
+// simulateCatalogTenants adds n active tenants spread evenly over
+// clusters: four in five schema tenants (a shared database per cluster),
+// one in five database tenants; each with a name and an external id, as a
+// platform's sign-up would give them.
+func simulateCatalogTenants(ctx context.Context, cat *pgxpool.Pool, clusters []string, n int) error {
+	const batch = 50000
+	for done := 0; done < n; done += batch {
+		k := min(batch, n-done)
+		ids, names, cl, modes, dbs := make([]string, k), make([]string, k), make([]string, k), make([]string, k), make([]string, k)
+		for i := range k {
+			ids[i] = tenant.NewID()
+			names[i] = "Customer " + strings.ToLower(ids[i][:8]) + " Ltd"
+			cl[i] = clusters[rand.IntN(len(clusters))]
+			modes[i], dbs[i] = "schema", "tpl_tiny_shared"
+			if i%5 == 0 {
+				modes[i], dbs[i] = "database", tenant.PhysicalName(ids[i])
+			}
+		}
+		if _, err := cat.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, state, database, created_at, claimed_at)
+			SELECT id, name, 'ext-' || id, mode, cluster, 'tiny', 1, 'active', db, now() - random() * interval '365 days', now()
+			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, name, cluster, mode, db)`,
+			ids, names, cl, modes, dbs); err != nil {
+			return fmt.Errorf("simulated tenants: %w", err)
+		}
+	}
+	return nil
+}
+
+// simulateJobs adds n finished jobs created over the last 30 days, of the
+// kinds a fleet runs most: purges, builds, prewarms and rollout steps.
+func simulateJobs(ctx context.Context, cat *pgxpool.Pool, n int, clusters []string) error {
+	_, err := cat.Exec(ctx, `INSERT INTO jobs (type, target_kind, target, cluster, state, attempts, created_at, updated_at, started_at, finished_at)
+		SELECT (ARRAY['purge','build_template','prewarm','backup'])[1 + g % 4], 'tenant', 'sim' || g, ($2::text[])[1 + g % cardinality($2::text[])],
+		       CASE WHEN g % 50 = 0 THEN 'failed' ELSE 'succeeded' END, 1, ts, ts, ts, ts + interval '2 seconds'
+		FROM generate_series(1, $1) g, LATERAL (SELECT now() - random() * interval '30 days' AS ts) x`, n, clusters)
+	if err != nil {
+		return fmt.Errorf("simulated jobs: %w", err)
+	}
+	return nil
+}
+
+// densityPoint measures one scale point: a daemon started on the catalog
+// (its start, its API, its memory), the placement query, one cluster's
+// pooler config, /metrics, and a second daemon on the same catalog.
+func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Config, store *catalog.Store, cat *pgxpool.Pool, clusters []string, n int, o DensityOptions) (DensityPoint, error) {
+	p := DensityPoint{Tenants: n}
+	if err := cat.QueryRow(ctx, `SELECT pg_total_relation_size('tenants') + pg_total_relation_size('jobs')`).Scan(&p.CatalogBytes); err != nil {
+		return p, err
+	}
+	var sample []string
+	if err := cat.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM tenants TABLESAMPLE SYSTEM (1) LIMIT $1) s`, o.Requests).Scan(&sample); err != nil {
+		return p, err
+	}
+	if len(sample) == 0 {
+		return p, fmt.Errorf("density: no tenant sampled")
+	}
+	pick := func() string { return sample[rand.IntN(len(sample))] }
+
+	begin := time.Now()
+	d, err := e.startDaemonInProcess(ctx, fc, cfg)
+	if err != nil {
+		return p, err
+	}
+	defer d.Stop()
+	if _, err := d.client.Tenants(ctx, url.Values{"limit": {"1"}}); err != nil {
+		return p, err
+	}
+	p.DaemonStart = time.Since(begin)
+
+	timeCalls := func(f func() error) (p50, p95 time.Duration, err error) {
+		var ds []time.Duration
+		for range o.Requests {
+			b := time.Now()
+			if err := f(); err != nil {
+				return 0, 0, err
+			}
+			ds = append(ds, time.Since(b))
+		}
+		return percentile(ds, 50), percentile(ds, 95), nil
+	}
+	list := func(q url.Values) func() error {
+		return func() error { _, err := d.client.Tenants(ctx, q); return err }
+	}
+	if p.ListFirst, p.ListFirstP95, err = timeCalls(list(url.Values{"limit": {"100"}})); err != nil {
+		return p, err
+	}
+	if _, p.ListDeepP95, err = timeCalls(func() error { return list(url.Values{"limit": {"100"}, "after": {pick()}})() }); err != nil {
+		return p, err
+	}
+	if _, p.ListClusterP95, err = timeCalls(func() error {
+		return list(url.Values{"limit": {"100"}, "cluster": {clusters[rand.IntN(len(clusters))]}})()
+	}); err != nil {
+		return p, err
+	}
+	// A search a support engineer types: part of a customer's name.
+	if p.SearchP50, p.SearchP95, err = timeCalls(func() error { return list(url.Values{"q": {strings.ToLower(pick()[:6])}, "limit": {"100"}})() }); err != nil {
+		return p, err
+	}
+	if p.ShowP50, p.ShowP95, err = timeCalls(func() error { _, err := d.client.Tenant(ctx, pick()); return err }); err != nil {
+		return p, err
+	}
+	if _, p.JobsP95, err = timeCalls(func() error { _, err := d.client.Jobs(ctx, url.Values{"limit": {"100"}}); return err }); err != nil {
+		return p, err
+	}
+
+	// The placement query, five times (median).
+	var loads []time.Duration
+	for range 5 {
+		b := time.Now()
+		if _, err := store.ClusterLoads(ctx); err != nil {
+			return p, err
+		}
+		loads = append(loads, time.Since(b))
+	}
+	p.ClusterLoads = percentile(loads, 50)
+
+	// One simulated cluster's tenants and its pooler config.
+	b := time.Now()
+	ts, err := store.ListTenantsOnCluster(ctx, clusters[len(clusters)-1])
+	if err != nil {
+		return p, err
+	}
+	p.ClusterTenants, p.PerCluster = time.Since(b), len(ts)
+	entries := make([]pooler.Entry, 0, len(ts))
+	for _, t := range ts {
+		entries = append(entries, pooler.Entry{Name: tenant.PhysicalName(t.ID), Database: t.Database, Verifier: simVerifier,
+			PoolMode: pooler.ModeTransaction, PoolSize: 2, MaxDBConnections: 5})
+	}
+	b = time.Now()
+	files, err := pooler.Render("/var/lib/pgtenant/pooler", pooler.Settings{ListenHost: "127.0.0.1", ListenPort: 6432, ServerHost: "127.0.0.1",
+		ServerPort: 5432, MaxClientConn: 5000, ServerIdleTimeout: 10 * time.Second, QueryWaitTimeout: 30 * time.Second, AdminVerifier: simVerifier}, entries)
+	if err != nil {
+		return p, err
+	}
+	p.Render, p.PoolerBytes = time.Since(b), len(files.Config)+len(files.Auth)+len(files.HBA)
+
+	// /metrics, as Prometheus scrapes it.
+	body, took, err := scrape(ctx, d.client.BaseURL+"/metrics")
+	if err != nil {
+		return p, err
+	}
+	p.MetricsScrape, p.MetricsBytes = took, len(body)
+
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	p.HeapBytes = m.HeapInuse
+
+	// A second daemon on the same catalog, both serving.
+	cfg2 := cfg
+	cfg2.TokenFile = filepath.Join(filepath.Dir(cfg.TokenFile), "token2")
+	d2, err := e.startDaemonInProcess(ctx, fc, cfg2)
+	if err != nil {
+		return p, err
+	}
+	defer d2.Stop()
+	d2calls := func() error { _, err := d2.client.Tenant(ctx, pick()); return err }
+	if _, p.SecondDaemonShowP95, err = timeCalls(d2calls); err != nil {
+		return p, err
+	}
+	return p, nil
+}
+
+// simVerifier is a well-formed SCRAM-SHA-256 verifier for rendered
+// configs nobody logs in with.
+const simVerifier = "SCRAM-SHA-256$4096:c2FsdHNhbHRzYWx0$c3RvcmVka2V5c3RvcmVka2V5c3RvcmVka2V5MTIzNDU=:c2VydmVya2V5c2VydmVya2V5c2VydmVya2V5MTIzNDU="
+
+func densityTable(ps []DensityPoint, o DensityOptions) Table {
+	t := Table{Title: fmt.Sprintf("pgtenant bench density --simulate-tenants %d: the control plane on a catalog of that many tenants over %d clusters (catalog rows only)",
+		o.SimulateTenants, o.Clusters), Columns: []string{"measure"}, Data: map[string]any{"points": ps}}
+	for _, p := range ps {
+		t.Columns = append(t.Columns, strconv.Itoa(p.Tenants))
+	}
+	row := func(name string, f func(DensityPoint) string) {
+		r := []string{name}
+		for _, p := range ps {
+			r = append(r, f(p))
+		}
+		t.Rows = append(t.Rows, r)
+	}
+	dur := func(f func(DensityPoint) time.Duration) func(DensityPoint) string {
+		return func(p DensityPoint) string { return ms(f(p)) }
+	}
+	row("API list, first page of 100, p95", dur(func(p DensityPoint) time.Duration { return p.ListFirstP95 }))
+	row("API list, page after a random id, p95", dur(func(p DensityPoint) time.Duration { return p.ListDeepP95 }))
+	row("API list, one cluster's first page, p95", dur(func(p DensityPoint) time.Duration { return p.ListClusterP95 }))
+	row("API search (part of a name), p50", dur(func(p DensityPoint) time.Duration { return p.SearchP50 }))
+	row("API search (part of a name), p95", dur(func(p DensityPoint) time.Duration { return p.SearchP95 }))
+	row("API show, p50", dur(func(p DensityPoint) time.Duration { return p.ShowP50 }))
+	row("API show, p95", dur(func(p DensityPoint) time.Duration { return p.ShowP95 }))
+	row("API show through a second daemon, p95", dur(func(p DensityPoint) time.Duration { return p.SecondDaemonShowP95 }))
+	row(fmt.Sprintf("API jobs list (%d finished jobs), p95", o.Jobs), dur(func(p DensityPoint) time.Duration { return p.JobsP95 }))
+	row("placement query (loads of every cluster and tier)", dur(func(p DensityPoint) time.Duration { return p.ClusterLoads }))
+	row("one cluster's tenants read from the catalog", dur(func(p DensityPoint) time.Duration { return p.ClusterTenants }))
+	row("tenants per cluster", func(p DensityPoint) string { return strconv.Itoa(p.PerCluster) })
+	row("its pooler config rendered", dur(func(p DensityPoint) time.Duration { return p.Render }))
+	row("its pooler config size", func(p DensityPoint) string { return kb(int64(p.PoolerBytes)) })
+	row("/metrics scrape", dur(func(p DensityPoint) time.Duration { return p.MetricsScrape }))
+	row("/metrics size", func(p DensityPoint) string { return kb(int64(p.MetricsBytes)) })
+	row("daemon start to first answer", dur(func(p DensityPoint) time.Duration { return p.DaemonStart }))
+	row("Go heap in use (bench and two daemons)", func(p DensityPoint) string { return kb(int64(p.HeapBytes)) })
+	row("catalog tenants + jobs tables", func(p DensityPoint) string { return kb(p.CatalogBytes) })
+	t.Notes = []string{
+		"catalog rows only: the simulated tenants have no database or schema; their clusters are registered with DSNs nothing answers, so health checks and syncs of those clusters fail fast and are not measured.",
+		"each API figure is over --requests calls in a row through one daemon (p50/p95); ids are sampled at random, searches type six letters of a random tenant's name.",
+		"the placement query runs when a daemon's placement cache expires (every 10 s) and at every create after a change.",
+	}
+	if len(ps) >= 2 {
+		first, last := ps[0], ps[len(ps)-1]
+		grow := float64(last.Tenants) / float64(first.Tenants)
+		for _, c := range []struct {
+			name string
+			a, b time.Duration
+		}{{"search p95", first.SearchP95, last.SearchP95}, {"placement query", first.ClusterLoads, last.ClusterLoads},
+			{"show p95", first.ShowP95, last.ShowP95}, {"list first page p95", first.ListFirstP95, last.ListFirstP95}} {
+			if c.a > 0 {
+				t.Notes = append(t.Notes, fmt.Sprintf("%s: ×%.1f for ×%.0f tenants (%s → %s)%s", c.name, float64(c.b)/float64(c.a), grow, ms(c.a), ms(c.b),
+					map[bool]string{true: ": grows with the catalog", false: ": flat"}[float64(c.b)/float64(c.a) > grow/4]))
+			}
+		}
+	}
+	return t
+}
