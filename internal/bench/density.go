@@ -108,8 +108,10 @@ func (e *Env) Density(ctx context.Context, o DensityOptions) ([]DensityPoint, Ta
 			return nil, Table{}, err
 		}
 		have = n
-		if _, err := cat.Exec(ctx, "VACUUM ANALYZE tenants; VACUUM ANALYZE jobs"); err != nil {
-			return nil, Table{}, err
+		for _, table := range []string{"tenants", "jobs"} {
+			if _, err := cat.Exec(ctx, "VACUUM ANALYZE "+table); err != nil {
+				return nil, Table{}, err
+			}
 		}
 		p, err := e.densityPoint(ctx, fc, cfg, store, cat, clusters, n, o)
 		if err != nil {
@@ -162,8 +164,8 @@ func simulateCatalogTenants(ctx context.Context, cat *pgxpool.Pool, clusters []s
 				modes[i], dbs[i] = "database", tenant.PhysicalName(ids[i])
 			}
 		}
-		if _, err := cat.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, state, database, created_at, claimed_at)
-			SELECT id, name, 'ext-' || id, mode, cluster, 'tiny', 1, 'active', db, now() - random() * interval '365 days', now()
+		if _, err := cat.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, state, database, created_at, claimed_at, size_bytes)
+			SELECT id, name, 'ext-' || id, mode, cluster, 'tiny', 1, 'active', db, now() - random() * interval '365 days', now(), (random() * 50e6)::bigint
 			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, name, cluster, mode, db)`,
 			ids, names, cl, modes, dbs); err != nil {
 			return fmt.Errorf("simulated tenants: %w", err)
@@ -194,7 +196,7 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 		return p, err
 	}
 	var sample []string
-	if err := cat.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM tenants TABLESAMPLE SYSTEM (1) LIMIT $1) s`, o.Requests).Scan(&sample); err != nil {
+	if err := cat.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM tenants ORDER BY random() LIMIT $1) s`, o.Requests).Scan(&sample); err != nil {
 		return p, err
 	}
 	if len(sample) == 0 {

@@ -89,6 +89,21 @@ func (s *Store) InsertRollups(ctx context.Context, rs []Rollup) error {
 		JOIN tenants t ON t.id = u.tenant
 		ON CONFLICT (tenant, minute) DO NOTHING`,
 		tenant, minute, size, conns, commits, rollbacks, read, written, hit, blksRead, temp, deadlocks)
+	if err != nil {
+		return err
+	}
+	// The newest size of each tenant on its row, for placement's loads;
+	// unchanged sizes write nothing, and a row locked by a lifecycle step
+	// is skipped (its next sample catches up) rather than waited for.
+	_, err = s.pool.Exec(ctx, `
+		WITH last AS (
+			SELECT DISTINCT ON (tenant) tenant, size_bytes FROM unnest($1::text[], $2::timestamptz[], $3::bigint[]) AS u(tenant, minute, size_bytes)
+			WHERE size_bytes IS NOT NULL ORDER BY tenant, minute DESC),
+		locked AS (
+			SELECT t.id, last.size_bytes FROM tenants t JOIN last ON last.tenant = t.id
+			WHERE t.size_bytes IS DISTINCT FROM last.size_bytes
+			FOR UPDATE OF t SKIP LOCKED)
+		UPDATE tenants t SET size_bytes = locked.size_bytes FROM locked WHERE t.id = locked.id`, tenant, minute, size)
 	return err
 }
 

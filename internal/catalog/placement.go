@@ -74,12 +74,10 @@ type Load struct {
 // ClusterLoads returns the load of every cluster, by tier.
 func (s *Store) ClusterLoads(ctx context.Context) (map[string]map[string]Load, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT t.cluster, t.tier, count(*)::int, coalesce(sum(z.size_bytes), 0)::bigint
-		FROM tenants t
-		LEFT JOIN LATERAL (SELECT m.size_bytes FROM tenant_metrics m
-			WHERE m.tenant = t.id AND m.size_bytes IS NOT NULL ORDER BY m.minute DESC LIMIT 1) z ON true
-		WHERE t.state IN ('provisioning', 'active', 'suspended', 'dropped')
-		GROUP BY t.cluster, t.tier`)
+		SELECT cluster, tier, count(*)::int, coalesce(sum(size_bytes), 0)::bigint
+		FROM tenants
+		WHERE state IN ('provisioning', 'active', 'suspended', 'dropped')
+		GROUP BY cluster, tier`)
 	if err != nil {
 		return nil, err
 	}
@@ -114,12 +112,10 @@ type SizedTenant struct {
 // count towards its load, largest first.
 func (s *Store) SizedTenants(ctx context.Context, cluster string) ([]SizedTenant, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT t.id, t.cluster, t.tier, t.state, coalesce(z.size_bytes, 0), t.pins
-		FROM tenants t
-		LEFT JOIN LATERAL (SELECT m.size_bytes FROM tenant_metrics m
-			WHERE m.tenant = t.id AND m.size_bytes IS NOT NULL ORDER BY m.minute DESC LIMIT 1) z ON true
-		WHERE t.state IN ('provisioning', 'active', 'suspended', 'dropped') AND ($1 = '' OR t.cluster = $1)
-		ORDER BY 5 DESC, t.id`, cluster)
+		SELECT id, cluster, tier, state, coalesce(size_bytes, 0), pins
+		FROM tenants
+		WHERE state IN ('provisioning', 'active', 'suspended', 'dropped') AND ($1 = '' OR cluster = $1)
+		ORDER BY 5 DESC, id`, cluster)
 	if err != nil {
 		return nil, err
 	}
