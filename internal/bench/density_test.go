@@ -27,7 +27,24 @@ func TestDensityTable(t *testing.T) {
 		t.Errorf("columns %v", tb.Columns)
 	}
 	notes := strings.Join(tb.Notes, "\n")
-	for _, want := range []string{"search p95: ×450.0 for ×100 tenants (2.0 ms → 900.0 ms): grows with the catalog", "show p95: ×1.0 for ×100 tenants (1.0 ms → 1.0 ms): flat"} {
+	for _, want := range []string{"search p95: ×450.0 for ×100 tenants (2.0 ms → 900.0 ms): faster than the tenants: a bend", "show p95: ×1.0 for ×100 tenants (1.0 ms → 1.0 ms): flat"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}
+
+// TestDensityRealTable: a column per step, and a figure that grows faster
+// than the tenants is called a bend.
+func TestDensityRealTable(t *testing.T) {
+	ps := []DensityRealPoint{{Schema: 1000, Database: 200, Reconcile: 10 * time.Millisecond, CrashRecovery: time.Second},
+		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second}}
+	tb := densityRealTable(ps, DensityRealOptions{Claims: 20})
+	if !slices.Equal(tb.Columns, []string{"measure", "1000+200", "2000+400"}) {
+		t.Errorf("columns %v", tb.Columns)
+	}
+	notes := strings.Join(tb.Notes, "\n")
+	for _, want := range []string{"reconcile: ×5.0 for ×2.0 tenants (10.0 ms → 50.0 ms): faster than the tenants: a bend", "crash recovery: ×1.0 for ×2.0 tenants (1000.0 ms → 1000.0 ms): flat"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}

@@ -207,36 +207,66 @@ target is not met.`,
 
 func newBenchDensityCmd(g *globals, env *bench.Env) *cobra.Command {
 	var opts bench.DensityOptions
+	grown := bench.DensityRealOptions{}
+	var steps []int
 	c := &cobra.Command{
 		Use:   "density",
-		Short: "The control plane on a catalog of a million tenants over 200 clusters (catalog rows only)",
-		Long: `What the control plane itself costs at internet scale, without the PostgreSQL objects
-of the tenants: on one primary with a streaming standby, the catalog gets
---simulate-tenants active tenants (four in five schema tenants, one in five database
-tenants, each with a name and an external id) spread over --clusters registered
-clusters (all but the real one with DSNs nothing answers) and --jobs finished jobs of
-the last 30 days. At a hundredth, a tenth and all of --simulate-tenants a daemon is
-started on that catalog and measured: its start, API list (first page, a page after a
-random id, one cluster's page), search and show p50/p95 over --requests calls each,
-the jobs list, the placement query, one cluster's tenants read and its pooler config
-rendered, a /metrics scrape, the Go heap, and show through a second daemon on the same
-catalog. The notes say which figures grow with the catalog.`,
+		Short: "A cluster grown to 10,000 schema and 2,000 database tenants, measured at each step; or the control plane on a simulated catalog of a million",
+		Long: `On one primary with a streaming standby, the cluster is grown through pgtenant's pools
+and claims to --schema-tenants schema tenants and --database-tenants database tenants of
+the shipped saas template, and measured at each of --steps (schema tenants; database
+tenants grow in proportion): claim p50/p95 of each mode (--claims spares built for
+them), a drop + purge of each mode, the metrics collector's passes, a /metrics scrape,
+reconcile of the cluster, API show/list/search p95 (--requests calls), the daemon's
+heap, the server's relation files, disk, the shared database's pg_class and
+pg_attribute, shared memory, idle WAL per second, a restart and a crash recovery.
+The notes say which figures grow faster than the tenants.
+
+With --simulate-tenants N: what the control plane itself costs at internet scale,
+without the PostgreSQL objects of the tenants. The catalog gets N active tenants (four
+in five schema tenants, each with a name and an external id) spread over --clusters
+registered clusters (all but the grown one with DSNs nothing answers) and --jobs
+finished jobs of the last 30 days. At a hundredth, a tenth and all of N a daemon is
+started on that catalog and measured: API list (first page, a page after a random id,
+one cluster's page), search and show p50/p95 over --requests calls each, the jobs
+list, the placement query, one cluster's tenants read and its pooler config rendered,
+a /metrics scrape, the Go heap, and show through a second daemon on the same catalog.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr
-			if opts.SimulateTenants < 1000 || opts.Clusters < 1 || opts.Requests < 1 || opts.Jobs < 0 {
-				return usagef("--simulate-tenants must be at least 1000, --clusters and --requests at least 1, --jobs at least 0")
+			if opts.SimulateTenants > 0 {
+				if opts.SimulateTenants < 1000 || opts.Clusters < 1 || opts.Requests < 1 || opts.Jobs < 0 {
+					return usagef("--simulate-tenants must be at least 1000, --clusters and --requests at least 1, --jobs at least 0")
+				}
+				_, table, err := env.Density(cmd.Context(), opts)
+				if err != nil {
+					return err
+				}
+				return g.printTable(table)
 			}
-			_, table, err := env.Density(cmd.Context(), opts)
+			grown.Requests, grown.Steps = opts.Requests, steps
+			if grown.SchemaTenants < 1 || grown.DatabaseTenants < 0 || grown.Claims < 1 || grown.Requests < 1 || len(steps) == 0 {
+				return usagef("--schema-tenants, --claims and --requests must be at least 1, --database-tenants at least 0, --steps not empty")
+			}
+			for i, s := range steps {
+				if s < 1 || s > grown.SchemaTenants || (i > 0 && s <= steps[i-1]) {
+					return usagef("--steps must grow, each between 1 and --schema-tenants (%d)", grown.SchemaTenants)
+				}
+			}
+			_, table, err := env.DensityReal(cmd.Context(), grown)
 			if err != nil {
 				return err
 			}
 			return g.printTable(table)
 		},
 	}
-	c.Flags().IntVar(&opts.SimulateTenants, "simulate-tenants", 1000000, "tenants in the catalog at the last scale point (rows only)")
-	c.Flags().IntVar(&opts.Clusters, "clusters", 200, "registered clusters the tenants are spread over")
-	c.Flags().IntVar(&opts.Jobs, "jobs", 500000, "finished jobs in the catalog (about a month of a large fleet's history)")
+	c.Flags().IntVar(&grown.SchemaTenants, "schema-tenants", 10000, "schema tenants at the last step")
+	c.Flags().IntVar(&grown.DatabaseTenants, "database-tenants", 2000, "database tenants at the last step (each step has its share)")
+	c.Flags().IntSliceVar(&steps, "steps", []int{1000, 2000, 5000, 10000}, "schema tenants at which to measure")
+	c.Flags().IntVar(&grown.Claims, "claims", 20, "claims, then drops and purges, per mode and step")
+	c.Flags().IntVar(&opts.SimulateTenants, "simulate-tenants", 0, "simulated mode: tenants in the catalog at the last scale point (rows only), e.g. 1000000")
+	c.Flags().IntVar(&opts.Clusters, "clusters", 200, "simulated mode: registered clusters the tenants are spread over")
+	c.Flags().IntVar(&opts.Jobs, "jobs", 500000, "simulated mode: finished jobs in the catalog (about a month of a large fleet's history)")
 	c.Flags().IntVar(&opts.Requests, "requests", 200, "API calls per measured request and scale point")
 	return c
 }

@@ -37,6 +37,8 @@ func TestConnect_PinnedSettingsBeatDatabaseAndRoleSettings(t *testing.T) {
 		"ALTER DATABASE " + db + " SET lock_timeout = 1",
 		"ALTER DATABASE " + db + " SET standard_conforming_strings = off",
 		"ALTER DATABASE " + db + " SET exit_on_error = on",
+		"ALTER DATABASE " + db + " SET jit = on",
+		"ALTER DATABASE " + db + " SET jit_above_cost = 0",
 		"ALTER DATABASE " + db + " SET role = " + role,
 	} {
 		if _, err := admin.Exec(ctx, sql); err != nil {
@@ -69,7 +71,7 @@ func TestConnect_PinnedSettingsBeatDatabaseAndRoleSettings(t *testing.T) {
 	} {
 		for setting, want := range map[string]string{
 			"search_path": "pg_catalog, pg_temp", "default_transaction_read_only": "off", "statement_timeout": "0",
-			"lock_timeout": "10s", "standard_conforming_strings": "on", "exit_on_error": "off",
+			"lock_timeout": "10s", "standard_conforming_strings": "on", "exit_on_error": "off", "jit": "off",
 		} {
 			got, err := c.run("SHOW " + setting)
 			if err != nil || got != want {

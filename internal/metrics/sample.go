@@ -92,7 +92,10 @@ const (
 			SELECT t.name, c.oid, c.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relowner = t.role AND c.relpersistence = 't'
 			UNION ALL
 			SELECT t.name, x.oid, x.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
-			JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid OR x.oid IN (SELECT i.indexrelid FROM pg_catalog.pg_index i WHERE i.indrelid = c.reltoastrelid AND c.reltoastrelid <> 0)
+			JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid
+			UNION ALL
+			SELECT t.name, x.oid, x.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
+			JOIN pg_catalog.pg_index i ON i.indrelid = c.reltoastrelid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
 			WHERE c.reltoastrelid <> 0
 		),
 		files (name, path, seg, size) AS (
@@ -134,9 +137,10 @@ const (
 			UNION ALL
 			SELECT t.name, pg_catalog.pg_column_size(s.*) + 40 FROM tenants t JOIN pg_catalog.pg_db_role_setting s ON s.setrole = t.role
 		)
-		SELECT t.name, (coalesce((SELECT pg_catalog.sum(f.size) FROM files f WHERE f.name = t.name), 0)
-			+ coalesce((SELECT pg_catalog.sum(c.bytes) FROM catalog c WHERE c.name = t.name), 0))::bigint
-		FROM tenants t`
+		SELECT t.name, (coalesce(f.bytes, 0) + coalesce(c.bytes, 0))::bigint
+		FROM tenants t
+		LEFT JOIN (SELECT name, pg_catalog.sum(size) AS bytes FROM files GROUP BY name) f ON f.name = t.name
+		LEFT JOIN (SELECT name, pg_catalog.sum(bytes) AS bytes FROM catalog GROUP BY name) c ON c.name = t.name`
 	// Relation files under base/ (superuser or pg_read_server_files).
 	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
 )

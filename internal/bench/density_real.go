@@ -1,0 +1,388 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/fleet"
+	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/tenant"
+)
+
+// DensityRealOptions size bench density's real run: a cluster grown to
+// SchemaTenants and DatabaseTenants of saas, measured at each of Steps
+// (schema tenants; database tenants grow in proportion).
+type DensityRealOptions struct {
+	SchemaTenants, DatabaseTenants int
+	Steps                          []int
+	Claims                         int // claims (and purges) per mode and step
+	Requests                       int // API calls per measure and step
+}
+
+// DensityRealPoint is what the cluster cost at one step.
+type DensityRealPoint struct {
+	Schema             int              `json:"schema_tenants"`
+	Database           int              `json:"database_tenants"`
+	ClaimSchema        [2]time.Duration `json:"claim_schema_p50_p95"`
+	ClaimDatabase      [2]time.Duration `json:"claim_database_p50_p95"`
+	PurgeSchema        time.Duration    `json:"purge_schema"`
+	PurgeDatabase      time.Duration    `json:"purge_database"`
+	Passes             ScaleTiming      `json:"collector"`
+	Scrape             time.Duration    `json:"scrape"`
+	ScrapeBytes        int              `json:"scrape_bytes"`
+	Reconcile          time.Duration    `json:"reconcile"`
+	ReconcileFindings  int              `json:"reconcile_findings"`
+	ShowP95, ListP95   time.Duration    `json:"-"`
+	SearchP95          time.Duration    `json:"-"`
+	HeapBytes          uint64           `json:"heap_bytes"`
+	Files              int              `json:"relation_files"`
+	DiskBytes          int64            `json:"disk_bytes"`
+	SharedClassRows    int64            `json:"shared_db_pg_class_rows"`
+	SharedAttrRows     int64            `json:"shared_db_pg_attribute_rows"`
+	SharedCatalogBytes int64            `json:"shared_db_catalog_bytes"`
+	ShmemBytes         int64            `json:"shared_memory_bytes"`
+	IdleWALPerSec      float64          `json:"idle_wal_bytes_per_second"`
+	Restart            time.Duration    `json:"restart"`
+	CrashRecovery      time.Duration    `json:"crash_recovery"`
+}
+
+// DensityReal runs bench density's real mode.
+func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityRealPoint, Table, error) {
+	raiseOpenFiles()
+	fc, stop, err := e.fleetFor(ctx, "density", nil, false)
+	if err != nil {
+		return nil, Table{}, err
+	}
+	defer stop()
+	dir, removeDir, err := e.daemonDir("density-daemon")
+	if err != nil {
+		return nil, Table{}, err
+	}
+	defer removeDir()
+	var points []DensityRealPoint
+	haveS, haveD := 0, 0
+	for _, step := range o.Steps {
+		wantD := step * o.DatabaseTenants / max(o.SchemaTenants, 1)
+		// The step's claims and purges come from spares built with the rest.
+		if err := e.growTenants(ctx, fc, dir, "density", wantD-haveD, step-haveS); err != nil {
+			return nil, Table{}, err
+		}
+		haveS, haveD = step, wantD
+		p, err := e.densityRealPoint(ctx, fc, dir, o, haveS, haveD)
+		if err != nil {
+			return nil, Table{}, err
+		}
+		e.logf("density: %d schema + %d database tenants: claim p95 %s / %s, collector pass %s, reconcile %s, %d files",
+			haveS, haveD, ms(p.ClaimSchema[1]), ms(p.ClaimDatabase[1]), ms(p.Passes.Pass), ms(p.Reconcile), p.Files)
+		points = append(points, p)
+	}
+	return points, densityRealTable(points, o), nil
+}
+
+// densityRealPoint measures one step: claims and a purge of each mode
+// (their tenants built cold then dropped again, so the counts stay), the
+// collector, /metrics, reconcile and the API through a daemon, the
+// server's files, catalog and memory, its idle WAL, a restart and a crash
+// recovery.
+func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir string, o DensityRealOptions, schema, database int) (DensityRealPoint, error) {
+	p := DensityRealPoint{Schema: schema, Database: database}
+	cfg := idleConfig(fc, dir, true)
+	cfg.Provision.DefaultPoolSize = 0
+	d, err := e.startDaemonInProcess(ctx, fc, cfg)
+	if err != nil {
+		return p, err
+	}
+	defer func() {
+		if d != nil {
+			d.Stop()
+		}
+	}()
+	// Claims: a pool of Requests spares per mode is built first.
+	for _, m := range []struct {
+		mode tenant.Mode
+		out  *[2]time.Duration
+	}{{tenant.ModeSchema, &p.ClaimSchema}, {tenant.ModeDatabase, &p.ClaimDatabase}} {
+		lat, ids, err := e.timedClaims(ctx, fc, dir, d, m.mode, o.Claims)
+		if err != nil {
+			return p, err
+		}
+		m.out[0], m.out[1] = percentile(lat, 50), percentile(lat, 95)
+		// One purged (timed), the rest dropped and purged too: the
+		// step's counts stay what was grown.
+		for i, id := range ids {
+			begin := time.Now()
+			r, err := d.client.DropTenant(ctx, id, true)
+			if err == nil && r.Job != nil {
+				var j jobs.Job
+				if j, err = d.waitJob(ctx, r.Job.ID); err == nil && j.State != jobs.Succeeded {
+					err = fmt.Errorf("purge of %s: %s: %s", id, j.State, j.LastError)
+				}
+			}
+			if err != nil {
+				return p, err
+			}
+			if i == 0 && m.mode == tenant.ModeSchema {
+				p.PurgeSchema = time.Since(begin)
+			} else if i == 0 {
+				p.PurgeDatabase = time.Since(begin)
+			}
+		}
+	}
+
+	// The API, on tenants sampled at random.
+	var sample []string
+	if err := d.catalog.QueryRow(ctx, `SELECT array_agg(id) FROM (SELECT id FROM tenants WHERE state = 'active' ORDER BY random() LIMIT $1) s`, o.Requests).Scan(&sample); err != nil || len(sample) == 0 {
+		return p, fmt.Errorf("density: sample tenants: %v", err)
+	}
+	pick := func() string { return sample[rand.IntN(len(sample))] }
+	p95 := func(f func() error) (time.Duration, error) {
+		_, p95, err := timeCalls(o.Requests, f)
+		return p95, err
+	}
+	if p.ShowP95, err = p95(func() error { _, err := d.client.Tenant(ctx, pick()); return err }); err != nil {
+		return p, err
+	}
+	if p.ListP95, err = p95(func() error {
+		_, err := d.client.Tenants(ctx, url.Values{"limit": {"100"}, "after": {pick()}})
+		return err
+	}); err != nil {
+		return p, err
+	}
+	if p.SearchP95, err = p95(func() error { _, err := d.client.Tenants(ctx, url.Values{"q": {pick()[:6]}}); return err }); err != nil {
+		return p, err
+	}
+	b := time.Now()
+	rep, err := d.client.Reconcile(ctx, api.ReconcileRequest{Cluster: fc.Name()})
+	if err != nil {
+		return p, err
+	}
+	p.Reconcile, p.ReconcileFindings = time.Since(b), len(rep.Findings)
+	body, took, err := scrape(ctx, d.client.BaseURL+"/metrics")
+	if err != nil {
+		return p, err
+	}
+	p.Scrape, p.ScrapeBytes = took, len(body)
+	runtime.GC()
+	var mem runtime.MemStats
+	runtime.ReadMemStats(&mem)
+	p.HeapBytes = mem.HeapInuse
+
+	// The server, idle but for the daemon: WAL over 10 s, once no job is
+	// left (the spares left over from the claims are being retired).
+	for wait := time.Now(); time.Since(wait) < 2*time.Minute; time.Sleep(time.Second) {
+		var busy int
+		if err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting')`).Scan(&busy); err != nil {
+			return p, err
+		}
+		if busy == 0 {
+			break
+		}
+	}
+	admin, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
+	if err != nil {
+		return p, err
+	}
+	var lsn0, lsn1 int64
+	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn0); err != nil {
+		admin.Close(ctx)
+		return p, err
+	}
+	time.Sleep(10 * time.Second)
+	err = admin.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn1)
+	if err == nil {
+		err = admin.QueryRow(ctx, `SELECT (SELECT sum(pg_database_size(oid)) FROM pg_database)::bigint,
+			(SELECT sum(allocated_size) FROM pg_shmem_allocations)::bigint`).Scan(&p.DiskBytes, &p.ShmemBytes)
+	}
+	admin.Close(ctx)
+	if err != nil {
+		return p, err
+	}
+	p.IdleWALPerSec = float64(lsn1-lsn0) / 10
+	var shared string
+	if err := d.catalog.QueryRow(ctx, `SELECT database FROM tenants WHERE mode = 'schema' LIMIT 1`).Scan(&shared); err != nil {
+		return p, err
+	}
+	if conn, err := pgx.Connect(ctx, fc.PrimaryDSN(shared)); err == nil {
+		err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_attribute),
+			pg_total_relation_size('pg_class') + pg_total_relation_size('pg_attribute')`).Scan(&p.SharedClassRows, &p.SharedAttrRows, &p.SharedCatalogBytes)
+		conn.Close(ctx)
+		if err != nil {
+			return p, err
+		}
+	} else {
+		return p, err
+	}
+	p.Files = relationFiles(filepath.Join(fc.DataDir("primary"), "base"))
+	d.Stop()
+	d = nil
+
+	// The collector's passes, with the daemon stopped.
+	_, done, err := timePasses(ctx, fc, cfg, &p.Passes)
+	if err != nil {
+		return p, err
+	}
+	done()
+
+	// A restart (fast shutdown, start) and a crash recovery (immediate
+	// shutdown, start): until the primary answers.
+	for _, r := range []struct {
+		mode string
+		out  *time.Duration
+	}{{"fast", &p.Restart}, {"immediate", &p.CrashRecovery}} {
+		b := time.Now()
+		if err := fc.StopNode(ctx, "primary", r.mode); err != nil {
+			return p, err
+		}
+		if err := fc.StartNode(ctx, "primary"); err != nil {
+			return p, err
+		}
+		*r.out = time.Since(b)
+	}
+	return p, nil
+}
+
+// timedClaims builds n spares of mode with a daemon of its own, then claims
+// them one at a time through d: their latencies and ids.
+func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d *benchDaemon, mode tenant.Mode, n int) ([]time.Duration, []string, error) {
+	// The spares: built by pools while d is idle (d has none).
+	cfg := benchConfig(fc, dir)
+	cfg.TokenFile = filepath.Join(dir, "token-pools")
+	cfg.Provision.PoolInterval = cfg.Provision.PoolInterval / 2
+	// Two more than claimed: d, which has no pools, shrinks them a spare
+	// per pass while the claims run.
+	cfg.Pools = []config.PoolConfig{{Template: "saas", Mode: string(mode), Size: n + 2}}
+	pools, err := e.startDaemonInProcess(ctx, fc, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	for {
+		got, err := pools.spares(ctx, "saas", mode)
+		if err != nil || got >= n+2 {
+			pools.Stop()
+			if err != nil {
+				return nil, nil, err
+			}
+			break
+		}
+		time.Sleep(time.Second)
+	}
+	var lat []time.Duration
+	var ids []string
+	for range n {
+		b := time.Now()
+		r, err := d.client.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+		if err == nil && r.Path != "pool" {
+			err = fmt.Errorf("a %s tenant was built cold, not claimed", mode)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		lat = append(lat, time.Since(b))
+		ids = append(ids, r.Tenant.ID)
+	}
+	return lat, ids, nil
+}
+
+// relationFiles counts the files under a data dir's base directory.
+func relationFiles(base string) int {
+	n := 0
+	dbs, _ := os.ReadDir(base)
+	for _, db := range dbs {
+		fs, _ := os.ReadDir(filepath.Join(base, db.Name()))
+		n += len(fs)
+	}
+	return n
+}
+
+func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
+	t := Table{Title: "pgtenant bench density: one primary + streaming standby grown to schema and database tenants of saas",
+		Columns: []string{"measure"}, Data: map[string]any{"points": ps}}
+	for _, p := range ps {
+		t.Columns = append(t.Columns, fmt.Sprintf("%d+%d", p.Schema, p.Database))
+	}
+	row := func(name string, f func(DensityRealPoint) string) {
+		r := []string{name}
+		for _, p := range ps {
+			r = append(r, f(p))
+		}
+		t.Rows = append(t.Rows, r)
+	}
+	d := func(f func(DensityRealPoint) time.Duration) func(DensityRealPoint) string {
+		return func(p DensityRealPoint) string { return ms(f(p)) }
+	}
+	n := func(f func(DensityRealPoint) int64) func(DensityRealPoint) string {
+		return func(p DensityRealPoint) string { return strconv.FormatInt(f(p), 10) }
+	}
+	row("claim, schema, p50", d(func(p DensityRealPoint) time.Duration { return p.ClaimSchema[0] }))
+	row("claim, schema, p95", d(func(p DensityRealPoint) time.Duration { return p.ClaimSchema[1] }))
+	row("claim, database, p50", d(func(p DensityRealPoint) time.Duration { return p.ClaimDatabase[0] }))
+	row("claim, database, p95", d(func(p DensityRealPoint) time.Duration { return p.ClaimDatabase[1] }))
+	row("drop + purge, schema", d(func(p DensityRealPoint) time.Duration { return p.PurgeSchema }))
+	row("drop + purge, database", d(func(p DensityRealPoint) time.Duration { return p.PurgeDatabase }))
+	row("collector: first pass", d(func(p DensityRealPoint) time.Duration { return p.Passes.FirstPass }))
+	row("collector: pass p50", d(func(p DensityRealPoint) time.Duration { return p.Passes.Pass }))
+	row("collector: statements per pass", n(func(p DensityRealPoint) int64 { return int64(p.Passes.Queries) }))
+	row("/metrics scrape", d(func(p DensityRealPoint) time.Duration { return p.Scrape }))
+	row("/metrics size", func(p DensityRealPoint) string { return kb(int64(p.ScrapeBytes)) })
+	row("reconcile of the cluster", d(func(p DensityRealPoint) time.Duration { return p.Reconcile }))
+	row("reconcile findings", n(func(p DensityRealPoint) int64 { return int64(p.ReconcileFindings) }))
+	row("API show p95", d(func(p DensityRealPoint) time.Duration { return p.ShowP95 }))
+	row("API list (page of 100) p95", d(func(p DensityRealPoint) time.Duration { return p.ListP95 }))
+	row("API search p95", d(func(p DensityRealPoint) time.Duration { return p.SearchP95 }))
+	row("Go heap in use (bench and daemon)", func(p DensityRealPoint) string { return kb(int64(p.HeapBytes)) })
+	row("relation files (primary)", n(func(p DensityRealPoint) int64 { return int64(p.Files) }))
+	row("disk (all databases)", func(p DensityRealPoint) string { return kb(p.DiskBytes) })
+	row("shared database: pg_class rows", n(func(p DensityRealPoint) int64 { return p.SharedClassRows }))
+	row("shared database: pg_attribute rows", n(func(p DensityRealPoint) int64 { return p.SharedAttrRows }))
+	row("shared database: pg_class + pg_attribute", func(p DensityRealPoint) string { return kb(p.SharedCatalogBytes) })
+	row("shared memory allocated", func(p DensityRealPoint) string { return kb(p.ShmemBytes) })
+	row("idle WAL per second (daemon running)", func(p DensityRealPoint) string { return kb(int64(p.IdleWALPerSec)) })
+	row("restart (fast shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.Restart }))
+	row("crash recovery (immediate shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.CrashRecovery }))
+	t.Notes = []string{
+		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them, and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
+		"the collector's passes run with the daemon stopped, a collector of their own; the restart and crash rows end when the primary accepts connections again.",
+	}
+	if len(ps) >= 2 {
+		first, last := ps[0], ps[len(ps)-1]
+		grow := float64(last.Schema+last.Database) / float64(max(first.Schema+first.Database, 1))
+		for _, c := range []struct {
+			name string
+			a, b time.Duration
+		}{{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
+			{"collector pass", first.Passes.Pass, last.Passes.Pass}, {"reconcile", first.Reconcile, last.Reconcile},
+			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape}} {
+			if c.a > 0 {
+				r := float64(c.b) / float64(c.a)
+				t.Notes = append(t.Notes, fmt.Sprintf("%s: ×%.1f for ×%.1f tenants (%s → %s): %s", c.name, r, grow, ms(c.a), ms(c.b), growth(r, grow)))
+			}
+		}
+	}
+	return t
+}
+
+// growth names how a figure that became r times larger while the tenants
+// became grow times more grew: faster than them (a bend), with them (more
+// than the square root of their growth) or flat.
+func growth(r, grow float64) string {
+	switch {
+	case r > grow*1.5:
+		return "faster than the tenants: a bend"
+	case r > math.Sqrt(grow):
+		return "grows with the tenants"
+	}
+	return "flat"
+}
