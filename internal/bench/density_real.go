@@ -356,6 +356,19 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them, and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"the collector's passes run with the daemon stopped, a collector of their own; the restart and crash rows end when the primary accepts connections again.",
 	}
+	if len(ps) > 0 {
+		l := ps[len(ps)-1]
+		at := fmt.Sprintf("at %d+%d tenants: ", l.Schema, l.Database)
+		claims := max(l.ClaimSchema[1], l.ClaimDatabase[1])
+		t.Checks = append(t.Checks,
+			Check{Target: at + "claim p50 <= 15 ms and p95 <= 50 ms in both modes", Got: fmt.Sprintf("schema %s / %s, database %s / %s",
+				ms(l.ClaimSchema[0]), ms(l.ClaimSchema[1]), ms(l.ClaimDatabase[0]), ms(l.ClaimDatabase[1])),
+				Met: max(l.ClaimSchema[0], l.ClaimDatabase[0]) <= 15*time.Millisecond && claims <= 50*time.Millisecond},
+			Check{Target: at + "a metrics pass <= 1 s", Got: fmt.Sprintf("%s (%d statements)", ms(l.Passes.Pass), l.Passes.Queries), Met: l.Passes.Pass <= time.Second},
+			Check{Target: at + "the idle fleet writes <= 64 KB/s of WAL", Got: kb(int64(l.IdleWALPerSec)) + "/s", Met: l.IdleWALPerSec <= 64<<10},
+			Check{Target: at + "reconcile of the cluster <= 30 s", Got: ms(l.Reconcile), Met: l.Reconcile <= 30*time.Second},
+			Check{Target: at + "the daemon's memory <= 512 MB", Got: kb(int64(l.HeapBytes)) + " of Go heap in use", Met: l.HeapBytes <= 512<<20})
+	}
 	if len(ps) >= 2 {
 		first, last := ps[0], ps[len(ps)-1]
 		grow := float64(last.Schema+last.Database) / float64(max(first.Schema+first.Database, 1))

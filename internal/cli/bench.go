@@ -220,7 +220,8 @@ them), a drop + purge of each mode, the metrics collector's passes, a /metrics s
 reconcile of the cluster, API show/list/search p95 (--requests calls), the daemon's
 heap, the server's relation files, disk, the shared database's pg_class and
 pg_attribute, shared memory, idle WAL per second, a restart and a crash recovery.
-The notes say which figures grow faster than the tenants.
+The notes say which figures grow faster than the tenants; exits non-zero if a target
+of issue 28 is not met.
 
 With --simulate-tenants N: what the control plane itself costs at internet scale,
 without the PostgreSQL objects of the tenants. The catalog gets N active tenants (four
@@ -242,7 +243,10 @@ a /metrics scrape, the Go heap, and show through a second daemon on the same cat
 				if err != nil {
 					return err
 				}
-				return g.printTable(table)
+				if err := g.printTable(table); err != nil {
+					return err
+				}
+				return unmetTargets(table)
 			}
 			grown.Requests, grown.Steps = opts.Requests, steps
 			if grown.SchemaTenants < 1 || grown.DatabaseTenants < 0 || grown.Claims < 1 || grown.Requests < 1 || len(steps) == 0 {
@@ -257,7 +261,10 @@ a /metrics scrape, the Go heap, and show through a second daemon on the same cat
 			if err != nil {
 				return err
 			}
-			return g.printTable(table)
+			if err := g.printTable(table); err != nil {
+				return err
+			}
+			return unmetTargets(table)
 		},
 	}
 	c.Flags().IntVar(&grown.SchemaTenants, "schema-tenants", 10000, "schema tenants at the last step")
