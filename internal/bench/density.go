@@ -36,26 +36,26 @@ const densityCreates = 20
 type DensityPoint struct {
 	Tenants int `json:"tenants"`
 	// Create p50/p95: pool claims through the API, placement included.
-	CreateP50, CreateP95 time.Duration `json:"-"`
+	CreateP50, CreateP95 time.Duration
 	// API p50/p95 through one daemon.
-	ListFirst, ListFirstP95     time.Duration `json:"-"`
-	ListDeepP95, ListClusterP95 time.Duration `json:"-"`
-	SearchP50, SearchP95        time.Duration `json:"-"`
-	ShowP50, ShowP95            time.Duration `json:"-"`
-	JobsP95                     time.Duration `json:"-"`
-	// ClusterLoads is the query behind every placement decision (reloaded
-	// every 10 s by each daemon); ClusterTenants the catalog read of one
+	ListFirst, ListFirstP95     time.Duration
+	ListDeepP95, ListClusterP95 time.Duration
+	SearchP50, SearchP95        time.Duration
+	ShowP50, ShowP95            time.Duration
+	JobsP95                     time.Duration
+	// ClusterLoads is the read behind placement's cache (in the background
+	// every 10 s in each daemon); ClusterTenants the catalog read of one
 	// cluster's tenants (reconcile's and the pooler sync's); Render the
 	// pooler config of that cluster.
-	ClusterLoads, ClusterTenants, Render time.Duration `json:"-"`
-	PoolerBytes                          int           `json:"pooler_config_bytes"`
-	PerCluster                           int           `json:"tenants_per_cluster"`
-	MetricsScrape                        time.Duration `json:"-"`
-	MetricsBytes                         int           `json:"metrics_bytes"`
-	DaemonStart                          time.Duration `json:"-"`
-	HeapBytes                            uint64        `json:"heap_bytes"`
-	CatalogBytes                         int64         `json:"catalog_bytes"`
-	SecondDaemonShowP95                  time.Duration `json:"-"`
+	ClusterLoads, ClusterTenants, Render time.Duration
+	PoolerBytes                          int `json:"pooler_config_bytes"`
+	PerCluster                           int `json:"tenants_per_cluster"`
+	MetricsScrape                        time.Duration
+	MetricsBytes                         int `json:"metrics_bytes"`
+	DaemonStart                          time.Duration
+	HeapBytes                            uint64 `json:"heap_bytes"`
+	CatalogBytes                         int64  `json:"catalog_bytes"`
+	SecondDaemonShowP95                  time.Duration
 }
 
 // Density runs bench density --simulate-tenants: the control plane's own

@@ -45,18 +45,18 @@ type DensityRealPoint struct {
 	ScrapeBytes        int              `json:"scrape_bytes"`
 	Reconcile          time.Duration    `json:"reconcile"`
 	ReconcileFindings  int              `json:"reconcile_findings"`
-	ShowP95, ListP95   time.Duration    `json:"-"`
-	SearchP95          time.Duration    `json:"-"`
-	HeapBytes          uint64           `json:"heap_bytes"`
-	Files              int              `json:"relation_files"`
-	DiskBytes          int64            `json:"disk_bytes"`
-	SharedClassRows    int64            `json:"shared_db_pg_class_rows"`
-	SharedAttrRows     int64            `json:"shared_db_pg_attribute_rows"`
-	SharedCatalogBytes int64            `json:"shared_db_catalog_bytes"`
-	ShmemBytes         int64            `json:"shared_memory_bytes"`
-	IdleWALPerSec      float64          `json:"idle_wal_bytes_per_second"`
-	Restart            time.Duration    `json:"restart"`
-	CrashRecovery      time.Duration    `json:"crash_recovery"`
+	ShowP95, ListP95   time.Duration
+	SearchP95          time.Duration
+	HeapBytes          uint64        `json:"heap_bytes"`
+	Files              int           `json:"relation_files"`
+	DiskBytes          int64         `json:"disk_bytes"`
+	SharedClassRows    int64         `json:"shared_db_pg_class_rows"`
+	SharedAttrRows     int64         `json:"shared_db_pg_attribute_rows"`
+	SharedCatalogBytes int64         `json:"shared_db_catalog_bytes"`
+	ShmemBytes         int64         `json:"shared_memory_bytes"`
+	IdleWALPerSec      float64       `json:"idle_wal_bytes_per_second"`
+	Restart            time.Duration `json:"restart"`
+	CrashRecovery      time.Duration `json:"crash_recovery"`
 }
 
 // DensityReal runs bench density's real mode.
