@@ -70,8 +70,8 @@ func TestFinding1_PrewarmRunsNoTenantCode(t *testing.T) {
 }
 
 // quotaRig runs metrics and quota passes in the test, as the daemon's
-// collector does, over a tier of the tenant's own whose quota is 1 MB
-// above the tenant's size when the rig is made (no grace).
+// collector does, over a tier of the tenant's own whose quota is a margin
+// (1 MB by default) above the tenant's size when the rig is made (no grace).
 type quotaRig struct {
 	store *catalog.Store
 	col   *metrics.Collector
@@ -91,7 +91,15 @@ func (e *env) collector(t *testing.T) (*metrics.Collector, config.Config) {
 	return &metrics.Collector{Store: e.store, Clusters: reg, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: pgtest.Logger(t)}, cfg
 }
 
+// newQuotaRig makes the rig of l's tenant, its quota 1 MB above its size.
 func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
+	t.Helper()
+	return newQuotaRigMargin(t, e, l, 1<<20)
+}
+
+// newQuotaRigMargin is newQuotaRig with the quota margin bytes above the
+// tenant's size.
+func newQuotaRigMargin(t *testing.T, e *env, l login, margin int64) *quotaRig {
 	t.Helper()
 	probe, cfg := e.collector(t)
 	if err := probe.Pass(pgtest.Context(t), "local"); err != nil {
@@ -102,7 +110,7 @@ func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
 		t.Fatalf("no size for %s: %v", l.ID, err)
 	}
 	tier := cfg.Tiers[l.Tier]
-	tier.StorageQuota = config.ByteSize(*f.SizeBytes + 1<<20)
+	tier.StorageQuota = config.ByteSize(*f.SizeBytes + margin)
 	cfg.Tiers = map[string]config.Tier{"default": cfg.Tiers["default"], l.Tier: tier}
 	q := &quotaRig{store: e.store, id: l.ID, now: time.Now()}
 	q.col = &metrics.Collector{Store: e.store, Clusters: probe.Clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers, Logger: probe.Logger,
