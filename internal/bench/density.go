@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/url"
 	"path/filepath"
@@ -226,10 +227,8 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 
 	// Creates (pool claims) once the daemon's placement cache is older
 	// than its 10 s: the first of them starts its reload, none waits for it.
-	for got := 0; got < densityCreates+10; time.Sleep(time.Second) {
-		if got, err = d.spares(ctx, "tiny", tenant.ModeSchema); err != nil {
-			return p, err
-		}
+	if err := waitPool(ctx, d, "tiny", tenant.ModeSchema, densityCreates+10); err != nil {
+		return p, err
 	}
 	create := func() error {
 		r, err := d.client.CreateTenant(ctx, provision.Request{Template: "tiny", Mode: tenant.ModeSchema})
@@ -350,19 +349,8 @@ const simVerifier = "SCRAM-SHA-256$4096:c2FsdHNhbHRzYWx0$c3RvcmVka2V5c3RvcmVka2V
 func densityTable(ps []DensityPoint, o DensityOptions) Table {
 	t := Table{Title: fmt.Sprintf("pgtenant bench density --simulate-tenants %d: the control plane on a catalog of that many tenants over %d clusters (catalog rows only)",
 		o.SimulateTenants, o.Clusters), Columns: []string{"measure"}, Data: map[string]any{"points": ps}}
-	for _, p := range ps {
-		t.Columns = append(t.Columns, strconv.Itoa(p.Tenants))
-	}
-	row := func(name string, f func(DensityPoint) string) {
-		r := []string{name}
-		for _, p := range ps {
-			r = append(r, f(p))
-		}
-		t.Rows = append(t.Rows, r)
-	}
-	dur := func(f func(DensityPoint) time.Duration) func(DensityPoint) string {
-		return func(p DensityPoint) string { return ms(f(p)) }
-	}
+	row := pointRows(&t, ps, func(p DensityPoint) string { return strconv.Itoa(p.Tenants) })
+	dur := inMs[DensityPoint]
 	row(fmt.Sprintf("create (a pool claim, placement's decision included), p50 of %d", densityCreates), dur(func(p DensityPoint) time.Duration { return p.CreateP50 }))
 	row("create, p95", dur(func(p DensityPoint) time.Duration { return p.CreateP95 }))
 	row("API list, first page of 100, p95", dur(func(p DensityPoint) time.Duration { return p.ListFirstP95 }))
@@ -401,16 +389,61 @@ func densityTable(ps []DensityPoint, o DensityOptions) Table {
 	if len(ps) >= 2 {
 		first, last := ps[0], ps[len(ps)-1]
 		grow := float64(last.Tenants) / float64(first.Tenants)
-		for _, c := range []struct {
-			name string
-			a, b time.Duration
-		}{{"search p95", first.SearchP95, last.SearchP95}, {"placement query", first.ClusterLoads, last.ClusterLoads},
-			{"show p95", first.ShowP95, last.ShowP95}, {"list first page p95", first.ListFirstP95, last.ListFirstP95}} {
-			if c.a > 0 {
-				t.Notes = append(t.Notes, fmt.Sprintf("%s: ×%.1f for ×%.0f tenants (%s → %s): %s", c.name, float64(c.b)/float64(c.a), grow, ms(c.a), ms(c.b),
-					growth(float64(c.b)/float64(c.a), grow)))
-			}
-		}
+		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.0f", grow), []growthCase{
+			{"search p95", first.SearchP95, last.SearchP95}, {"placement query", first.ClusterLoads, last.ClusterLoads},
+			{"show p95", first.ShowP95, last.ShowP95}, {"list first page p95", first.ListFirstP95, last.ListFirstP95}})...)
 	}
 	return t
+}
+
+// pointRows gives t a column per point, headed by column, and returns
+// the function that adds a row of f over the points.
+func pointRows[P any](t *Table, ps []P, column func(P) string) func(name string, f func(P) string) {
+	for _, p := range ps {
+		t.Columns = append(t.Columns, column(p))
+	}
+	return func(name string, f func(P) string) {
+		r := []string{name}
+		for _, p := range ps {
+			r = append(r, f(p))
+		}
+		t.Rows = append(t.Rows, r)
+	}
+}
+
+// inMs shows a point's duration in milliseconds.
+func inMs[P any](f func(P) time.Duration) func(P) string {
+	return func(p P) string { return ms(f(p)) }
+}
+
+// growthCase is a figure at the first and at the last point.
+type growthCase struct {
+	name string
+	a, b time.Duration
+}
+
+// growthNotes say how each figure grew while the tenants grew grow times
+// (shown as growText); a figure that was 0 at first is left out.
+func growthNotes(grow float64, growText string, cs []growthCase) []string {
+	var out []string
+	for _, c := range cs {
+		if c.a > 0 {
+			r := float64(c.b) / float64(c.a)
+			out = append(out, fmt.Sprintf("%s: ×%.1f for ×%s tenants (%s → %s): %s", c.name, r, growText, ms(c.a), ms(c.b), growth(r, grow)))
+		}
+	}
+	return out
+}
+
+// growth names how a figure that became r times larger while the tenants
+// became grow times more grew: faster than them (a bend), with them (more
+// than the square root of their growth) or flat.
+func growth(r, grow float64) string {
+	switch {
+	case r > grow*1.5:
+		return "faster than the tenants: a bend"
+	case r > math.Sqrt(grow):
+		return "grows with the tenants"
+	}
+	return "flat"
 }

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -215,14 +214,14 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	if err := d.catalog.QueryRow(ctx, `SELECT database FROM tenants WHERE mode = 'schema' LIMIT 1`).Scan(&shared); err != nil {
 		return p, err
 	}
-	if conn, err := pgx.Connect(ctx, fc.PrimaryDSN(shared)); err == nil {
-		err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_attribute),
-			pg_total_relation_size('pg_class') + pg_total_relation_size('pg_attribute')`).Scan(&p.SharedClassRows, &p.SharedAttrRows, &p.SharedCatalogBytes)
-		conn.Close(ctx)
-		if err != nil {
-			return p, err
-		}
-	} else {
+	conn, err := pgx.Connect(ctx, fc.PrimaryDSN(shared))
+	if err != nil {
+		return p, err
+	}
+	err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_attribute),
+		pg_total_relation_size('pg_class') + pg_total_relation_size('pg_attribute')`).Scan(&p.SharedClassRows, &p.SharedAttrRows, &p.SharedCatalogBytes)
+	conn.Close(ctx)
+	if err != nil {
 		return p, err
 	}
 	p.Files = relationFiles(filepath.Join(fc.DataDir("primary"), "base"))
@@ -268,16 +267,10 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	if err != nil {
 		return nil, nil, err
 	}
-	for {
-		got, err := pools.spares(ctx, "saas", mode)
-		if err != nil || got >= n+2 {
-			pools.Stop()
-			if err != nil {
-				return nil, nil, err
-			}
-			break
-		}
-		time.Sleep(time.Second)
+	err = waitPool(ctx, pools, "saas", mode, n+2)
+	pools.Stop()
+	if err != nil {
+		return nil, nil, err
 	}
 	var lat []time.Duration
 	var ids []string
@@ -310,19 +303,8 @@ func relationFiles(base string) int {
 func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	t := Table{Title: "pgtenant bench density: one primary + streaming standby grown to schema and database tenants of saas",
 		Columns: []string{"measure"}, Data: map[string]any{"points": ps}}
-	for _, p := range ps {
-		t.Columns = append(t.Columns, fmt.Sprintf("%d+%d", p.Schema, p.Database))
-	}
-	row := func(name string, f func(DensityRealPoint) string) {
-		r := []string{name}
-		for _, p := range ps {
-			r = append(r, f(p))
-		}
-		t.Rows = append(t.Rows, r)
-	}
-	d := func(f func(DensityRealPoint) time.Duration) func(DensityRealPoint) string {
-		return func(p DensityRealPoint) string { return ms(f(p)) }
-	}
+	row := pointRows(&t, ps, func(p DensityRealPoint) string { return fmt.Sprintf("%d+%d", p.Schema, p.Database) })
+	d := inMs[DensityRealPoint]
 	n := func(f func(DensityRealPoint) int64) func(DensityRealPoint) string {
 		return func(p DensityRealPoint) string { return strconv.FormatInt(f(p), 10) }
 	}
@@ -372,30 +354,10 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	if len(ps) >= 2 {
 		first, last := ps[0], ps[len(ps)-1]
 		grow := float64(last.Schema+last.Database) / float64(max(first.Schema+first.Database, 1))
-		for _, c := range []struct {
-			name string
-			a, b time.Duration
-		}{{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
+		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), []growthCase{
+			{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
 			{"collector pass", first.Passes.Pass, last.Passes.Pass}, {"reconcile", first.Reconcile, last.Reconcile},
-			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape}} {
-			if c.a > 0 {
-				r := float64(c.b) / float64(c.a)
-				t.Notes = append(t.Notes, fmt.Sprintf("%s: ×%.1f for ×%.1f tenants (%s → %s): %s", c.name, r, grow, ms(c.a), ms(c.b), growth(r, grow)))
-			}
-		}
+			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape}})...)
 	}
 	return t
-}
-
-// growth names how a figure that became r times larger while the tenants
-// became grow times more grew: faster than them (a bend), with them (more
-// than the square root of their growth) or flat.
-func growth(r, grow float64) string {
-	switch {
-	case r > grow*1.5:
-		return "faster than the tenants: a bend"
-	case r > math.Sqrt(grow):
-		return "grows with the tenants"
-	}
-	return "flat"
 }
