@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,12 +21,16 @@ import (
 	"github.com/pgtenant/pgtenant/internal/templates"
 )
 
-// TestClusterRestore_AfterLosingBothNodes is the disaster-recovery runbook:
-// a fleet made by up (backed up, a primary and a standby) serves a tenant;
-// cluster restore is refused while up runs and for a cluster the data dir
-// has not got; with up stopped and both nodes' data dirs gone, `cluster
-// restore local` rebuilds them from the repository, and up then serves
-// the tenant with its rows, reconcile clean.
+// TestClusterRestore_AfterLosingBothNodes is the disaster-recovery runbook,
+// for a fleet up runs itself and for one under Patroni: a fleet made by up
+// (backed up, a primary and a standby) serves a tenant; cluster restore is
+// refused while up runs and for a cluster the data dir has not got; with
+// up stopped and both nodes' dirs gone, `cluster restore local` rebuilds
+// them from the repository, and up then serves the tenant with its rows,
+// reconcile clean. Under Patroni the etcd, which survived, still holds the
+// lost cluster's leader, members and last position: the restore clears
+// them, and the old nodes' state left in it does not stop the restored
+// node from leading.
 func TestClusterRestore_AfterLosingBothNodes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end")
@@ -32,10 +38,22 @@ func TestClusterRestore_AfterLosingBothNodes(t *testing.T) {
 	if _, err := backup.Find(); err != nil {
 		t.Skip(err)
 	}
+	t.Run("up runs it", func(t *testing.T) {
+		restoreAfterLosingBothNodes(t, []string{"primary", "standby1"}, "--patroni=false")
+	})
+	t.Run("under Patroni", func(t *testing.T) {
+		skipWithoutPatroni(t)
+		restoreAfterLosingBothNodes(t, []string{"n1", "n2"})
+	})
+}
+
+// restoreAfterLosingBothNodes runs the runbook on a fleet that up starts
+// with upArgs, whose cluster local has the node dirs nodes.
+func restoreAfterLosingBothNodes(t *testing.T, nodes []string, upArgs ...string) {
 	dataDir := filepath.Join(pgtest.TempDir(t), "data")
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	p := startUp(t, dataDir, "--patroni=false")
+	p := startUp(t, dataDir, upArgs...)
 	c := api.NewClient(p.info.URL, p.info.Token)
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -59,13 +77,7 @@ func TestClusterRestore_AfterLosingBothNodes(t *testing.T) {
 			fail("build: %v", err)
 		}
 	}
-	conn, err := pgx.Connect(ctx, r.DirectDSN)
-	if err != nil {
-		fail("connect: %v", err)
-	}
-	_, err = conn.Exec(ctx, `INSERT INTO items SELECT generate_series(1, 500)`)
-	conn.Close(ctx)
-	if err != nil {
+	if err := execAs(ctx, r.DirectDSN, `INSERT INTO items SELECT generate_series(1, 500)`); err != nil {
 		fail("insert: %v", err)
 	}
 	// A backup holding the rows, once up's first one is done.
@@ -81,6 +93,19 @@ func TestClusterRestore_AfterLosingBothNodes(t *testing.T) {
 			fail("backup now: %v", err)
 		}
 	}
+	// TIME, then rows written after it, archived: a restore to TIME
+	// recovers to a commit after it, and one to the end of the archive has
+	// them.
+	time.Sleep(1100 * time.Millisecond)
+	at := time.Now()
+	time.Sleep(1100 * time.Millisecond)
+	if err := execAs(ctx, r.DirectDSN, `INSERT INTO items SELECT generate_series(501, 600)`); err != nil {
+		fail("insert: %v", err)
+	}
+	if err := archiveNow(ctx, dataDir, p.info.Clusters[0].Nodes[0].DSN); err != nil {
+		fail("archive: %v", err)
+	}
+
 	restore := func(args ...string) (string, error) {
 		out, err := exec.Command(binary, append([]string{"cluster", "restore", "--data-dir", dataDir, "-o", "json"}, args...)...).CombinedOutput()
 		return string(out), err
@@ -92,44 +117,108 @@ func TestClusterRestore_AfterLosingBothNodes(t *testing.T) {
 	if out, err := restore("nosuch"); exitCode(err) != 2 || !strings.Contains(out, "has no such cluster") {
 		t.Errorf("cluster restore nosuch: exit %d %s; want 2 naming the data dir's clusters", exitCode(err), out)
 	}
-	for _, n := range []string{"primary", "standby1"} {
-		if err := os.RemoveAll(filepath.Join(dataDir, "local", n)); err != nil {
-			t.Fatal(err)
+	for _, step := range []struct {
+		what string
+		args []string
+		want int
+	}{
+		{"the end of the archive", nil, 600},
+		// Its latest timeline, the first restore's, forked after TIME.
+		{"TIME", []string{"--to-time", at.Format(time.RFC3339Nano)}, 500},
+	} {
+		for _, n := range nodes {
+			if err := os.RemoveAll(filepath.Join(dataDir, "local", n)); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	out, err := restore("local")
-	if err != nil {
-		t.Fatalf("cluster restore local: %v\n%s", err, out)
-	}
-	var res struct {
-		Cluster  string `json:"cluster"`
-		Standbys []struct {
-			Name string `json:"name"`
-		} `json:"standbys"`
-	}
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil || res.Cluster != "local" || len(res.Standbys) != 1 {
-		t.Errorf("cluster restore printed %s (%v); want cluster local with its standby", out, err)
-	}
+		out, err := restore(append([]string{"local"}, step.args...)...)
+		if err != nil {
+			t.Fatalf("cluster restore local to %s: %v\n%s", step.what, err, out)
+		}
+		var res struct {
+			Cluster  string `json:"cluster"`
+			Standbys []struct {
+				Name string `json:"name"`
+			} `json:"standbys"`
+		}
+		if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil || res.Cluster != "local" || len(res.Standbys) != 1 {
+			t.Errorf("cluster restore to %s printed %s (%v); want cluster local with its standby", step.what, out, err)
+		}
 
-	p = startUp(t, dataDir)
-	defer p.stop(t)
-	c = api.NewClient(p.info.URL, p.info.Token)
-	conn, err = pgx.Connect(ctx, r.DirectDSN)
+		p = startUp(t, dataDir)
+		c = api.NewClient(p.info.URL, p.info.Token)
+		var n int
+		if err := queryAs(ctx, r.DirectDSN, `SELECT count(*) FROM items`, &n); err != nil || n != step.want {
+			t.Errorf("the tenant's rows after the restore to %s: %d (%v), want %d", step.what, n, err, step.want)
+		}
+		rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
+		if err != nil {
+			fail("reconcile: %v", err)
+		}
+		for _, f := range rep.Findings {
+			if f.Tenant == r.Tenant.ID {
+				t.Errorf("reconcile after the restore to %s: %+v", step.what, f)
+			}
+		}
+		p.stop(t)
+	}
+}
+
+// execAs runs sql in a session of dsn.
+func execAs(ctx context.Context, dsn, sql string) error {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		t.Fatalf("the tenant after the restore: %v", err)
+		return err
 	}
 	defer conn.Close(ctx)
-	var n int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FROM items`).Scan(&n); err != nil || n != 500 {
-		t.Errorf("the tenant's rows after the restore: %d (%v), want 500", n, err)
-	}
-	rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// queryAs scans the one row of sql, run in a session of dsn, into dest.
+func queryAs(ctx context.Context, dsn, sql string, dest ...any) error {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	for _, f := range rep.Findings {
-		if f.Tenant == r.Tenant.ID {
-			t.Errorf("reconcile after the restore: %+v", f)
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, sql).Scan(dest...)
+}
+
+// archiveNow switches the WAL of the primary at node DSN dsn (up's, without
+// its password: the superuser's is in the data dir) and waits until the
+// segment it closed is archived.
+func archiveNow(ctx context.Context, dataDir, dsn string) error {
+	password, err := os.ReadFile(filepath.Join(dataDir, "local", "superuser.password"))
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return err
+	}
+	u.User = url.UserPassword(u.User.Username(), strings.TrimSpace(string(password)))
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var wal string
+	if err := conn.QueryRow(ctx, `SELECT pg_walfile_name(pg_switch_wal())`).Scan(&wal); err != nil {
+		return err
+	}
+	for {
+		var done bool
+		if err := conn.QueryRow(ctx, `SELECT coalesce(last_archived_wal >= $1, false) FROM pg_stat_archiver`, wal).Scan(&done); err != nil {
+			return err
+		}
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("segment %s not archived: %w", wal, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

@@ -108,7 +108,7 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 	// queue, where the live cluster's async archive-push writes the status
 	// of each segment it pushed (its archive_command then waited for a
 	// status that was gone, for archive-timeout, at every segment).
-	args := []string{"--pg1-path=" + sc.Dir, "--spool-path=" + sc.Dir + ".spool", "--lock-path=" + sc.Dir + ".lock", "--type=time", "--target=" + target.UTC().Format("2006-01-02 15:04:05.999999+00"),
+	args := []string{"--pg1-path=" + sc.Dir, "--spool-path=" + sc.Dir + ".spool", "--lock-path=" + sc.Dir + ".lock", "--type=time", "--target=" + targetTime(target),
 		"--target-action=promote", "--archive-mode=off", "--log-level-console=warn"}
 	args = append(args, s.onThisHost()...)
 	restore := func(include []string) error {

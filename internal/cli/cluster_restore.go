@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/fleet"
+	"github.com/pgtenant/pgtenant/internal/patroni"
 )
 
 // clusterRestored is what cluster restore prints.
@@ -39,12 +41,15 @@ when its nodes are lost: the primary is restored to the end of the archive (the
 newest WAL archived), or to --to-time, and recovers there; its standbys are made
 anew from it; then every node is stopped again for 'pgtenant up' to run. Run it on
 the data dir's machine with up stopped (it takes the same lock). Node dirs still
-there are moved aside (NAME/<node>.lost-<time>, never deleted); restoring over one
-that still holds a data dir asks for confirmation (--yes). Afterwards run
-'pgtenant up', then 'pgtenant reconcile': tenants the catalog has that the cluster
-lost (made after the time restored to, when the catalog lives on another cluster)
-are reported missing. Clusters under Patroni are not restored this way yet. The
-runbook: docs/operations/backups.md, "Disaster recovery".`,
+there are moved aside (NAME/<node>.lost-<time>, never deleted; under Patroni
+NAME/<node>/data.lost-<time>); restoring over one that still holds a data dir asks
+for confirmation (--yes). Under Patroni the data dir's etcd runs meanwhile: the
+lost cluster's state is deleted from it, and Patroni's first node bootstraps from
+the repository (pgBackRest's restore, then recovery) while the others are made its
+standbys. Afterwards run 'pgtenant up', then 'pgtenant reconcile': tenants the
+catalog has that the cluster lost (made after the time restored to, when the
+catalog lives on another cluster) are reported missing. The runbook:
+docs/operations/backups.md, "Disaster recovery".`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var at time.Time
@@ -63,68 +68,26 @@ runbook: docs/operations/backups.md, "Disaster recovery".`,
 			if !slices.Contains(have, name) {
 				return usagef("cluster %q: the data dir %s has no such cluster (it has: %s)", name, dir, strings.Join(have, ", "))
 			}
-			cdir := filepath.Join(dir, name)
-			if _, err := os.Stat(filepath.Join(cdir, "patroni.json")); err == nil {
-				return fmt.Errorf("cluster %s runs under Patroni: cluster restore does not rebuild Patroni's nodes yet (its backups serve tenant rewind and fork)", name)
-			}
 			unlock, err := lockDir(dir)
 			if err != nil {
 				return err
 			}
 			defer unlock()
 			log := slog.New(slog.NewTextHandler(g.stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			fc, err := fleet.Open(fleet.Options{Dir: cdir, Name: name, Logger: log})
+			restore := restoreFleetCluster
+			if _, err := os.Stat(filepath.Join(dir, name, "patroni.json")); err == nil {
+				restore = restorePatroniCluster
+			}
+			out, err := restore(cmd.Context(), g, dir, name, at, yes, log)
 			if err != nil {
-				return err
-			}
-			if !fc.Backups() {
-				return fmt.Errorf("cluster %s was made without backups (pgbackrest was not installed then): it has no repository to restore from", name)
-			}
-			var left []string
-			for _, n := range append([]fleet.Node{fc.Primary()}, fc.Standbys()...) {
-				if _, err := os.Stat(filepath.Join(fc.DataDir(n.Name), "PG_VERSION")); err == nil {
-					left = append(left, fc.DataDir(n.Name))
-				}
-			}
-			if len(left) > 0 {
-				if err := g.confirm(yes, fmt.Sprintf("Restoring cluster %s over its data dirs %s (moved aside, not deleted)", name, strings.Join(left, ", ")), name); err != nil {
-					return err
-				}
-			}
-			st, err := backup.ForCluster(fc, false)
-			if err != nil {
-				return err
-			}
-			if err := st.Prepare(); err != nil { // the stanza's config, as up writes it
 				return err
 			}
 			when := "the end of its archive"
 			if !at.IsZero() {
-				when = at.UTC().Format(time.RFC3339)
+				out.To, when = &at, at.UTC().Format(time.RFC3339)
 			}
-			fmt.Fprintf(g.stderr, "restoring cluster %s from its repository (%s) to %s\n", name, st.RepoPath(), when)
-			if err := st.RestoreCluster(cmd.Context(), fc, at); err != nil {
-				return err
-			}
-			fmt.Fprintf(g.stderr, "making its standbys anew\n")
-			if err := fc.Start(cmd.Context()); err != nil {
-				return err
-			}
-			if err := fc.Stop(cmd.Context()); err != nil {
-				return err
-			}
-			out := clusterRestored{Cluster: name, Primary: newNodeInfo(fc.Primary().Name, fleet.Superuser, fc.Primary().Port), Standbys: []nodeInfo{},
-				Next: "run `pgtenant up`, then `pgtenant reconcile`: tenants the cluster lost are reported missing"}
-			if !at.IsZero() {
-				out.To = &at
-			}
-			for _, s := range fc.Standbys() {
-				out.Standbys = append(out.Standbys, newNodeInfo(s.Name, fleet.Superuser, s.Port))
-			}
-			for _, d := range left {
-				aside, _ := filepath.Glob(d + ".lost-*")
-				out.MovedAside = append(out.MovedAside, aside...)
-			}
+			out.Cluster = name
+			out.Next = "run `pgtenant up`, then `pgtenant reconcile`: tenants the cluster lost are reported missing"
 			return g.print(out, func(w io.Writer) {
 				row(w, "cluster", name)
 				row(w, "restored to", when)
@@ -142,4 +105,145 @@ runbook: docs/operations/backups.md, "Disaster recovery".`,
 	cmd.Flags().StringVar(&to, "to-time", "", `restore to this time: RFC 3339, or a duration before now ("1h ago"); the end of the archive when absent`)
 	cmd.Flags().BoolVar(&yes, "yes", false, "confirm restoring over node dirs that still hold data (they are moved aside)")
 	return cmd
+}
+
+// restoreFleetCluster restores cluster name of data dir dir, which up runs
+// itself, to at (zero: the end of its archive).
+func restoreFleetCluster(ctx context.Context, g *globals, dir, name string, at time.Time, yes bool, log *slog.Logger) (clusterRestored, error) {
+	fc, err := fleet.Open(fleet.Options{Dir: filepath.Join(dir, name), Name: name, Logger: log})
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	if !fc.Backups() {
+		return clusterRestored{}, noRepository(name)
+	}
+	nodes := append([]fleet.Node{fc.Primary()}, fc.Standbys()...)
+	var dirs []string
+	for _, n := range nodes {
+		dirs = append(dirs, fc.DataDir(n.Name))
+	}
+	if err := confirmRestoreOver(g, name, dirs, yes); err != nil {
+		return clusterRestored{}, err
+	}
+	st, err := backup.ForCluster(fc, false)
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	if err := st.Prepare(); err != nil { // the stanza's config, as up writes it
+		return clusterRestored{}, err
+	}
+	announceRestore(g, st, name, at)
+	if err := st.RestoreCluster(ctx, fc, at); err != nil {
+		return clusterRestored{}, err
+	}
+	fmt.Fprintf(g.stderr, "making its standbys anew\n")
+	if err := fc.Start(ctx); err != nil {
+		return clusterRestored{}, err
+	}
+	if err := fc.Stop(ctx); err != nil {
+		return clusterRestored{}, err
+	}
+	out := clusterRestored{Primary: newNodeInfo(fc.Primary().Name, fleet.Superuser, fc.Primary().Port), Standbys: []nodeInfo{}, MovedAside: movedAside(dirs)}
+	for _, s := range fc.Standbys() {
+		out.Standbys = append(out.Standbys, newNodeInfo(s.Name, fleet.Superuser, s.Port))
+	}
+	return out, nil
+}
+
+// restorePatroniCluster restores cluster name of data dir dir, which runs
+// under Patroni, to at (zero: the end of its archive): the data dir's etcd
+// runs meanwhile (the lost cluster's state is deleted from it), the first
+// node bootstraps from the repository and the others are made its
+// standbys.
+func restorePatroniCluster(ctx context.Context, g *globals, dir, name string, at time.Time, yes bool, log *slog.Logger) (clusterRestored, error) {
+	prog, err := backup.Find()
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	members, err := patroni.EtcdMembers(filepath.Join(dir, "etcd"))
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	etcd, err := startUpEtcd(ctx, g, dir, max(members, 1), log)
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_ = etcd.Stop(sctx)
+	}()
+	pc, err := newPatroniCluster(dir, name, 1, etcd.Endpoints(), prog, log)
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	if !pc.Backups() {
+		return clusterRestored{}, noRepository(name)
+	}
+	var dirs []string
+	for _, n := range pc.Nodes {
+		dirs = append(dirs, n.DataDir())
+	}
+	if err := confirmRestoreOver(g, name, dirs, yes); err != nil {
+		return clusterRestored{}, err
+	}
+	st, err := backup.ForPatroni(pc)
+	if err != nil {
+		return clusterRestored{}, err
+	}
+	if err := st.Prepare(); err != nil { // the stanza's config, as up writes it
+		return clusterRestored{}, err
+	}
+	announceRestore(g, st, name, at)
+	if err := st.RestorePatroni(ctx, pc, at); err != nil {
+		return clusterRestored{}, err
+	}
+	out := clusterRestored{Standbys: []nodeInfo{}, MovedAside: movedAside(dirs)}
+	for i, n := range pc.Nodes {
+		info := newNodeInfo(n.Name(), patroni.SuperuserName, n.Port())
+		if i == 0 {
+			out.Primary = info
+		} else {
+			out.Standbys = append(out.Standbys, info)
+		}
+	}
+	return out, nil
+}
+
+func noRepository(name string) error {
+	return fmt.Errorf("cluster %s was made without backups (pgbackrest was not installed then): it has no repository to restore from", name)
+}
+
+// confirmRestoreOver asks before restoring over those of dirs that still
+// hold a data dir (they are moved aside).
+func confirmRestoreOver(g *globals, name string, dirs []string, yes bool) error {
+	var left []string
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "PG_VERSION")); err == nil {
+			left = append(left, d)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	return g.confirm(yes, fmt.Sprintf("Restoring cluster %s over its data dirs %s (moved aside, not deleted)", name, strings.Join(left, ", ")), name)
+}
+
+// announceRestore says on stderr what is restored from where.
+func announceRestore(g *globals, st *backup.Stanza, name string, at time.Time) {
+	when := "the end of its archive"
+	if !at.IsZero() {
+		when = at.UTC().Format(time.RFC3339)
+	}
+	fmt.Fprintf(g.stderr, "restoring cluster %s from its repository (%s) to %s\n", name, st.RepoPath(), when)
+}
+
+// movedAside are the dirs a restore moved aside (DIR.lost-TIME).
+func movedAside(dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		aside, _ := filepath.Glob(d + ".lost-*")
+		out = append(out, aside...)
+	}
+	return out
 }

@@ -178,17 +178,11 @@ func startUpEtcd(ctx context.Context, g *globals, dir string, members int, log *
 // under Patroni, with the settings up gives its own clusters, and waits
 // for its leader.
 func startPatroniCluster(ctx context.Context, g *globals, dir, name string, standbys int, etcd []string, pgbackrest string, log *slog.Logger) (upCluster, *backup.Stanza, error) {
-	settings := patroni.DefaultSettings()
-	conf := fleet.DefaultSettings()
-	if b, err := fleet.FindBinaries(0); err == nil {
-		conf = fleet.WithMetering(conf, b) // usage's CPU seconds, when pg_stat_kcache is installed
-	}
-	settings.Parameters = patroniParameters(conf)
-	pc, err := patroni.NewCluster(patroni.ClusterOptions{Scope: name, Dir: filepath.Join(dir, name), Nodes: 1 + standbys, Etcd: etcd,
-		Settings: settings, PgBackRest: pgbackrest, Logger: log})
+	pc, err := newPatroniCluster(dir, name, 1+standbys, etcd, pgbackrest, log)
 	if err != nil {
 		return upCluster{}, nil, err
 	}
+	settings := pc.Settings()
 	var st *backup.Stanza
 	if pc.Backups() {
 		// The config is there before the archiver first needs it.
@@ -231,6 +225,19 @@ func startPatroniCluster(ctx context.Context, g *globals, dir, name string, stan
 		}
 	}
 	return uc, st, nil
+}
+
+// newPatroniCluster is cluster name of data dir dir under Patroni (nodes
+// nodes, or the ones it has), with the settings up gives its own clusters.
+func newPatroniCluster(dir, name string, nodes int, etcd []string, pgbackrest string, log *slog.Logger) (*patroni.Cluster, error) {
+	settings := patroni.DefaultSettings()
+	conf := fleet.DefaultSettings()
+	if b, err := fleet.FindBinaries(0); err == nil {
+		conf = fleet.WithMetering(conf, b) // usage's CPU seconds, when pg_stat_kcache is installed
+	}
+	settings.Parameters = patroniParameters(conf)
+	return patroni.NewCluster(patroni.ClusterOptions{Scope: name, Dir: filepath.Join(dir, name), Nodes: nodes, Etcd: etcd,
+		Settings: settings, PgBackRest: pgbackrest, Logger: log})
 }
 
 // patroniParameters are up's postgresql.conf settings as Patroni's

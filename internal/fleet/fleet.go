@@ -241,14 +241,14 @@ func ArchiveCommand(program, config, stanza string) string {
 func ArchivePush(program, config, stanza, pgPath string) string {
 	pg := ""
 	if pgPath != "" {
-		pg = " --pg1-path=" + shellQuote(pgPath)
+		pg = " --pg1-path=" + ShellQuote(pgPath)
 	}
-	return fmt.Sprintf("%s --config=%s --stanza=%s%s archive-push %%p", shellQuote(program), shellQuote(config), shellQuote(stanza), pg)
+	return fmt.Sprintf("%s --config=%s --stanza=%s%s archive-push %%p", ShellQuote(program), ShellQuote(config), ShellQuote(stanza), pg)
 }
 
-// shellQuote quotes s for /bin/sh unless it is made of characters the
+// ShellQuote quotes s for /bin/sh unless it is made of characters the
 // shell takes literally.
-func shellQuote(s string) string {
+func ShellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-=") == "" {
 		return s
 	}

@@ -1,6 +1,7 @@
 package patroni
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -280,6 +281,9 @@ func (c *Cluster) PrimaryDSN(database string) string {
 		strings.Join(hosts, ","), strings.Join(ports, ","), SuperuserName, c.Passwords.Superuser, database)
 }
 
+// Settings are the cluster's Patroni settings.
+func (c *Cluster) Settings() Settings { return c.opts.Settings }
+
 // Name is the cluster's name (Patroni's scope).
 func (c *Cluster) Name() string { return c.opts.Scope }
 
@@ -334,4 +338,91 @@ func (c *Cluster) LogHint(node string) string {
 		return n.LogPath()
 	}
 	return c.opts.Dir
+}
+
+// Restore makes the cluster again once its nodes are lost, its first node
+// bootstrapping with b (for example a restore from a backup repository),
+// the others made its standbys. Every node must be stopped. The store's
+// state of the lost cluster (its leader, members, timeline history,
+// synchronous standby and last position, which would keep the restored
+// node from leading) is deleted first, and each node's data dir still
+// there is moved aside (Dir/nX/data.lost-TIME, never deleted). Restore
+// returns once a standby streams from the restored node, with every node
+// stopped again.
+func (c *Cluster) Restore(ctx context.Context, b Bootstrap) error {
+	for _, n := range c.Nodes {
+		if n.PostmasterPID() != 0 || n.proc != nil && !n.proc.exited() {
+			return fmt.Errorf("cluster %s: node %s is running; stop it (stop `pgtenant up`, which supervises it) before a restore", c.opts.Scope, n.Name())
+		}
+	}
+	log := cmp.Or(c.opts.Logger, slog.New(slog.DiscardHandler))
+	// Patroni's keys: /service/<scope>/… (its default namespace).
+	deleted, err := DeletePrefix(ctx, c.opts.Etcd, "/service/"+c.opts.Scope+"/")
+	if err != nil {
+		return fmt.Errorf("cluster %s: clear its state in the store: %w", c.opts.Scope, err)
+	}
+	log.Info("deleted the lost cluster's state from the store", "cluster", c.opts.Scope, "keys", deleted)
+	stamp := time.Now().UTC().Format("20060102T150405")
+	for _, n := range c.Nodes {
+		dir := n.DataDir()
+		if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		aside := dir + ".lost-" + stamp
+		log.Warn("moving a node's data dir aside for the restore", "dir", dir, "moved_to", aside)
+		if err := os.Rename(dir, aside); err != nil {
+			return err
+		}
+	}
+	first := c.Nodes[0]
+	if err := os.Mkdir(first.DataDir(), 0o700); err != nil {
+		return err
+	}
+	if err := first.user.Own(first.DataDir()); err != nil {
+		return err
+	}
+	first.opts.Bootstrap = &b
+	defer func() { // the next start's config is the usual one
+		first.opts.Bootstrap = nil
+		_ = first.writeConfig()
+	}()
+	if err := first.writeConfig(); err != nil {
+		return err
+	}
+	stop := func(err error) error {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		return errors.Join(err, c.Stop(sctx))
+	}
+	if err := first.Start(ctx); err != nil {
+		return stop(err)
+	}
+	// The bootstrap takes as long as the restore and the recovery: no
+	// bound but ctx. A failed one ends the node's Patroni.
+	for {
+		if m, err := c.Client.Leader(ctx); err == nil && m.Name == first.Name() {
+			break
+		}
+		select {
+		case <-first.Done():
+			return stop(fmt.Errorf("cluster %s: the restore failed; %s", c.opts.Scope, c.logTails()))
+		case <-ctx.Done():
+			return stop(fmt.Errorf("cluster %s: the restored node does not lead yet: %w; %s", c.opts.Scope, ctx.Err(), c.logTails()))
+		case <-time.After(time.Second):
+		}
+	}
+	if err := background.Until(ctx, 200*time.Millisecond, c.writable); err != nil {
+		return stop(fmt.Errorf("cluster %s: the restored node takes no writes: %w; %s", c.opts.Scope, err, c.logTails()))
+	}
+	for _, n := range c.Nodes[1:] {
+		if err := n.Start(ctx); err != nil {
+			return stop(err)
+		}
+	}
+	if len(c.Nodes) > 1 {
+		if _, _, err := c.WaitStandby(ctx, first.Name(), c.opts.Settings.SynchronousMode); err != nil {
+			return stop(fmt.Errorf("cluster %s: no standby of the restored node: %w; %s", c.opts.Scope, err, c.logTails()))
+		}
+	}
+	return stop(nil)
 }

@@ -415,3 +415,49 @@ func (c *EtcdCluster) LogHint(name string) string {
 	}
 	return name
 }
+
+// DeletePrefix deletes every key under prefix from the store at endpoints
+// (etcd client endpoints, host:port; the first that answers), through
+// etcd's v3 JSON gateway, and returns how many it deleted.
+func DeletePrefix(ctx context.Context, endpoints []string, prefix string) (int64, error) {
+	if prefix == "" {
+		return 0, errors.New("etcd: refusing to delete every key (empty prefix)")
+	}
+	// The range [prefix, prefix with its last byte + 1) is every key that
+	// starts with prefix.
+	end := []byte(prefix)
+	end[len(end)-1]++
+	body, err := json.Marshal(map[string][]byte{"key": []byte(prefix), "range_end": end})
+	if err != nil {
+		return 0, err
+	}
+	hc := &http.Client{Timeout: 5 * time.Second}
+	var errs []error
+	for _, ep := range endpoints {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ep+"/v3/kv/deleterange", strings.NewReader(string(body)))
+		if err != nil {
+			return 0, err
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var out struct {
+			Deleted string `json:"deleted"` // int64s are strings in the gateway's JSON
+			Error   string `json:"error"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", resp.Status, out.Error)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("etcd %s: delete %s: %w", ep, prefix, err))
+			continue
+		}
+		n, _ := strconv.ParseInt(cmp.Or(out.Deleted, "0"), 10, 64)
+		return n, nil
+	}
+	return 0, errors.Join(errs...)
+}

@@ -138,7 +138,22 @@ type NodeOptions struct {
 	// follows the leader there; default Dir.
 	SocketDir string
 	Passwords Passwords
+	// Bootstrap, when set, makes the node's data dir with it instead of
+	// initdb, should the node bootstrap the cluster (Cluster.Restore).
+	Bootstrap *Bootstrap
 	Logger    *slog.Logger
+}
+
+// Bootstrap is Patroni's custom bootstrap: instead of initdb, Command (run
+// by Patroni, as the server user, split as a POSIX shell would) fills the
+// empty data dir, PostgreSQL starts with RecoveryConf (restore_command,
+// recovery targets) and, once it has left recovery, leads the cluster.
+// Patroni takes the recovery settings out of postgresql.auto.conf again,
+// so that the standbys made from it follow it instead of stopping at its
+// target.
+type Bootstrap struct {
+	Command      string
+	RecoveryConf map[string]string
 }
 
 // Node is one Patroni node: Patroni, started as a child process, runs
@@ -355,6 +370,9 @@ type config struct {
 			} `yaml:"postgresql"`
 		} `yaml:"dcs"`
 		InitDB []any `yaml:"initdb"`
+		// Method and Restore: a custom bootstrap (NodeOptions.Bootstrap).
+		Method  string           `yaml:"method,omitempty"`
+		Restore *customBootstrap `yaml:"pgtenant_restore,omitempty"`
 	} `yaml:"bootstrap"`
 	PostgreSQL struct {
 		Listen         string            `yaml:"listen"`
@@ -369,6 +387,13 @@ type config struct {
 	Watchdog struct {
 		Mode string `yaml:"mode"`
 	} `yaml:"watchdog"`
+}
+
+// customBootstrap is a method of Patroni's `bootstrap:` section.
+type customBootstrap struct {
+	Command      string            `yaml:"command"`
+	NoParams     bool              `yaml:"no_params"`
+	RecoveryConf map[string]string `yaml:"recovery_conf,omitempty"`
 }
 
 type role struct {
@@ -399,6 +424,10 @@ func (n *Node) writeConfig() error {
 	dcs.PostgreSQL.UseSlots = true
 	dcs.PostgreSQL.Parameters = o.Settings.Parameters
 	c.Bootstrap.InitDB = []any{map[string]string{"encoding": "UTF8"}, map[string]string{"locale": "C.UTF-8"}}
+	if b := o.Bootstrap; b != nil {
+		c.Bootstrap.Method = "pgtenant_restore"
+		c.Bootstrap.Restore = &customBootstrap{Command: b.Command, NoParams: true, RecoveryConf: b.RecoveryConf}
+	}
 	pg := &c.PostgreSQL
 	addr := "127.0.0.1:" + strconv.Itoa(o.Port)
 	pg.Listen, pg.ConnectAddress = addr, addr
