@@ -84,7 +84,7 @@ type quotaRig struct {
 // configuration it uses too.
 func (e *env) collector(t *testing.T) (*metrics.Collector, config.Config) {
 	t.Helper()
-	reg := pg.Registry(t, false)
+	reg := srv.Registry(t)
 	cfg := e.cfg
 	cfg.Metrics.Interval = config.Duration(15 * time.Second)
 	cfg.Metrics.SizeInterval = cfg.Metrics.Interval
@@ -102,7 +102,7 @@ func newQuotaRig(t *testing.T, e *env, l login) *quotaRig {
 func newQuotaRigMargin(t *testing.T, e *env, l login, margin int64) *quotaRig {
 	t.Helper()
 	probe, cfg := e.collector(t)
-	if err := probe.Pass(pgtest.Context(t), "local"); err != nil {
+	if err := probe.Pass(pgtest.Context(t), srv.Name()); err != nil {
 		t.Fatal(err)
 	}
 	f, err := probe.Tenant(l.ID)
@@ -130,7 +130,7 @@ func (q *quotaRig) until(t *testing.T, want string) (string, error) {
 	var err error
 	for range 3 {
 		q.now = q.now.Add(time.Minute)
-		err = q.col.Pass(ctx, "local")
+		err = q.col.Pass(ctx, srv.Name())
 		st, qerr := q.store.GetQuota(ctx, q.id)
 		if qerr != nil {
 			t.Fatal(qerr)
@@ -330,7 +330,7 @@ func TestFinding8_SessionsEndOnStandbys(t *testing.T) {
 	ctx := pgtest.Context(t)
 	for _, action := range []string{"suspend", "drop"} {
 		l := e.tenant(t, "database", "default")
-		standby := pg.OnStandby(t, l.DSN)
+		standby := srv.OnStandby(t, l.DSN)
 		var conn *pgx.Conn
 		for deadline := time.Now().Add(30 * time.Second); ; { // the role reaches the standby by replication
 			c, err := pgx.Connect(ctx, standby)
@@ -379,7 +379,7 @@ func TestFinding9_LockedTenantStalesOnlyItsOwnMetrics(t *testing.T) {
 	col, _ := e.collector(t)
 	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := col.Pass(pctx, "local"); err != nil {
+	if err := col.Pass(pctx, srv.Name()); err != nil {
 		t.Fatalf("metrics pass with a tenant holding ACCESS EXCLUSIVE: %v", err)
 	}
 	if f, err := col.Tenant(neighbour.ID); err != nil || f.SizeBytes == nil || *f.SizeBytes == 0 {

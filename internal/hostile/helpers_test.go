@@ -1,6 +1,7 @@
 package hostile_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,6 +32,46 @@ import (
 
 var pg *pgtest.Cluster
 
+// server is what the suite needs of the cluster its tenants live on.
+type server interface {
+	// Conn is a superuser session on the primary, in database db, closed
+	// at the end of the test.
+	Conn(t testing.TB, db string) *pgx.Conn
+	// PrimaryDSN is the superuser's DSN of database db on the primary.
+	PrimaryDSN(db string) string
+	// OnStandby is dsn pointed at a standby.
+	OnStandby(t testing.TB, dsn string) string
+	// Restart restarts the primary in place and waits until it takes
+	// writes and a standby streams from it again.
+	Restart(ctx context.Context) error
+	// Name is the cluster's name in the catalog; Registry holds it alone
+	// (its primary), closed at the end of the test.
+	Name() string
+	Registry(t testing.TB) *cluster.Registry
+}
+
+// srv is the cluster of the running test's tenants: pg, or the Patroni
+// cluster of TestHostile_AfterAFailover while it runs.
+var srv server = pgServer{}
+
+// pgServer is pg as a server.
+type pgServer struct{}
+
+func (pgServer) Conn(t testing.TB, db string) *pgx.Conn    { return pg.Conn(t, db) }
+func (pgServer) PrimaryDSN(db string) string               { return pg.PrimaryDSN(db) }
+func (pgServer) OnStandby(t testing.TB, dsn string) string { return pg.OnStandby(t, dsn) }
+func (pgServer) Name() string                              { return pg.Name() }
+func (pgServer) Registry(t testing.TB) *cluster.Registry   { return pg.Registry(t, false) }
+func (pgServer) Restart(ctx context.Context) error {
+	if err := pg.StopNode(ctx, "primary", "fast"); err != nil {
+		return err
+	}
+	if err := pg.StartNode(ctx, "primary"); err != nil {
+		return err
+	}
+	return pg.WaitStreaming(ctx, 1)
+}
+
 // The suite's cluster: a primary and a streaming standby (tenants read
 // there too), and pg_stat_statements, from which the suite learns which
 // functions and operators the control plane calls in tenant databases.
@@ -53,6 +94,10 @@ type env struct {
 	extra []templates.Upload // files pushed after version 1, in order
 	// pooler is the cluster's PgBouncer (startWith pooled), else nil.
 	pooler *pooler.Front
+	// cluster is where tenants are made ("": where placement puts them);
+	// direct: tenants log in at the primary, not through a pooler.
+	cluster string
+	direct  bool
 }
 
 // hostileTier is the tier hostile tenants get: small limits, so that the
@@ -74,6 +119,26 @@ func startWith(t *testing.T, mutate func(*config.Config), pooled bool) *env {
 // startOn is startWith with more clusters beside pg (local2, … for moves).
 func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgtest.Cluster) *env {
 	t.Helper()
+	cfg := suiteDaemonConfig(t, mutate)
+	var d *daemon.Daemon
+	var c *api.Client
+	switch {
+	case len(more) > 0:
+		d, c, _ = daemontest.StartClusters(t, append([]*pgtest.Cluster{pg}, more...), cfg, pooled)
+	case pooled:
+		d, c = daemontest.StartPooled(t, pg, cfg)
+	default:
+		d, c = daemontest.Start(t, pg, cfg)
+	}
+	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
+	return &env{c: c, store: d.Store(), cfg: cfg, pooler: d.Poolers().Get("local")}
+}
+
+// suiteDaemonConfig is the config of the daemons the tests start, its
+// catalog on pg: quick retries, no spares, no background passes, then
+// mutate.
+func suiteDaemonConfig(t *testing.T, mutate func(*config.Config)) config.Config {
+	t.Helper()
 	cfg := daemontest.Config(t, pg)
 	cfg.Provision.DefaultPoolSize = 0
 	cfg.Metrics.Interval = 0
@@ -89,18 +154,7 @@ func startOn(t *testing.T, mutate func(*config.Config), pooled bool, more []*pgt
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	var d *daemon.Daemon
-	var c *api.Client
-	switch {
-	case len(more) > 0:
-		d, c, _ = daemontest.StartClusters(t, append([]*pgtest.Cluster{pg}, more...), cfg, pooled)
-	case pooled:
-		d, c = daemontest.StartPooled(t, pg, cfg)
-	default:
-		d, c = daemontest.Start(t, pg, cfg)
-	}
-	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
-	return &env{c: c, store: d.Store(), cfg: cfg, pooler: d.Poolers().Get("local")}
+	return cfg
 }
 
 // waitJob waits for a job to end and wants it in state want.
@@ -163,18 +217,27 @@ func (e *env) tenant(t *testing.T, mode, tier string) login {
 	return e.tenantOn(t, mode, tier, "")
 }
 
-// tenantOn is tenant on a cluster ("": where placement puts it).
+// tenantOn is tenant on a cluster ("": e.cluster).
 func (e *env) tenantOn(t *testing.T, mode, tier, cluster string) login {
 	t.Helper()
-	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tier, Cluster: cluster})
+	r, err := e.c.CreateTenant(pgtest.Context(t), provision.Request{Template: "saas", Mode: tenant.Mode(mode), Tier: tier, Cluster: cmp.Or(cluster, e.cluster)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := login{ID: r.Tenant.ID, Mode: mode, Database: r.Tenant.Database, DSN: r.DSN, Tier: tier, Role: "t_" + r.Tenant.ID, Schema: "public"}
+	l := login{ID: r.Tenant.ID, Mode: mode, Database: r.Tenant.Database, DSN: e.dsn(r.DSN, r.DirectDSN), Tier: tier, Role: "t_" + r.Tenant.ID, Schema: "public"}
 	if mode == "schema" {
 		l.Schema = l.Role
 	}
 	return l
+}
+
+// dsn is the DSN of a tenant's the suite uses, of its two (through its
+// pooler, when it has one, and direct).
+func (e *env) dsn(dsn, direct string) string {
+	if e.direct && direct != "" {
+		return direct
+	}
+	return dsn
 }
 
 // connect logs in with a DSN (the tenant's own), closed at the end of the test.
@@ -257,7 +320,7 @@ func (tr trip) String() string {
 func trips(t *testing.T, l login) []trip {
 	t.Helper()
 	ctx := pgtest.Context(t)
-	conn, err := pgx.Connect(ctx, pg.PrimaryDSN(l.Database))
+	conn, err := pgx.Connect(ctx, srv.PrimaryDSN(l.Database))
 	if err != nil {
 		return nil // purged
 	}
@@ -400,7 +463,7 @@ func (e *env) purge(t *testing.T, id string, want jobs.State) jobs.Job {
 func leftBehind(t *testing.T, l login) []string {
 	t.Helper()
 	ctx := pgtest.Context(t)
-	admin := pg.Conn(t, "postgres")
+	admin := srv.Conn(t, "postgres")
 	var out []string
 	rows, err := admin.Query(ctx, `SELECT 'role ' || rolname FROM pg_roles WHERE rolname IN ($1, $2)
 		UNION ALL SELECT 'database ' || datname FROM pg_database WHERE datname = $1`, l.Role, "pgt_agent_"+l.ID)
@@ -413,7 +476,7 @@ func leftBehind(t *testing.T, l login) []string {
 	}
 	out = append(out, got...)
 	if l.Mode == "schema" {
-		conn := pg.Conn(t, l.Database)
+		conn := srv.Conn(t, l.Database)
 		var n int
 		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, l.Role).Scan(&n); err != nil {
 			t.Fatal(err)

@@ -153,7 +153,7 @@ func TestFinding7_PooledAdmissionCountsThePool(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		admin := pg.Conn(t, "postgres")
+		admin := srv.Conn(t, "postgres")
 		for {
 			var n int
 			if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE usename = $1", l.Role).Scan(&n); err == nil && n > peak {

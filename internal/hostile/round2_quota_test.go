@@ -45,7 +45,7 @@ func commentSQL(object string, mb int) string {
 func (q *quotaRig) size(t *testing.T) int64 {
 	t.Helper()
 	q.now = q.now.Add(time.Minute)
-	if err := q.col.Pass(pgtest.Context(t), "local"); err != nil {
+	if err := q.col.Pass(pgtest.Context(t), srv.Name()); err != nil {
 		t.Logf("pass: %v", err)
 	}
 	f, err := q.col.Tenant(q.id)
@@ -60,7 +60,7 @@ func (q *quotaRig) size(t *testing.T) int64 {
 func filesSize(t *testing.T, l login) int64 {
 	t.Helper()
 	var n int64
-	if err := pg.Conn(t, "postgres").QueryRow(pgtest.Context(t), `SELECT pg_database_size($1)`, l.Database).Scan(&n); err != nil {
+	if err := srv.Conn(t, "postgres").QueryRow(pgtest.Context(t), `SELECT pg_database_size($1)`, l.Database).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -229,7 +229,7 @@ func restoreUnder(t *testing.T, rig *quotaRig, l login) {
 		t.Fatalf("quota after raising it = %s, %v; want ok", state, err)
 	}
 	var lockRoles int
-	if err := pg.Conn(t, "postgres").QueryRow(pgtest.Context(t), `SELECT count(*) FROM pg_roles WHERE rolname = $1`, tenant.LockRole(l.ID)).Scan(&lockRoles); err != nil || lockRoles != 0 {
+	if err := srv.Conn(t, "postgres").QueryRow(pgtest.Context(t), `SELECT count(*) FROM pg_roles WHERE rolname = $1`, tenant.LockRole(l.ID)).Scan(&lockRoles); err != nil || lockRoles != 0 {
 		t.Errorf("lock role %s after restore: %d, %v; want dropped", tenant.LockRole(l.ID), lockRoles, err)
 	}
 }

@@ -254,7 +254,7 @@ func TestR2Finding1_LongTransactionCannotStallSlots(t *testing.T) {
 	t.Run("operator", func(t *testing.T) {
 		ctx := pgtest.Context(t)
 		moved := onLocal(t, e, "database", "default")
-		admin := pg.Conn(t, "postgres")
+		admin := srv.Conn(t, "postgres")
 		var pid int32
 		if err := admin.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 			t.Fatal(err)
@@ -325,7 +325,7 @@ func TestR2Finding1_TransactionAgeCapped(t *testing.T) {
 			l := e.tenant(t, mode, tier)
 			dsn = l.DSN
 			if node == "standby" {
-				dsn = pg.OnStandby(t, l.DSN)
+				dsn = srv.OnStandby(t, l.DSN)
 			}
 			var conn *pgx.Conn
 			for deadline := time.Now().Add(30 * time.Second); ; {

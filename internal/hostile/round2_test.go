@@ -30,7 +30,7 @@ import (
 func reachableRoles(t *testing.T, role string) []string {
 	t.Helper()
 	ctx := pgtest.Context(t)
-	admin := pg.Conn(t, "postgres")
+	admin := srv.Conn(t, "postgres")
 	defer admin.Close(ctx)
 	rows, err := admin.Query(ctx, `SELECT rolname::text FROM pg_roles
 		WHERE rolname <> $1 AND pg_has_role($1, oid, 'MEMBER') ORDER BY 1`, role)
@@ -62,7 +62,7 @@ func TestR2Finding3_NoRoleIsSharedByTwoTenants(t *testing.T) {
 		}
 	}
 	ca := connect(t, a.DSN)
-	admin := pg.Conn(t, "postgres")
+	admin := srv.Conn(t, "postgres")
 	defer admin.Close(ctx)
 	rows, err := admin.Query(ctx, `SELECT rolname::text FROM pg_roles WHERE rolname LIKE 'pgt\_%' OR rolname LIKE 't\_%' ORDER BY 1`)
 	if err != nil {
@@ -126,7 +126,7 @@ func TestR2Finding9_LargeObjectsStayTheTenants(t *testing.T) {
 	refused(t, cb, "42501", fmt.Sprintf("SELECT lo_put(%d, 0, 'x')", lo))
 
 	e.purge(t, a.ID, jobs.Succeeded)
-	admin := pg.Conn(t, a.Database)
+	admin := srv.Conn(t, a.Database)
 	defer admin.Close(ctx)
 	var left bool
 	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_largeobject_metadata WHERE oid = $1)`, lo).Scan(&left); err != nil {
@@ -188,7 +188,7 @@ func TestR2Finding3_LegacyConnectRoleDissolved(t *testing.T) {
 	ctx := pgtest.Context(t)
 	a := e.tenant(t, "schema", "default")
 	b := e.tenant(t, "schema", "default")
-	admin := pg.Conn(t, "postgres")
+	admin := srv.Conn(t, "postgres")
 	defer admin.Close(ctx)
 	mustExec(t, admin, fmt.Sprintf(`CREATE ROLE pgt_connect_saas NOLOGIN;
 		GRANT CONNECT ON DATABASE %[1]s TO pgt_connect_saas;

@@ -41,29 +41,39 @@ func TestHostile_EveryPathAgainstEveryPlant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the hostile suite runs every control-plane path twice")
 	}
-	// A tier per hostile tenant: the quota passes set a quota of each
-	// tenant's own (quotaRig).
-	modes := []string{"database", "schema"}
-	e := start(t, func(c *config.Config) {
-		c.Prewarm.WatchInterval = config.Duration(200 * time.Millisecond)
-		c.Pacer.SlotWait = config.Duration(2 * time.Second)
-		c.Analytics.Listen = "127.0.0.1:0"
-		c.Analytics.PollInterval = config.Duration(100 * time.Millisecond)
-		c.Analytics.Lease = config.Duration(2 * time.Second)
-		c.Analytics.FlushInterval = config.Duration(50 * time.Millisecond)
-		for _, mode := range modes {
-			// A cap of a few seconds: the suite's own statements as the
-			// tenant (2 MB inserts) must fit under it on a loaded machine.
-			c.Tiers[hostileTier+"_"+mode] = config.Tier{ConnectionLimit: 4, StatementTimeout: config.Duration(5 * time.Second),
-				StatementCap: config.Duration(5 * time.Second), IdleInTransactionSessionTimeout: config.Duration(time.Minute),
-				WorkMem: 4 << 20, TempFileLimit: 64 << 20, Extensions: []string{"hstore"}}
-		}
-	})
+	runSuite(t, start(t, suiteConfig))
+}
+
+// suiteConfig is the daemon's config for the suite: a tier per hostile
+// tenant (the quota passes set a quota of each tenant's own), the
+// watchers and the analytics port quick.
+func suiteConfig(c *config.Config) {
+	for _, mode := range suiteModes {
+		// A cap of a few seconds: the suite's own statements as the
+		// tenant (2 MB inserts) must fit under it on a loaded machine.
+		c.Tiers[hostileTier+"_"+mode] = config.Tier{ConnectionLimit: 4, StatementTimeout: config.Duration(5 * time.Second),
+			StatementCap: config.Duration(5 * time.Second), IdleInTransactionSessionTimeout: config.Duration(time.Minute),
+			WorkMem: 4 << 20, TempFileLimit: 64 << 20, Extensions: []string{"hstore"}}
+	}
+	c.Prewarm.WatchInterval = config.Duration(200 * time.Millisecond)
+	c.Pacer.SlotWait = config.Duration(2 * time.Second)
+	c.Analytics.Listen = "127.0.0.1:0"
+	c.Analytics.PollInterval = config.Duration(100 * time.Millisecond)
+	c.Analytics.Lease = config.Duration(2 * time.Second)
+	c.Analytics.FlushInterval = config.Duration(50 * time.Millisecond)
+}
+
+// suiteModes are the modes of the suite's hostile tenants.
+var suiteModes = []string{"database", "schema"}
+
+// runSuite runs the suite on e's daemon, its tenants on srv.
+func runSuite(t *testing.T, e *env) {
+	t.Helper()
 	ctx := pgtest.Context(t)
 	resetStatements(t)
 
 	var hostiles []*hostile
-	for _, mode := range modes {
+	for _, mode := range suiteModes {
 		tier := hostileTier + "_" + mode
 		hostiles = append(hostiles, &hostile{login: e.tenant(t, mode, tier), limit: e.cfg.Tiers[tier].ConnectionLimit})
 	}
@@ -251,7 +261,7 @@ func paths(t *testing.T, e *env, hostiles []*hostile, neighbours []login, round 
 	// The statement cap, whatever statement_timeout the tenant sets, on the
 	// primary and on the standby.
 	for _, h := range hostiles {
-		for node, conn := range map[string]*pgx.Conn{"primary": h.act, "standby": connect(t, pg.OnStandby(t, h.DSN))} {
+		for node, conn := range map[string]*pgx.Conn{"primary": h.act, "standby": connect(t, srv.OnStandby(t, h.DSN))} {
 			sctx, cancel := bounded()
 			_, err := conn.Exec(sctx, `SET statement_timeout = 0; SELECT pg_sleep(60)`)
 			stuck := sctx.Err() != nil
@@ -391,7 +401,7 @@ INSERT INTO organizations (name, slug) VALUES ('seeded by round %[1]d', 'seed-%[
 			case "rotate":
 				var r api.RotatePasswordResponse
 				if r, err = e.c.RotatePassword(actx, h.ID, false); err == nil {
-					h.DSN = r.DSN
+					h.DSN = e.dsn(r.DSN, r.DirectDSN)
 				}
 			case "drop":
 				_, err = e.c.DropTenant(actx, h.ID, false)
@@ -429,13 +439,10 @@ INSERT INTO organizations (name, slug) VALUES ('seeded by round %[1]d', 'seed-%[
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pg.StopNode(ctx, "primary", "fast"); err != nil {
+	if err := srv.Restart(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := pg.StartNode(ctx, "primary"); err != nil {
-		t.Fatal(err)
-	}
-	// The catalog lives on this server too: until the daemon's pools
+	// The catalog may live on this server too: until the daemon's pools
 	// reconnect, the API may answer with the restart's error.
 	deadline := time.Now().Add(pathBound)
 	for {
@@ -450,9 +457,6 @@ INSERT INTO organizations (name, slug) VALUES ('seeded by round %[1]d', 'seed-%[
 			t.Fatalf("round %d: no prewarm finished within %s of the restart (last error: %v)", round, pathBound, err)
 		}
 		time.Sleep(200 * time.Millisecond)
-	}
-	if err := pg.WaitStreaming(ctx, 1); err != nil {
-		t.Fatal(err)
 	}
 	for _, h := range hostiles {
 		h.sessions(t)
@@ -469,7 +473,7 @@ func prewarmJobs(ctx context.Context, e *env) ([]jobs.Job, error) {
 // this test's.
 func resetStatements(t *testing.T) {
 	t.Helper()
-	conn := pg.Conn(t, "postgres")
+	conn := srv.Conn(t, "postgres")
 	mustExec(t, conn, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
 	mustExec(t, conn, `SELECT pg_stat_statements_reset()`)
 }
@@ -487,7 +491,7 @@ var (
 func calledInTenantDatabases(t *testing.T) (fns, ops []string) {
 	t.Helper()
 	ctx := pgtest.Context(t)
-	conn := pg.Conn(t, "postgres")
+	conn := srv.Conn(t, "postgres")
 	rows, err := conn.Query(ctx, `SELECT s.query FROM pg_stat_statements s
 		JOIN pg_database d ON d.oid = s.dbid JOIN pg_roles r ON r.oid = s.userid
 		WHERE (d.datname LIKE 't\_%' OR d.datname LIKE 'pgt\_shared\_%') AND (r.rolsuper OR r.rolname LIKE 'pgt\_agent\_%')`)
@@ -683,7 +687,7 @@ func plantShadows(t *testing.T, conn *pgx.Conn, h login, fns, ops []string) int 
 func shadowsWouldCatchAnAdminSession(t *testing.T, h login) {
 	t.Helper()
 	ctx := pgtest.Context(t)
-	conn := pg.Conn(t, h.Database)
+	conn := srv.Conn(t, h.Database)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
