@@ -77,7 +77,7 @@ func SegmentEnd(segment string, segSize int64) (int64, bool) {
 // ArchiveLag is the WAL written on the primary past the end of the newest
 // segment in the repository, in bytes: what a loss of the primary's disk
 // would lose now. A healthy cluster shows up to one segment (the one being
-// written; archive_timeout closes it within a minute) and 0 when idle.
+// written; archive_timeout closes it within 30 s) and 0 when idle.
 // false when nothing was archived yet.
 func ArchiveLag(info Info, a Archiver) (int64, bool) {
 	end, ok := SegmentEnd(info.ArchiveMax, a.SegmentSize)

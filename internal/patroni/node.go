@@ -451,9 +451,7 @@ func (n *Node) writeConfig() error {
 		// On a replica archive_mode=on archives nothing until it leads.
 		pg.Parameters["archive_mode"] = "on"
 		pg.Parameters["archive_command"] = o.Archive
-		// A quiet cluster still ships its WAL within a minute: the most a
-		// restore can lose (RPO) is bounded by this.
-		pg.Parameters["archive_timeout"] = "60s"
+		pg.Parameters["archive_timeout"] = fleet.ArchiveTimeout
 	}
 	// Loopback only, passwords everywhere (SCRAM, PostgreSQL 15's default
 	// password_encryption).
