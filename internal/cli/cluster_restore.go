@@ -82,9 +82,9 @@ docs/operations/backups.md, "Disaster recovery".`,
 			if err != nil {
 				return err
 			}
-			when := "the end of its archive"
+			when := restoredTo(at)
 			if !at.IsZero() {
-				out.To, when = &at, at.UTC().Format(time.RFC3339)
+				out.To = &at
 			}
 			out.Cluster = name
 			out.Next = "run `pgtenant up`, then `pgtenant reconcile`: tenants the cluster lost are reported missing"
@@ -122,17 +122,13 @@ func restoreFleetCluster(ctx context.Context, g *globals, dir, name string, at t
 	for _, n := range nodes {
 		dirs = append(dirs, fc.DataDir(n.Name))
 	}
-	if err := confirmRestoreOver(g, name, dirs, yes); err != nil {
-		return clusterRestored{}, err
-	}
 	st, err := backup.ForCluster(fc, false)
 	if err != nil {
 		return clusterRestored{}, err
 	}
-	if err := st.Prepare(); err != nil { // the stanza's config, as up writes it
+	if err := readyRestore(g, st, name, dirs, at, yes); err != nil {
 		return clusterRestored{}, err
 	}
-	announceRestore(g, st, name, at)
 	if err := st.RestoreCluster(ctx, fc, at); err != nil {
 		return clusterRestored{}, err
 	}
@@ -184,17 +180,13 @@ func restorePatroniCluster(ctx context.Context, g *globals, dir, name string, at
 	for _, n := range pc.Nodes {
 		dirs = append(dirs, n.DataDir())
 	}
-	if err := confirmRestoreOver(g, name, dirs, yes); err != nil {
-		return clusterRestored{}, err
-	}
 	st, err := backup.ForPatroni(pc)
 	if err != nil {
 		return clusterRestored{}, err
 	}
-	if err := st.Prepare(); err != nil { // the stanza's config, as up writes it
+	if err := readyRestore(g, st, name, dirs, at, yes); err != nil {
 		return clusterRestored{}, err
 	}
-	announceRestore(g, st, name, at)
 	if err := st.RestorePatroni(ctx, pc, at); err != nil {
 		return clusterRestored{}, err
 	}
@@ -214,28 +206,34 @@ func noRepository(name string) error {
 	return fmt.Errorf("cluster %s was made without backups (pgbackrest was not installed then): it has no repository to restore from", name)
 }
 
-// confirmRestoreOver asks before restoring over those of dirs that still
-// hold a data dir (they are moved aside).
-func confirmRestoreOver(g *globals, name string, dirs []string, yes bool) error {
+// readyRestore asks before restoring over those of the node dirs dirs
+// that still hold a data dir (they are moved aside), writes the stanza's
+// config as up writes it, and says on stderr what is restored from where.
+func readyRestore(g *globals, st *backup.Stanza, name string, dirs []string, at time.Time, yes bool) error {
 	var left []string
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "PG_VERSION")); err == nil {
 			left = append(left, d)
 		}
 	}
-	if len(left) == 0 {
-		return nil
+	if len(left) > 0 {
+		if err := g.confirm(yes, fmt.Sprintf("Restoring cluster %s over its data dirs %s (moved aside, not deleted)", name, strings.Join(left, ", ")), name); err != nil {
+			return err
+		}
 	}
-	return g.confirm(yes, fmt.Sprintf("Restoring cluster %s over its data dirs %s (moved aside, not deleted)", name, strings.Join(left, ", ")), name)
+	if err := st.Prepare(); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.stderr, "restoring cluster %s from its repository (%s) to %s\n", name, st.RepoPath(), restoredTo(at))
+	return nil
 }
 
-// announceRestore says on stderr what is restored from where.
-func announceRestore(g *globals, st *backup.Stanza, name string, at time.Time) {
-	when := "the end of its archive"
-	if !at.IsZero() {
-		when = at.UTC().Format(time.RFC3339)
+// restoredTo says what a restore to at restores to.
+func restoredTo(at time.Time) string {
+	if at.IsZero() {
+		return "the end of its archive"
 	}
-	fmt.Fprintf(g.stderr, "restoring cluster %s from its repository (%s) to %s\n", name, st.RepoPath(), when)
+	return at.UTC().Format(time.RFC3339)
 }
 
 // movedAside are the dirs a restore moved aside (DIR.lost-TIME).

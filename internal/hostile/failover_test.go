@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -45,13 +44,7 @@ func TestHostile_AfterAFailover(t *testing.T) {
 	daemontest.CreateTemplate(t, c, "saas", examples.Saas())
 
 	pc.Node(leader.Name).Kill()
-	newPort := "port=" + strconv.Itoa(pc.Node(standby.Name).Port())
-	var dsn string
-	patronitest.WaitFor(t, ctx, 90*time.Second, "the daemon to follow "+standby.Name, func() bool {
-		cl, err := c.Cluster(ctx, "hha")
-		dsn = cl.DSN
-		return err == nil && strings.Contains(dsn, newPort)
-	}, func() string { return "hha at " + dsn })
+	daemontest.WaitFollows(t, ctx, c, "hha", pc.Node(standby.Name).Port())
 	if err := pc.Node(leader.Name).Start(ctx); err != nil {
 		t.Fatal(err)
 	}

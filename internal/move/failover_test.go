@@ -2,8 +2,6 @@ package move_test
 
 import (
 	"context"
-	"fmt"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -82,13 +80,7 @@ func TestMove_SourceFailsOver(t *testing.T) {
 	}
 
 	pc.Node(leader.Name).Kill()
-	newPort := fmt.Sprintf("port=%d", pc.Node(standby.Name).Port())
-	var dsn string
-	patronitest.WaitFor(t, ctx, 90*time.Second, "the daemon to follow "+standby.Name, func() bool {
-		cl, err := c.Cluster(ctx, "pcm")
-		dsn = cl.DSN
-		return err == nil && strings.Contains(dsn, newPort)
-	}, func() string { return "pcm at " + dsn })
+	daemontest.WaitFollows(t, ctx, c, "pcm", pc.Node(standby.Name).Port())
 	close(release)
 	waitJob(t, ctx, c, j.ID)
 	if n := events(t, ctx, c, moving.Tenant.ID, "move_copied_again", "slot is gone"); n != 1 {

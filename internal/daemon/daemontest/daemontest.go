@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -204,6 +205,19 @@ func Following(t testing.TB, ctx context.Context, cfg config.Config, pgs []*pgte
 	stop()
 	d, c, _ := StartOptions(t, daemon.Options{Config: cfg, Managed: local, Poolers: map[string]config.PoolerConfig{name: socketPooler(t, pc.SocketDir())}})
 	return d, c
+}
+
+// WaitFollows waits up to 90 s until the daemon behind c has cluster name
+// at port: the port of the Patroni node it follows as the new leader.
+func WaitFollows(t testing.TB, ctx context.Context, c *api.Client, name string, port int) {
+	t.Helper()
+	want := fmt.Sprintf("port=%d", port)
+	var dsn string
+	patronitest.WaitFor(t, ctx, 90*time.Second, fmt.Sprintf("the daemon to follow the leader at port %d", port), func() bool {
+		cl, err := c.Cluster(ctx, name)
+		dsn = cl.DSN
+		return err == nil && strings.Contains(dsn, want)
+	}, func() string { return name + " at " + dsn })
 }
 
 // Managed is pg as `up` registers it: its primary's and standbys' DSNs.
