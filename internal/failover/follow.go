@@ -226,6 +226,13 @@ func (f *Follower) failover(ctx context.Context, c catalog.Cluster, leader patro
 	if err != nil {
 		return fmt.Errorf("cluster %s: %w", c.Name, err)
 	}
+	// Patroni names the new leader (and its /primary answers) once it has
+	// asked PostgreSQL to promote, before the promotion is done: sessions
+	// re-pointed then would meet a read-only server (a move's cut-over
+	// failed on "cannot execute DELETE in a read-only transaction").
+	if err := writable(ctx, primary); err != nil {
+		return fmt.Errorf("cluster %s: new leader %s takes no writes yet: %w", c.Name, leader.Name, err)
+	}
 	if err := f.repoint(ctx, c, primary, standbys); err != nil {
 		return err
 	}
