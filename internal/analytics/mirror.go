@@ -836,7 +836,13 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 	pr, pw := io.Pipe()
 	copyErr := make(chan error, 1)
 	go func() {
-		_, err := conn.PgConn().CopyTo(ctx, pw, "COPY "+pgx.Identifier{schema, table}.Sanitize()+" ("+strings.Join(names, ", ")+") TO STDOUT")
+		// Buffered: the server sends a message per row, and each write to
+		// the pipe is a goroutine switch.
+		bw := bufio.NewWriterSize(pw, 256<<10)
+		_, err := conn.PgConn().CopyTo(ctx, bw, "COPY "+pgx.Identifier{schema, table}.Sanitize()+" ("+strings.Join(names, ", ")+") TO STDOUT")
+		if err == nil {
+			err = bw.Flush()
+		}
 		pw.CloseWithError(err)
 		copyErr <- err
 	}()

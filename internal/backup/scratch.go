@@ -31,6 +31,7 @@ type Scratch struct {
 	role     string // the superuser the instance is entered as
 	user     fleet.OSUser
 	pgctl    string
+	nice     int // the instance's niceness (Stanza.Nice)
 }
 
 // ScratchDir is where the scratch instance named name lives: beside the
@@ -45,7 +46,7 @@ func (s *Stanza) ScratchDir(name string) string {
 
 // scratch is the scratch instance named name.
 func (s *Stanza) scratch(name string, pgctl string) *Scratch {
-	return &Scratch{Dir: s.ScratchDir(name), password: s.password, role: s.superuser, user: s.user, pgctl: pgctl}
+	return &Scratch{Dir: s.ScratchDir(name), password: s.password, role: s.superuser, user: s.user, pgctl: pgctl, nice: s.Nice}
 }
 
 // ErrNoRoom is a scratch restore the disk has not room for.
@@ -91,7 +92,9 @@ func (s *Stanza) Check(ctx context.Context) error {
 // RestoreScratch restores the cluster as it was at target into the
 // scratch instance name (what an earlier attempt left there is removed
 // first), starts it and waits until recovery has reached target and the
-// instance is promoted. databases, when not empty, are the only ones
+// instance is promoted. The WAL written up to now is archived (Check)
+// while the backup's files are restored: the recovery stops at the first
+// commit after target, and fails when the archive holds none. databases, when not empty, are the only ones
 // restored in full (pgBackRest's --db-include: the others are left as
 // empty files the instance cannot open, so only they may be read); when
 // the backup predates one of them, everything is restored.
@@ -122,6 +125,8 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 		_, err := s.run(ctx, append(a, "restore")...)
 		return err
 	}
+	archived := make(chan error, 1)
+	go func() { archived <- s.Check(ctx) }()
 	err = restore(databases)
 	if err != nil && len(databases) > 0 && strings.Contains(err.Error(), "does not exist") {
 		// A database made after the backup: pgBackRest refuses to include
@@ -130,6 +135,9 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 			return nil, rerr
 		}
 		err = restore(nil)
+	}
+	if err == nil {
+		err = <-archived
 	}
 	if err != nil {
 		return nil, errors.Join(err, sc.Remove(context.WithoutCancel(ctx)))
@@ -219,7 +227,11 @@ restore_command = '%s'
 	// Restored from a standby's backup: not a standby here.
 	_ = os.Remove(filepath.Join(sc.Dir, "standby.signal"))
 	logFile := filepath.Join(sc.Dir, "startup.log")
-	cmd := sc.user.Command(sc.pgctl, "start", "-D", sc.Dir, "-l", logFile, "-w", "-t", "3600")
+	args := []string{sc.pgctl, "start", "-D", sc.Dir, "-l", logFile, "-w", "-t", "3600"}
+	if sc.nice > 0 { // the server and every backend of it
+		args = append([]string{niceProgram, "-n", strconv.Itoa(sc.nice)}, args...)
+	}
+	cmd := sc.user.Command(args[0], args[1:]...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		tail := tail(logFile)

@@ -530,7 +530,11 @@ type Run struct {
 	runner *Runner
 	lease  string // the claim's lease: every write to the job is fenced by it
 	result string // the line a job that succeeds ends with; "": done
+	paced  time.Duration
 }
+
+// Paced is how long this run has waited on the pacer so far.
+func (r *Run) Paced() time.Duration { return r.paced }
 
 // Result sets the line the job ends with if it succeeds (by default
 // "done"): what it did, for `job show`.
@@ -607,6 +611,7 @@ func (r *Run) pace(ctx context.Context, acquire func(report func(string)) (func(
 		return func() {}, nil
 	}
 	waiting := false
+	defer func(start time.Time) { r.paced += time.Since(start) }(time.Now())
 	release, err = acquire(func(reason string) {
 		waiting = true
 		r.setState(ctx, Waiting, "waiting: "+reason)

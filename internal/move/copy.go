@@ -1,6 +1,7 @@
 package move
 
 import (
+	"bufio"
 	"cmp"
 	"context"
 	"errors"
@@ -129,6 +130,12 @@ type table struct {
 	schema, name string
 	size         int64
 	columns      []string
+	// binary: the COPY may be in binary format, cheaper to write and read
+	// than text: every column is of a built-in type with binary I/O, and
+	// both ends run the same PostgreSQL (a scratch instance restored from
+	// the cluster it is copied into). A type made in the database has
+	// another oid on the other end, which arrays and composites carry.
+	binary bool
 }
 
 func (t table) ident() string { return cluster.Ident(t.schema) + "." + cluster.Ident(t.name) }
@@ -275,15 +282,29 @@ func missingOnTarget(ctx context.Context, e *env, tables []table) error {
 		ErrRefused, e.t.ID, strings.Join(missing, ", "), e.dst.Name()))
 }
 
+// copyBuffer is how much of a COPY's rows go through the pipe at once.
+const copyBuffer = 256 << 10
+
 // copyTable pipes one table's COPY out of the source into the target's COPY.
 func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int64, error) {
 	cols := t.columnList()
+	to, from := "", " WITH (FREEZE)"
+	if t.binary {
+		to, from = " WITH (FORMAT binary)", " WITH (FORMAT binary, FREEZE)"
+	}
 	pr, pw := io.Pipe()
-	p.w = pw
+	// The source sends a message per row: written to the pipe one by one,
+	// each would be a goroutine switch and a message of its own to the
+	// target (its COPY sends what each read returns).
+	bw := bufio.NewWriterSize(pw, copyBuffer)
+	p.w = bw
 	type result struct{ err error }
 	done := make(chan result, 1)
 	go func() {
-		_, err := src.PgConn().CopyTo(ctx, p, fmt.Sprintf("COPY %s (%s) TO STDOUT", t.ident(), cols))
+		_, err := src.PgConn().CopyTo(ctx, p, fmt.Sprintf("COPY %s (%s) TO STDOUT%s", t.ident(), cols, to))
+		if err == nil {
+			err = bw.Flush()
+		}
 		err = cluster.Classify(err)
 		pw.CloseWithError(err) // nil: the reader sees EOF
 		done <- result{err}
@@ -293,7 +314,7 @@ func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int6
 	// the commit (the apply worker's, the tenant's, autovacuum's) set hint
 	// bits on every page, and with data checksums each of those writes a
 	// full page to the WAL: the whole copy again, unpaced.
-	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s) FROM STDIN WITH (FREEZE)", t.ident(), cols))
+	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s) FROM STDIN%s", t.ident(), cols, from))
 	pr.CloseWithError(errors.New("the target's COPY ended")) // a writer still blocked gives up
 	out := <-done
 	// The target's error first: when the source failed, the target's COPY

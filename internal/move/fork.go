@@ -57,7 +57,39 @@ type copyState struct {
 	// rewind to it undoes this one.
 	ReplacedAt *time.Time `json:"replaced_at,omitempty"`
 	PauseMS    int64      `json:"pause_ms,omitempty"`
+	// Phases is how long the copy step's parts took, "archive 1.2s,
+	// restore 6.1s, …": where a slow rewind or fork spends its time.
+	Phases string `json:"phases,omitempty"`
 }
+
+// phases times the parts of a long step one after the other.
+type phases struct {
+	last  time.Time
+	paced time.Duration // the job's waits on the pacer up to last
+	list  []string
+}
+
+func newPhases(r *jobs.Run) *phases { return &phases{last: time.Now(), paced: r.Paced()} }
+
+// done ends the part named name (nil: not timed); r, when not nil, is the
+// job whose waits on the pacer during it are named too.
+func (p *phases) done(name string, r *jobs.Run) {
+	if p == nil {
+		return
+	}
+	now := time.Now()
+	s := fmt.Sprintf("%s %s", name, now.Sub(p.last).Round(100*time.Millisecond))
+	if r != nil {
+		if w := r.Paced() - p.paced; w >= 100*time.Millisecond {
+			s += fmt.Sprintf(" (%s paced)", w.Round(100*time.Millisecond))
+		}
+		p.paced = r.Paced()
+	}
+	p.list = append(p.list, s)
+	p.last = now
+}
+
+func (p *phases) String() string { return strings.Join(p.list, ", ") }
 
 // forkSpec is the job of a fork (rewind false) or a rewind.
 func forkSpec(t catalog.Tenant, a copyArgs) jobs.Spec {
@@ -315,8 +347,9 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	if err != nil {
 		return jobs.Permanent(err)
 	}
-	// A commit after At, archived: recovery stops at the first commit
-	// after its target, and fails when the archive holds none.
+	// A commit after At, archived (RestoreScratch archives the WAL up to
+	// now): recovery stops at the first commit after its target, and fails
+	// when the archive holds none.
 	admin, err := e.cl.Admin(ctx)
 	if err != nil {
 		return err
@@ -324,10 +357,7 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	if _, err := admin.Exec(ctx, "SELECT pg_catalog.txid_current()"); err != nil {
 		return cluster.Classify(err)
 	}
-	r.Progress(ctx, 0, 1, "archiving the WAL up to now on "+e.cl.Name())
-	if err := st.Check(ctx); err != nil {
-		return err
-	}
+	ph := newPhases(r)
 	var size int64 // the database as it is now: the size of its restore, near enough
 	if err := admin.QueryRow(ctx, "SELECT coalesce(pg_catalog.pg_database_size(d.oid), 0) FROM pg_catalog.pg_database d WHERE d.datname = $1", e.src.Database).Scan(&size); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return cluster.Classify(err)
@@ -335,7 +365,7 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 	if err := st.ScratchRoom(f.scratchName(r), size); err != nil {
 		return jobs.Permanent(err)
 	}
-	r.Progress(ctx, 0, 1, fmt.Sprintf("restoring %s as of %s into a scratch instance", e.src.Database, f.a.At.Format(time.RFC3339)))
+	r.Progress(ctx, 0, 1, fmt.Sprintf("archiving the WAL up to now on %s and restoring %s as of %s into a scratch instance", e.cl.Name(), e.src.Database, f.a.At.Format(time.RFC3339)))
 	sc, err := st.RestoreScratch(ctx, f.scratchName(r), f.a.At, []string{e.src.Database})
 	if errors.Is(err, backup.ErrTargetNotReached) {
 		return jobs.Permanent(err)
@@ -344,6 +374,7 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 		return err
 	}
 	defer sc.Remove(context.WithoutCancel(ctx))
+	ph.done("restore", r)
 	if err := crashPoint(ctx, "copy:restored"); err != nil {
 		return err
 	}
@@ -368,10 +399,11 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 		}
 	}
 	err = f.s.copyScratch(ctx, r, scratchCopy{cl: e.cl, into: e.into, sconn: sconn, dsn: sc.DSN(e.src.Database),
-		what: fmt.Sprintf("tenant %s as of %s", e.src.ID, f.a.At.Format(time.RFC3339)), marker: marker})
+		what: fmt.Sprintf("tenant %s as of %s", e.src.ID, f.a.At.Format(time.RFC3339)), marker: marker, phases: ph})
 	if err != nil {
 		return err
 	}
+	e.st.Phases = ph.String()
 	return r.SaveData(ctx, e.st)
 }
 
@@ -399,6 +431,7 @@ type scratchCopy struct {
 	// verify, when set, checks the rows copied into each table (by
 	// "schema.table") before the commit.
 	verify func(rows map[string]int64) error
+	phases *phases // times the copy's parts (nil: not timed)
 }
 
 // copyScratch makes the new tenant's storage anew and copies c into it, in
@@ -427,6 +460,7 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if err := s.emptyStorage(ctx, r, c.cl, c.into, hasExtension(ctx, c.sconn, "pg_prewarm")); err != nil {
 		return err
 	}
+	c.phases.done("storage", r)
 	r.Progress(ctx, 0, 1, "dumping the tenant's definitions in the scratch instance")
 	pre, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, exts, "--section=pre-data")
 	if err != nil {
@@ -450,13 +484,16 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role+";\n"+pre); err != nil {
 		return jobs.Permanent(fmt.Errorf("restore the definitions of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err)))
 	}
+	c.phases.done("definitions", r)
 	tables, err := copiedTables(ctx, c.sconn, schemas)
 	if err != nil {
 		return err
 	}
+	same := major(c.sconn) == major(tx.Conn())
 	var total int64
-	for _, t := range tables {
+	for i, t := range tables {
 		total += t.size
+		tables[i].binary = t.binary && same
 	}
 	p := &pacer{ctx: ctx, r: r, clusters: []string{c.cl.Name()}, total: total}
 	copied := map[string]int64{}
@@ -473,10 +510,12 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if err := copySequences(ctx, c.sconn, tx, schemas); err != nil {
 		return err
 	}
+	c.phases.done("rows", r)
 	r.Progress(ctx, p.n, max(p.n, total), "building the copy's indexes, constraints and triggers")
 	if _, err := tx.Exec(ctx, "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL ROLE "+role+";\n"+post); err != nil {
 		return jobs.Permanent(fmt.Errorf("restore the indexes, constraints and triggers of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err)))
 	}
+	c.phases.done("indexes", r)
 	var mark string
 	if c.into.Mode == tenant.ModeDatabase {
 		mark = fmt.Sprintf("SET LOCAL search_path = pg_catalog, pg_temp; RESET ROLE; COMMENT ON SCHEMA %s IS %s", cluster.Ident(tenant.MarkerSchema), cluster.Literal(c.marker))
@@ -494,6 +533,7 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit the copy of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err))
 	}
+	c.phases.done("commit", r)
 	r.Note(ctx, fmt.Sprintf("copied %s (%s) of %s into tenant %s", count(p.rows, "row"), mbs(p.n), c.what, c.into.ID))
 	return nil
 }
@@ -546,11 +586,19 @@ func hasExtension(ctx context.Context, conn *pgx.Conn, name string) bool {
 }
 
 // copiedTables are the tables with rows in schemas: ordinary tables and
-// partitions, not an extension's, with their stored columns.
+// partitions, not an extension's, with their stored columns, and whether
+// they can be copied in binary (table.binary: every column's type, and an
+// array's element type, built in, below FirstNormalObjectId, with binary
+// I/O; aclitem, for one, has none).
 func copiedTables(ctx context.Context, conn *pgx.Conn, schemas []string) ([]table, error) {
 	rows, err := conn.Query(ctx, `SELECT n.nspname::text, c.relname::text, pg_catalog.pg_table_size(c.oid),
 			coalesce((SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
-				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}')
+				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''), '{}'),
+			NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid
+				LEFT JOIN pg_catalog.pg_type el ON el.oid = ty.typelem
+				WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+				  AND (ty.oid >= 16384 OR ty.typsend = 0 OR ty.typreceive = 0
+				    OR el.oid >= 16384 OR el.typsend = 0 OR el.typreceive = 0))
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.relkind = 'r' AND n.nspname = ANY($1)
 		  AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
@@ -561,8 +609,14 @@ func copiedTables(ctx context.Context, conn *pgx.Conn, schemas []string) ([]tabl
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (table, error) {
 		var t table
-		return t, row.Scan(&t.schema, &t.name, &t.size, &t.columns)
+		return t, row.Scan(&t.schema, &t.name, &t.size, &t.columns, &t.binary)
 	})
+}
+
+// major is the major version of the server conn is on ("15").
+func major(conn *pgx.Conn) string {
+	v, _, _ := strings.Cut(conn.PgConn().ParameterStatus("server_version"), ".")
+	return v
 }
 
 // copySequences sets each sequence of schemas as the source has it.

@@ -49,10 +49,18 @@ CREATE TRIGGER orders_touch BEFORE INSERT OR UPDATE ON orders FOR EACH ROW EXECU
 CREATE TABLE lines (order_id bigint REFERENCES orders, qty int);
 INSERT INTO orders (note, amount) SELECT 'order ' || g, g FROM generate_series(1, 200) g;
 INSERT INTO lines SELECT id, id % 7 FROM orders;
+-- Types made in the database, in arrays and composites, and a built-in
+-- type without binary I/O: copied as text (the other tables in binary).
+CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE DOMAIN positive AS int CHECK (VALUE > 0);
+CREATE TYPE pair AS (m mood, n numeric);
+CREATE TABLE kinds (id int PRIMARY KEY, m mood, ms mood[], p positive, pr pair, acl aclitem, tags text[], j jsonb);
+INSERT INTO kinds SELECT g, 'ok', '{sad,happy}', g, ('happy', g / 3.0)::pair, '=r/pg_database_owner', ARRAY['a', 'b' || g],
+	jsonb_build_object('g', g) FROM generate_series(1, 20) g;
 `
 
 // destroy is a tenant's bad day.
-const destroy = `DELETE FROM lines; DROP TABLE lines; DELETE FROM orders WHERE id > 50; ALTER TABLE orders DROP COLUMN note;
+const destroy = `DELETE FROM kinds WHERE id > 10; DELETE FROM lines; DROP TABLE lines; DELETE FROM orders WHERE id > 50; ALTER TABLE orders DROP COLUMN note;
 	INSERT INTO orders (amount) SELECT g FROM generate_series(1, 30) g; TRUNCATE orders CASCADE; INSERT INTO orders (amount) VALUES (1)`
 
 // checksums are md5s over every column of every row of each table (absent: "").
@@ -67,6 +75,7 @@ func checksums(t *testing.T, ctx context.Context, dsn string) map[string]string 
 	for _, q := range []struct{ table, sql string }{
 		{"orders", `SELECT coalesce(md5(string_agg(o::text, '|' ORDER BY id)), '') FROM orders o`},
 		{"lines", `SELECT coalesce(md5(string_agg(l::text, '|' ORDER BY order_id)), '') FROM lines l`},
+		{"kinds", `SELECT coalesce(md5(string_agg(k::text, '|' ORDER BY id)), '') FROM kinds k`},
 	} {
 		var sum string
 		if err := conn.QueryRow(ctx, q.sql).Scan(&sum); err != nil {
