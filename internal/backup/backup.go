@@ -73,9 +73,6 @@ type Stanza struct {
 	// External: the stanza is an external cluster's own (ForExternal). Dir,
 	// Primary and Standby are then unset: its config says where things are.
 	External bool
-	// Nice is the niceness pgBackRest and the scratch instances run at
-	// (backups.nice; 0: the daemon's own).
-	Nice int
 
 	configPath string
 	password   string
@@ -312,11 +309,7 @@ func noStandby(err error) bool {
 	return errors.As(err, &exit) && exit.ExitCode() == 56
 }
 
-// niceProgram runs a program at a lower priority (coreutils' nice).
-const niceProgram = "nice"
-
-// run runs a pgbackrest command as the servers' OS user, at the stanza's
-// niceness. pgBackRest
+// run runs a pgbackrest command as the servers' OS user. pgBackRest
 // reaches PostgreSQL through libpq: the managed servers listen on TCP only,
 // so PGHOST points it at the loopback address (pg1-socket-path takes a
 // directory, not a host).
@@ -330,9 +323,6 @@ func (s *Stanza) runLines(ctx context.Context, onLine func(string), args ...stri
 	all := append([]string{"--config=" + s.ConfigPath(), "--stanza=" + s.Name}, s.externalArgs()...)
 	all = append(all, args...)
 	cmd := s.user.Command(s.Program, all...)
-	if s.Nice > 0 {
-		cmd = s.user.Command(niceProgram, append([]string{"-n", strconv.Itoa(s.Nice), s.Program}, all...)...)
-	}
 	if s.External {
 		// pgBackRest reaches the servers as the operator's config says
 		// (pg1-socket-path, pg1-port, pg1-user, pg1-host), with the OS

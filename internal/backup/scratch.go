@@ -31,7 +31,6 @@ type Scratch struct {
 	role     string // the superuser the instance is entered as
 	user     fleet.OSUser
 	pgctl    string
-	nice     int // the instance's niceness (Stanza.Nice)
 }
 
 // ScratchDir is where the scratch instance named name lives: beside the
@@ -46,7 +45,7 @@ func (s *Stanza) ScratchDir(name string) string {
 
 // scratch is the scratch instance named name.
 func (s *Stanza) scratch(name string, pgctl string) *Scratch {
-	return &Scratch{Dir: s.ScratchDir(name), password: s.password, role: s.superuser, user: s.user, pgctl: pgctl, nice: s.Nice}
+	return &Scratch{Dir: s.ScratchDir(name), password: s.password, role: s.superuser, user: s.user, pgctl: pgctl}
 }
 
 // ErrNoRoom is a scratch restore the disk has not room for.
@@ -94,10 +93,11 @@ func (s *Stanza) Check(ctx context.Context) error {
 // first), starts it and waits until recovery has reached target and the
 // instance is promoted. The WAL written up to now is archived (Check)
 // while the backup's files are restored: the recovery stops at the first
-// commit after target, and fails when the archive holds none. databases, when not empty, are the only ones
-// restored in full (pgBackRest's --db-include: the others are left as
-// empty files the instance cannot open, so only they may be read); when
-// the backup predates one of them, everything is restored.
+// commit after target, and fails when the archive holds none. databases,
+// when not empty, are the only ones restored in full (pgBackRest's
+// --db-include: the others are left as empty files the instance cannot
+// open, so only they may be read); when the backup predates one of them,
+// everything is restored.
 func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Time, databases []string) (*Scratch, error) {
 	bin, err := fleet.FindBinaries(15)
 	if err != nil {
@@ -227,11 +227,7 @@ restore_command = '%s'
 	// Restored from a standby's backup: not a standby here.
 	_ = os.Remove(filepath.Join(sc.Dir, "standby.signal"))
 	logFile := filepath.Join(sc.Dir, "startup.log")
-	args := []string{sc.pgctl, "start", "-D", sc.Dir, "-l", logFile, "-w", "-t", "3600"}
-	if sc.nice > 0 { // the server and every backend of it
-		args = append([]string{niceProgram, "-n", strconv.Itoa(sc.nice)}, args...)
-	}
-	cmd := sc.user.Command(args[0], args[1:]...)
+	cmd := sc.user.Command(sc.pgctl, "start", "-D", sc.Dir, "-l", logFile, "-w", "-t", "3600")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		tail := tail(logFile)

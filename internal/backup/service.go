@@ -57,14 +57,10 @@ type Service struct {
 	Logger   *slog.Logger
 }
 
-// Configure gives every stanza the configured niceness, and every managed
-// one the configured retention, and rewrites its config (`up` wrote it
-// before the configuration was read). External stanzas keep their
-// operator's config and retention: they are not rewritten.
+// Configure gives every stanza the configured retention and rewrites its
+// config (`up` wrote it before the configuration was read). External
+// stanzas keep their operator's config and retention: they are not touched.
 func (s *Service) Configure() error {
-	for _, st := range s.Stanzas {
-		st.Nice = s.Schedule.Nice
-	}
 	for _, n := range s.managed() {
 		st := s.Stanzas[n]
 		st.Retention = s.Schedule.Retention.D()

@@ -540,11 +540,7 @@ func stepTimes(j jobs.Job) string {
 func manualRecipe(ctx context.Context, fc *fleet.Cluster, st *backup.Stanza, t api.CreateTenantResponse, target time.Time) (ManualRecipe, error) {
 	var m ManualRecipe
 	start := time.Now()
-	// At the daemon's own priority, as a user runs it by hand (the
-	// daemon's restores yield the CPU: backups.nice).
-	plain := *st
-	plain.Nice = 0
-	sc, err := plain.RestoreScratch(ctx, "bench-manual", target, nil)
+	sc, err := st.RestoreScratch(ctx, "bench-manual", target, nil)
 	if err != nil {
 		return m, err
 	}

@@ -106,10 +106,6 @@ type BackupsConfig struct {
 	Retention Duration `yaml:"retention"`
 	// CheckInterval is how often the schedule is looked at.
 	CheckInterval Duration `yaml:"check_interval"`
-	// Nice is the niceness (0–19) pgBackRest's backups and restores and
-	// the scratch instances of rewinds and forks run at: on a host they
-	// share with a cluster, they yield the CPU to its tenants' sessions.
-	Nice int `yaml:"nice"`
 }
 
 // MoveConfig tunes drains and rebalances (internal/placement).
@@ -637,7 +633,7 @@ func Default() Config {
 		// one diff and at most a day of WAL, and the cluster is read whole
 		// once a week only (docs/operations/backups.md).
 		Backups: BackupsConfig{FullEvery: Duration(7 * 24 * time.Hour), DiffEvery: Duration(24 * time.Hour),
-			Retention: Duration(7 * 24 * time.Hour), CheckInterval: Duration(time.Minute), Nice: 10},
+			Retention: Duration(7 * 24 * time.Hour), CheckInterval: Duration(time.Minute)},
 	}
 }
 
@@ -1045,9 +1041,6 @@ func (c Config) Validate() error {
 	}
 	if r := c.Backups.Retention.D(); r < 24*time.Hour || r%(24*time.Hour) != 0 {
 		bad("backups.retention", "must be whole days, at least 1d, e.g. 7d (pgBackRest keeps time-based retention in days)")
-	}
-	if n := c.Backups.Nice; n < 0 || n > 19 {
-		bad("backups.nice", "must be 0 (the daemon's own priority) to 19 (the lowest), like nice(1)")
 	}
 	if c.Backups.CheckInterval.D() < time.Second {
 		bad("backups.check_interval", "must be at least 1s")
