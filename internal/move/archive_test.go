@@ -98,6 +98,7 @@ func TestExportImport_BothModes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(pgtest.Context(t), 6*time.Minute)
 	defer cancel()
 	a, cfgB := installations(t)
+	cfgB.Tiers["tiny"] = config.Tier{ConnectionLimit: 5, StorageQuota: 1 << 10}
 	_, b := daemontest.Start(t, pgs[1], cfgB)
 	buildSaas(t, b)
 	var archive string
@@ -170,13 +171,15 @@ func TestExportImport_BothModes(t *testing.T) {
 		body []byte
 		want error
 		says string
+		tier string
 	}{
-		{"damaged", damaged, api.ErrInvalid, "the archive is damaged"},
-		{"not an archive", []byte("SELECT 1;\n"), api.ErrInvalid, "made by `pgtenant tenant export`"},
-		{"a template version not here", rewriteManifest(t, body, func(m *move.Manifest) { m.Version = 99; m.Marker = tenant.BuiltMarker(99).String() }), catalog.ErrConflict, "push the template's versions up to 99"},
-		{"a dump larger than the disk", rewriteManifest(t, body, func(m *move.Manifest) { m.Files[0].Bytes = 1 << 50 }), catalog.ErrConflict, "a scratch instance that loads it"},
+		{"damaged", damaged, api.ErrInvalid, "the archive is damaged", ""},
+		{"not an archive", []byte("SELECT 1;\n"), api.ErrInvalid, "made by `pgtenant tenant export`", ""},
+		{"a template version not here", rewriteManifest(t, body, func(m *move.Manifest) { m.Version = 99; m.Marker = tenant.BuiltMarker(99).String() }), catalog.ErrConflict, "push the template's versions up to 99", ""},
+		{"a dump larger than the disk", rewriteManifest(t, body, func(m *move.Manifest) { m.Files[0].Bytes = 1 << 50 }), catalog.ErrConflict, "a scratch instance that loads it", ""},
+		{"a dump larger than its tier's storage quota", body, catalog.ErrConflict, "more than the storage quota of the tier it would go into (1.0 KiB)", "tiny"},
 	} {
-		_, err := b.ImportTenant(ctx, bytes.NewReader(tc.body), api.ImportTenantQuery{})
+		_, err := b.ImportTenant(ctx, bytes.NewReader(tc.body), api.ImportTenantQuery{Tier: tc.tier})
 		if !errors.Is(err, tc.want) || err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("import of %s: err = %v, want %v saying %q", tc.name, err, tc.want, tc.says)
 		}
@@ -339,7 +342,7 @@ func TestExportImport_Extensions(t *testing.T) {
 	backuptest.Exec(t, ctx, r.DSN, `CREATE EXTENSION hstore; CREATE TABLE attrs (id int PRIMARY KEY, a hstore);
 		INSERT INTO attrs SELECT g, hstore('k', 'v' || g) FROM generate_series(1, 50) g`)
 	path := exportTo(t, ctx, c, r.Tenant.ID, t.TempDir())
-	m, f, err := move.ReadArchive(mustOpen(t, path))
+	m, f, err := move.ReadArchive(mustOpen(t, path), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package move
 
 import (
 	"archive/tar"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -60,7 +61,9 @@ const maxManifest = 16 << 20
 
 // ReadArchive reads an archive from r: its manifest, checked, and its dump
 // into a temporary file (the caller removes it) whose checksum is checked.
-func ReadArchive(r io.Reader) (Manifest, *os.File, error) {
+// A dump of more than maxDump bytes (0: no bound but the disk) is refused
+// before it is read.
+func ReadArchive(r io.Reader, maxDump int64) (Manifest, *os.File, error) {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %w: %s", provision.ErrInvalid, ErrBadArchive, fmt.Sprintf(format, args...))
 	}
@@ -82,6 +85,10 @@ func ReadArchive(r io.Reader) (Manifest, *os.File, error) {
 	}
 	if h, err = tr.Next(); err != nil || h.Name != dumpFile {
 		return m, nil, bad("its second file is not %s", dumpFile)
+	}
+	if maxDump > 0 && m.Files[0].Bytes > maxDump {
+		return m, nil, fmt.Errorf("%w: the archive's dump has %s, more than the storage quota of the tier it would go into (%s): the tenant would be over its quota at once; import it into a tier with a larger storage_quota (--tier)",
+			catalog.ErrConflict, config.ByteSize(m.Files[0].Bytes).Human(), config.ByteSize(maxDump).Human())
 	}
 	if err := roomFor(m.Files[0].Bytes); err != nil {
 		return m, nil, err
@@ -111,7 +118,9 @@ func ReadArchive(r io.Reader) (Manifest, *os.File, error) {
 // the job it starts has copied the archive into it, and returns the new
 // tenant's credentials, as a create does.
 func (s *Service) Import(ctx context.Context, r io.Reader, req ImportRequest) (provision.Created, jobs.Job, error) {
-	m, f, err := ReadArchive(r)
+	// The upload's bound: the dump, compressed, is no larger than the
+	// tenant it makes, which the tier's quota (when set) caps.
+	m, f, err := ReadArchive(r, int64(s.Provision.Tiers[cmp.Or(req.Tier, "default")].StorageQuota))
 	if err != nil {
 		return provision.Created{}, jobs.Job{}, err
 	}
@@ -308,9 +317,7 @@ func (i *importer) copy(ctx context.Context, r *jobs.Run, e *ienv) error {
 // dump's own once it is loaded (a manifest may say less than its dump);
 // whether the cluster has them installed is checked by the copy.
 func (s *Service) extensionsAllowed(exts []string, tier string) error {
-	if tier == "" {
-		tier = "default"
-	}
+	tier = cmp.Or(tier, "default")
 	allowed := map[string]bool{}
 	for _, e := range s.Provision.Tiers[tier].Extensions {
 		allowed[e] = true
