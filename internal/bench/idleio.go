@@ -93,6 +93,8 @@ type ScaleTiming struct {
 	PassMax         time.Duration `json:"pass_max_ns"`
 	Queries         int           `json:"queries_per_pass"`
 	SizesPerPass    int           `json:"sizes_per_pass"`
+	Statistics      time.Duration `json:"statistics_p50_ns"` // of Pass: the activity counters' queries
+	Sizes           time.Duration `json:"sizes_p50_ns"`      // of Pass: the sizes' queries
 	Scrape          time.Duration `json:"scrape_p50_ns"` // the daemon's GET /metrics (top N + opted-in)
 	ScrapeMax       time.Duration `json:"scrape_max_ns"`
 	ScrapeSeries    int           `json:"scrape_series"`
@@ -632,7 +634,7 @@ func timePasses(ctx context.Context, fc *fleet.Cluster, cfg config.Config, st *S
 	}
 	reg.Put(cl)
 	col = &metrics.Collector{Store: store, Clusters: reg, Metrics: cfg.Metrics, Tiers: cfg.Tiers}
-	var passes []time.Duration
+	var passes, statistics, sizes []time.Duration
 	for i := range 6 {
 		begin := time.Now()
 		if err := col.Pass(ctx, fc.Name()); err != nil {
@@ -646,8 +648,10 @@ func timePasses(ctx context.Context, fc *fleet.Cluster, cfg config.Config, st *S
 		passes = append(passes, time.Since(begin))
 		ps := col.LastPass()[fc.Name()]
 		st.Queries, st.SizesPerPass = ps.Queries, ps.Sizes
+		statistics, sizes = append(statistics, ps.Statistics), append(sizes, ps.SizesTime)
 	}
 	st.Pass, st.PassMax = percentile(passes, 50), percentile(passes, 100)
+	st.Statistics, st.Sizes = percentile(statistics, 50), percentile(sizes, 50)
 	return col, done, nil
 }
 

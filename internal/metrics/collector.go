@@ -97,6 +97,10 @@ type PassStats struct {
 	Sizes        int    `json:"sizes_sampled"` // sizes sampled in this pass
 	Rollups      int    `json:"rollups_written"`
 	Err          string `json:"error,omitempty"`
+	// Statistics and SizesTime are the parts of Duration spent reading the
+	// activity counters (every tenant's) and the sizes (this pass's turn).
+	Statistics time.Duration `json:"statistics_ns"`
+	SizesTime  time.Duration `json:"sizes_ns"`
 }
 
 // counters are a tenant's cumulative statistics. Sessions and ActiveMicros
@@ -304,6 +308,7 @@ func (c *Collector) Pass(ctx context.Context, clusterName string) error {
 		return fail(err)
 	}
 	stats.Tenants, stats.Sizes = len(s.counters), len(s.sizes)
+	stats.Statistics, stats.SizesTime = s.statistics, s.sizing
 	// Usage is a measured tenant's only: a spare's build (its template's
 	// files run as its role) is no tenant's CPU.
 	byPhysical := make(map[string]string, len(rows))

@@ -22,6 +22,8 @@ type sampleResult struct {
 	sizes    map[string]int64
 	files    *int64 // relation files, when sampled
 	queries  int
+	// statistics and sizing: the time the counters' and the sizes' queries took.
+	statistics, sizing time.Duration
 }
 
 // The statistics queries. Each reads one cluster-wide (or shared-database-
@@ -178,6 +180,7 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 	}
 
 	// Database tenants: one query over pg_stat_database.
+	began := time.Now()
 	res.queries++
 	statsSQL := databaseStatsSQL
 	if h, _ := cl.LastProbeResult(); h.VersionNum > 0 && h.VersionNum < 140000 {
@@ -257,7 +260,10 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 		}
 	}
 
+	res.statistics = time.Since(began)
+
 	// Sizes of this pass's turn: one query for the databases, one per shared database.
+	began = time.Now()
 	var dbNames []string
 	schemas := map[string][]string{}
 	for _, t := range sizeTurn {
@@ -286,6 +292,7 @@ func sample(ctx context.Context, cl *cluster.Cluster, rows []catalog.MetricTenan
 			return res, fmt.Errorf("schema sizes in %s/%s: %w", cl.Name(), db, err)
 		}
 	}
+	res.sizing = time.Since(began)
 	if withFiles {
 		res.queries++
 		var n int64

@@ -57,36 +57,34 @@ type copyState struct {
 	// rewind to it undoes this one.
 	ReplacedAt *time.Time `json:"replaced_at,omitempty"`
 	PauseMS    int64      `json:"pause_ms,omitempty"`
-	// Phases is how long the copy step's parts took, "archive 1.2s,
-	// restore 6.1s, …": where a slow rewind or fork spends its time.
+	// Phases is how long the copy step's parts took, "restore 7s, …,
+	// rows 7s (400ms paced), …": where a slow rewind or fork spends its time.
 	Phases string `json:"phases,omitempty"`
 }
 
-// phases times the parts of a long step one after the other.
+// phases times the parts of a long step one after the other, with the
+// job's waits on the pacer during each.
 type phases struct {
+	r     *jobs.Run
 	last  time.Time
 	paced time.Duration // the job's waits on the pacer up to last
 	list  []string
 }
 
-func newPhases(r *jobs.Run) *phases { return &phases{last: time.Now(), paced: r.Paced()} }
+func newPhases(r *jobs.Run) *phases { return &phases{r: r, last: time.Now(), paced: r.Paced()} }
 
-// done ends the part named name (nil: not timed); r, when not nil, is the
-// job whose waits on the pacer during it are named too.
-func (p *phases) done(name string, r *jobs.Run) {
+// done ends the part named name (nil: not timed).
+func (p *phases) done(name string) {
 	if p == nil {
 		return
 	}
 	now := time.Now()
 	s := fmt.Sprintf("%s %s", name, now.Sub(p.last).Round(100*time.Millisecond))
-	if r != nil {
-		if w := r.Paced() - p.paced; w >= 100*time.Millisecond {
-			s += fmt.Sprintf(" (%s paced)", w.Round(100*time.Millisecond))
-		}
-		p.paced = r.Paced()
+	if w := p.r.Paced() - p.paced; w >= 100*time.Millisecond {
+		s += fmt.Sprintf(" (%s paced)", w.Round(100*time.Millisecond))
 	}
 	p.list = append(p.list, s)
-	p.last = now
+	p.last, p.paced = now, p.r.Paced()
 }
 
 func (p *phases) String() string { return strings.Join(p.list, ", ") }
@@ -374,7 +372,7 @@ func (f *forker) copy(ctx context.Context, r *jobs.Run, e *fenv) error {
 		return err
 	}
 	defer sc.Remove(context.WithoutCancel(ctx))
-	ph.done("restore", r)
+	ph.done("restore")
 	if err := crashPoint(ctx, "copy:restored"); err != nil {
 		return err
 	}
@@ -460,7 +458,7 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if err := s.emptyStorage(ctx, r, c.cl, c.into, hasExtension(ctx, c.sconn, "pg_prewarm")); err != nil {
 		return err
 	}
-	c.phases.done("storage", r)
+	c.phases.done("storage")
 	r.Progress(ctx, 0, 1, "dumping the tenant's definitions in the scratch instance")
 	pre, err := dumpSQL(ctx, c.dsn, c.into.Mode, intoName, exts, "--section=pre-data")
 	if err != nil {
@@ -484,7 +482,7 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if _, err := tx.Exec(ctx, "SET LOCAL ROLE "+role+";\n"+pre); err != nil {
 		return jobs.Permanent(fmt.Errorf("restore the definitions of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err)))
 	}
-	c.phases.done("definitions", r)
+	c.phases.done("definitions")
 	tables, err := copiedTables(ctx, c.sconn, schemas)
 	if err != nil {
 		return err
@@ -510,12 +508,12 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if err := copySequences(ctx, c.sconn, tx, schemas); err != nil {
 		return err
 	}
-	c.phases.done("rows", r)
+	c.phases.done("rows")
 	r.Progress(ctx, p.n, max(p.n, total), "building the copy's indexes, constraints and triggers")
 	if _, err := tx.Exec(ctx, "SET LOCAL search_path = pg_catalog, pg_temp; SET LOCAL ROLE "+role+";\n"+post); err != nil {
 		return jobs.Permanent(fmt.Errorf("restore the indexes, constraints and triggers of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err)))
 	}
-	c.phases.done("indexes", r)
+	c.phases.done("indexes")
 	var mark string
 	if c.into.Mode == tenant.ModeDatabase {
 		mark = fmt.Sprintf("SET LOCAL search_path = pg_catalog, pg_temp; RESET ROLE; COMMENT ON SCHEMA %s IS %s", cluster.Ident(tenant.MarkerSchema), cluster.Literal(c.marker))
@@ -533,7 +531,7 @@ func (s *Service) copyScratch(ctx context.Context, r *jobs.Run, c scratchCopy) e
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("commit the copy of %s into tenant %s: %w", c.what, c.into.ID, cluster.Classify(err))
 	}
-	c.phases.done("commit", r)
+	c.phases.done("commit")
 	r.Note(ctx, fmt.Sprintf("copied %s (%s) of %s into tenant %s", count(p.rows, "row"), mbs(p.n), c.what, c.into.ID))
 	return nil
 }
