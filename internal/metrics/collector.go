@@ -302,7 +302,7 @@ func (c *Collector) Pass(ctx context.Context, clusterName string) error {
 		stats.Queries++
 	}
 
-	s, err := sample(ctx, cl, rows, c.sizeTurn(st, rows, start), c.filesDue(st, start))
+	s, err := sample(ctx, cl, rows, c.sizeTurn(st, rows, start), c.filesDue(st, start), st.passes)
 	stats.Queries += s.queries
 	if err != nil {
 		return fail(err)

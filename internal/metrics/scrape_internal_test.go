@@ -40,3 +40,39 @@ func BenchmarkScrape(b *testing.B) {
 		})
 	}
 }
+
+// TestStatisticsTurn: a shared database of up to statisticsShare schema
+// tenants has every tenant's counters read each pass; a larger one in
+// turns of at most statisticsShare, each tenant once every n passes.
+func TestStatisticsTurn(t *testing.T) {
+	mk := func(n int) []catalog.MetricTenant {
+		ts := make([]catalog.MetricTenant, n)
+		for i := range ts {
+			ts[i] = catalog.MetricTenant{ID: fmt.Sprintf("t%05d", (i*7919)%n)}
+		}
+		return ts
+	}
+	if got := statisticsTurn(mk(statisticsShare), 3); len(got) != statisticsShare {
+		t.Errorf("%d tenants: %d in the turn, want all", statisticsShare, len(got))
+	}
+	tenants := mk(2*statisticsShare + 1) // 3 turns
+	seen := map[string]int{}
+	for pass := 10; pass < 13; pass++ {
+		turn := statisticsTurn(tenants, pass)
+		if len(turn) > statisticsShare {
+			t.Errorf("pass %d: %d tenants in the turn, want at most %d", pass, len(turn), statisticsShare)
+		}
+		for _, m := range turn {
+			seen[m.ID]++
+		}
+	}
+	for _, m := range tenants {
+		if seen[m.ID] != 1 {
+			t.Errorf("tenant %s read %d times in 3 passes, want once", m.ID, seen[m.ID])
+			break
+		}
+	}
+	if again := statisticsTurn(tenants, 13); again[0].ID != statisticsTurn(tenants, 10)[0].ID {
+		t.Errorf("pass 13 starts at %s, want pass 10's turn again", again[0].ID)
+	}
+}
