@@ -95,7 +95,7 @@ type ScaleTiming struct {
 	SizesPerPass    int           `json:"sizes_per_pass"`
 	Statistics      time.Duration `json:"statistics_p50_ns"` // of Pass: the activity counters' queries
 	Sizes           time.Duration `json:"sizes_p50_ns"`      // of Pass: the sizes' queries
-	Scrape          time.Duration `json:"scrape_p50_ns"` // the daemon's GET /metrics (top N + opted-in)
+	Scrape          time.Duration `json:"scrape_p50_ns"`     // the daemon's GET /metrics (top N + opted-in)
 	ScrapeMax       time.Duration `json:"scrape_max_ns"`
 	ScrapeSeries    int           `json:"scrape_series"`
 	ScrapeBytes     int           `json:"scrape_bytes"`

@@ -24,10 +24,10 @@ type TenantCollector struct {
 	// cluster's pooler (SHOW POOLS of the pooler's last sync).
 	Pools *pooler.Set
 
-	tenants, files, quotaStates, passSeconds, passQueries, passTime, omitted      *prometheus.Desc
-	size, conns, xacts, rowsRead, rowsWritten, blksHit, blksRead, temp, deadlocks *prometheus.Desc
-	activity, quota                                                               *prometheus.Desc
-	poolClients, poolServers, poolMaxWait                                         *prometheus.Desc
+	tenants, files, quotaStates, passSeconds, passParts, passQueries, passTime, omitted *prometheus.Desc
+	size, conns, xacts, rowsRead, rowsWritten, blksHit, blksRead, temp, deadlocks       *prometheus.Desc
+	activity, quota                                                                     *prometheus.Desc
+	poolClients, poolServers, poolMaxWait                                               *prometheus.Desc
 }
 
 // NewTenantCollector exports c's figures with per-tenant series for the topN
@@ -41,6 +41,7 @@ func NewTenantCollector(c *Collector, topN int) *TenantCollector {
 		files:       prometheus.NewDesc("pgtenant_cluster_relation_files", "Files under base/ of the cluster's primary, sampled once per metrics.size_interval.", []string{"cluster"}, nil),
 		quotaStates: prometheus.NewDesc("pgtenant_tenants_quota", "Measured tenants by storage quota state.", []string{"cluster", "state"}, nil),
 		passSeconds: prometheus.NewDesc("pgtenant_metrics_pass_duration_seconds", "Duration of the collector's last pass over the cluster.", []string{"cluster"}, nil),
+		passParts:   prometheus.NewDesc("pgtenant_metrics_pass_part_seconds", "Time of the collector's last pass over the cluster spent on its statistics and on its sizes.", []string{"cluster", "part"}, nil),
 		passQueries: prometheus.NewDesc("pgtenant_metrics_pass_queries", "SQL statements the collector's last pass over the cluster sent (constant in the number of tenants).", []string{"cluster"}, nil),
 		passTime:    prometheus.NewDesc("pgtenant_metrics_pass_timestamp_seconds", "When the collector's last pass over the cluster started.", []string{"cluster"}, nil),
 		omitted:     prometheus.NewDesc("pgtenant_tenant_series_omitted", "Measured tenants without per-tenant series (outside the top N and not opted in).", []string{"cluster"}, nil),
@@ -63,7 +64,7 @@ func NewTenantCollector(c *Collector, topN int) *TenantCollector {
 
 // Describe implements prometheus.Collector.
 func (t *TenantCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{t.tenants, t.files, t.quotaStates, t.passSeconds, t.passQueries, t.passTime, t.omitted,
+	for _, d := range []*prometheus.Desc{t.tenants, t.files, t.quotaStates, t.passSeconds, t.passParts, t.passQueries, t.passTime, t.omitted,
 		t.size, t.conns, t.xacts, t.rowsRead, t.rowsWritten, t.blksHit, t.blksRead, t.temp, t.deadlocks, t.activity, t.quota,
 		t.poolClients, t.poolServers, t.poolMaxWait} {
 		ch <- d
@@ -99,6 +100,8 @@ func (t *TenantCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if !st.lastPass.At.IsZero() {
 			gauge(t.passSeconds, st.lastPass.Duration.Seconds(), name)
+			gauge(t.passParts, st.lastPass.Statistics.Seconds(), name, "statistics")
+			gauge(t.passParts, st.lastPass.SizesTime.Seconds(), name, "sizes")
 			gauge(t.passQueries, float64(st.lastPass.Queries), name)
 			gauge(t.passTime, float64(st.lastPass.At.UnixNano())/1e9, name)
 		}
