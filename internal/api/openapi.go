@@ -100,7 +100,7 @@ var (
 		{method: "POST", path: "/v1/tenants/{id}/fork", summary: "make a new tenant holding a tenant's data as of a time (its credentials, and the job that copies the data)", request: ForkTenantRequest{}, status: 202, response: CreateTenantResponse{}},
 		{method: "POST", path: "/v1/tenants/{id}/export", summary: "a portable archive of the tenant (a tar of manifest.json and pg_dump's custom format), consistent as of one snapshot; 409 unless active or suspended, or with extensions in its database",
 			status: 200, rawResponse: ArchiveType},
-		{method: "POST", path: "/v1/tenants/import", summary: "make a new tenant from an archive of `tenant export` (its credentials, and the job that copies the data); 400 for a damaged archive, 409 when this installation lacks the archive's template version",
+		{method: "POST", path: "/v1/tenants/import", summary: "make a new tenant from an archive of `tenant export` (its credentials, and the job that copies the data); 400 for a damaged archive, 409 when this installation lacks the archive's template version, the disk has not room for it, or its dump is larger than the tier's storage quota",
 			query: []param{{"cluster", "string", "the cluster to put it on (default: placement chooses)"}, {"tier", "string", "its tier (default: the default tier)"},
 				{"name", "string", "its name (default: the archived tenant's)"}},
 			rawRequest: ArchiveType, status: 202, response: CreateTenantResponse{}},
