@@ -833,19 +833,7 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 	for i, c := range cols {
 		names[i] = cluster.Ident(c.name)
 	}
-	pr, pw := io.Pipe()
-	copyErr := make(chan error, 1)
-	go func() {
-		// Buffered: the server sends a message per row, and each write to
-		// the pipe is a goroutine switch.
-		bw := bufio.NewWriterSize(pw, 256<<10)
-		_, err := conn.PgConn().CopyTo(ctx, bw, "COPY "+pgx.Identifier{schema, table}.Sanitize()+" ("+strings.Join(names, ", ")+") TO STDOUT")
-		if err == nil {
-			err = bw.Flush()
-		}
-		pw.CloseWithError(err)
-		copyErr <- err
-	}()
+	pr, copyErr := cluster.CopyOut(ctx, conn.PgConn(), "COPY "+pgx.Identifier{schema, table}.Sanitize()+" ("+strings.Join(names, ", ")+") TO STDOUT", nil)
 	qt := quoteDuck(duckSch) + "." + quoteDuck(table)
 	// One goroutine reads and sorts the lines while this one inserts the
 	// previous batch: the two halves of the copy use both cores. A line
@@ -918,7 +906,7 @@ func copyRows(ctx context.Context, w *writer, conn *pgx.Conn, duckSch, schema, t
 	case insertErr != nil:
 		return 0, insertErr
 	case cErr != nil:
-		return 0, cluster.Classify(cErr)
+		return 0, cErr
 	case err != nil:
 		return 0, err
 	}

@@ -125,8 +125,10 @@ func (s *Stanza) RestoreScratch(ctx context.Context, name string, target time.Ti
 		_, err := s.run(ctx, append(a, "restore")...)
 		return err
 	}
+	cctx, stopCheck := context.WithCancel(ctx) // a failed restore stops it
+	defer stopCheck()
 	archived := make(chan error, 1)
-	go func() { archived <- s.Check(ctx) }()
+	go func() { archived <- s.Check(cctx) }()
 	err = restore(databases)
 	if err != nil && len(databases) > 0 && strings.Contains(err.Error(), "does not exist") {
 		// A database made after the backup: pgBackRest refuses to include

@@ -1,7 +1,6 @@
 package move
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
@@ -282,9 +281,6 @@ func missingOnTarget(ctx context.Context, e *env, tables []table) error {
 		ErrRefused, e.t.ID, strings.Join(missing, ", "), e.dst.Name()))
 }
 
-// copyBuffer is how much of a COPY's rows go through the pipe at once.
-const copyBuffer = 256 << 10
-
 // copyTable pipes one table's COPY out of the source into the target's COPY.
 func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int64, error) {
 	cols := t.columnList()
@@ -292,23 +288,8 @@ func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int6
 	if t.binary {
 		to, from = " WITH (FORMAT binary)", " WITH (FORMAT binary, FREEZE)"
 	}
-	pr, pw := io.Pipe()
-	// The source sends a message per row: written to the pipe one by one,
-	// each would be a goroutine switch and a message of its own to the
-	// target (its COPY sends what each read returns).
-	bw := bufio.NewWriterSize(pw, copyBuffer)
-	p.w = bw
-	type result struct{ err error }
-	done := make(chan result, 1)
-	go func() {
-		_, err := src.PgConn().CopyTo(ctx, p, fmt.Sprintf("COPY %s (%s) TO STDOUT%s", t.ident(), cols, to))
-		if err == nil {
-			err = bw.Flush()
-		}
-		err = cluster.Classify(err)
-		pw.CloseWithError(err) // nil: the reader sees EOF
-		done <- result{err}
-	}()
+	pr, done := cluster.CopyOut(ctx, src.PgConn(), fmt.Sprintf("COPY %s (%s) TO STDOUT%s", t.ident(), cols, to),
+		func(w io.Writer) io.Writer { p.w = w; return p })
 	// FREEZE (the table was truncated in this transaction): the rows go in
 	// frozen and the pages all-visible. Without it, the first reads after
 	// the commit (the apply worker's, the tenant's, autovacuum's) set hint
@@ -316,15 +297,15 @@ func copyTable(ctx context.Context, src, dst *pgx.Conn, t table, p *pacer) (int6
 	// full page to the WAL: the whole copy again, unpaced.
 	tag, err := dst.PgConn().CopyFrom(ctx, pr, fmt.Sprintf("COPY %s (%s) FROM STDIN%s", t.ident(), cols, from))
 	pr.CloseWithError(errors.New("the target's COPY ended")) // a writer still blocked gives up
-	out := <-done
+	srcErr := <-done
 	// The target's error first: when the source failed, the target's COPY
 	// ends with the source's error; when the target failed (a CHECK, a
 	// type), the source only says that the target stopped reading.
 	if err != nil {
 		return 0, fmt.Errorf("write to the target: %w", cluster.Classify(err))
 	}
-	if out.err != nil {
-		return 0, fmt.Errorf("read from the source: %w", out.err)
+	if srcErr != nil {
+		return 0, fmt.Errorf("read from the source: %w", srcErr)
 	}
 	return tag.RowsAffected(), nil
 }

@@ -118,9 +118,10 @@ func ReadArchive(r io.Reader, maxDump int64) (Manifest, *os.File, error) {
 // the job it starts has copied the archive into it, and returns the new
 // tenant's credentials, as a create does.
 func (s *Service) Import(ctx context.Context, r io.Reader, req ImportRequest) (provision.Created, jobs.Job, error) {
+	req.Tier = cmp.Or(req.Tier, "default")
 	// The upload's bound: the dump, compressed, is no larger than the
 	// tenant it makes, which the tier's quota (when set) caps.
-	m, f, err := ReadArchive(r, int64(s.Provision.Tiers[cmp.Or(req.Tier, "default")].StorageQuota))
+	m, f, err := ReadArchive(r, int64(s.Provision.Tiers[req.Tier].StorageQuota))
 	if err != nil {
 		return provision.Created{}, jobs.Job{}, err
 	}
