@@ -131,8 +131,9 @@ func TestUp_StartStopRestart(t *testing.T) {
 	c := api.NewClient(p.info.URL, p.info.Token)
 	cs, err := c.Clusters(ctx)
 	if err != nil {
+		t.Errorf("cluster list right after up: %v", err) // before stop, which may fail too
 		p.stop(t)
-		t.Fatal(err)
+		t.FailNow()
 	}
 	if len(cs) != 1 || cs[0].Name != "local" || len(cs[0].Standbys) != 1 || cs[0].Standbys[0].State != "streaming" {
 		p.stop(t)
