@@ -96,23 +96,55 @@ const (
 	// has no data file but about 250 kB of catalog. Large objects: those it
 	// owns (pg_largeobject is per database, outside its schema). Role
 	// settings, as for database tenants. Nothing takes a lock.
-	schemaSizesSQL = `
+	// Relation files under base/ (superuser or pg_read_server_files).
+	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
+)
+
+// schemaSizesSQL is a schema tenant's size: the files of its relations, its
+// catalog rows and its large objects (the database's size counts all of
+// these for a database tenant).
+//
+// Files: main fork and segments, free space and visibility maps, TOAST and
+// indexes (what pg_total_relation_size adds up), of the relations in its
+// schema and of the temporary relations its sessions made (by owner: they
+// live in pg_temp_N), stat'ed without opening the relations:
+// pg_total_relation_size takes ACCESS SHARE on each, and a tenant holding
+// ACCESS EXCLUSIVE on its own table would keep its size, and so its quota,
+// from ever being measured.
+//
+// Catalog: every row that a tenant's DDL makes and whose size it controls,
+// in the catalogs where it can be large or numerous — its relations and
+// their columns, defaults, indexes, rules and views, triggers, policies,
+// statistics (ANALYZE's pg_statistic grows with its columns and statistics
+// target), constraints, routines (bodies and settings), types and enum
+// labels, operators, text search dictionaries, and the comments on all of
+// them — each as pg_column_size of the row plus 40 bytes (its line pointer
+// and index entries, roughly); an empty table with 1,600 columns has no
+// data file but about 250 kB of catalog. Large objects: those it owns
+// (pg_largeobject is per database, outside its schema). Role settings, as
+// for database tenants. Nothing takes a lock.
+//
+// The schema's objects are reached through the catalogs' indexes, never by
+// a scan of a catalog by namespace (no catalog index leads with it, and a
+// shared database of 3,000 schema tenants has 480k pg_class rows): what
+// records a dependency on the schema in pg_depend (relations, routines,
+// types, operators, dictionaries) and, from those, what hangs on them
+// (indexes, TOAST, row and array types, multiranges, constraints, enum
+// labels), each checked to be in the schema; temporary relations through
+// their owner's pg_shdepend rows. schemaObjectsByScan, in the tests, is
+// the same set by namespace and owner: both give the same sizes.
+var schemaSizesSQL = schemaSizes(schemaObjectsByDependency)
+
+// schemaSizes is the size query over a definition of a schema tenant's
+// objects: CTEs relations (name, oid, relkind), its relations, TOAST and
+// indexes included, and owned (name, classid, objid, bytes), its other
+// catalog rows, given tenants (name, nsp, role).
+func schemaSizes(objects string) string {
+	return `
 		WITH RECURSIVE tenants AS (
 			SELECT n.nspname AS name, n.oid AS nsp, coalesce((SELECT r.oid FROM pg_catalog.pg_roles r WHERE r.rolname = n.nspname), 0) AS role
 			FROM pg_catalog.pg_namespace n WHERE n.nspname = ANY($1)
-		),
-		relations AS (
-			SELECT t.name, c.oid, c.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
-			UNION ALL
-			SELECT t.name, c.oid, c.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relowner = t.role AND c.relpersistence = 't'
-			UNION ALL
-			SELECT t.name, x.oid, x.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
-			JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid
-			UNION ALL
-			SELECT t.name, x.oid, x.relkind FROM tenants t JOIN pg_catalog.pg_class c ON c.relnamespace = t.nsp
-			JOIN pg_catalog.pg_index i ON i.indrelid = c.reltoastrelid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
-			WHERE c.reltoastrelid <> 0
-		),
+		),` + objects + `,
 		files (name, path, seg, size) AS (
 			SELECT r.name, p.path || f.suffix, 0, (pg_catalog.pg_stat_file(p.path || f.suffix, true)).size
 			FROM relations r, LATERAL (SELECT pg_catalog.pg_relation_filepath(r.oid) AS path) p, (VALUES (''), ('_fsm'), ('_vm'), ('_init')) f (suffix)
@@ -134,12 +166,7 @@ const (
 				+ coalesce((SELECT pg_catalog.sum(pg_catalog.pg_column_size(xd.*)) FROM pg_catalog.pg_statistic_ext_data xd WHERE xd.stxoid = x.oid), 0)::int
 			FROM relations r JOIN pg_catalog.pg_statistic_ext x ON x.stxrelid = r.oid
 			UNION ALL SELECT t.name, 'pg_catalog.pg_namespace'::pg_catalog.regclass, t.nsp, 0 FROM tenants t
-			UNION ALL SELECT t.name, 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid, pg_catalog.pg_column_size(k.*) FROM tenants t JOIN pg_catalog.pg_constraint k ON k.connamespace = t.nsp
-			UNION ALL SELECT t.name, 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid, pg_catalog.pg_column_size(p.*) FROM tenants t JOIN pg_catalog.pg_proc p ON p.pronamespace = t.nsp
-			UNION ALL SELECT t.name, 'pg_catalog.pg_type'::pg_catalog.regclass, y.oid, pg_catalog.pg_column_size(y.*) FROM tenants t JOIN pg_catalog.pg_type y ON y.typnamespace = t.nsp
-			UNION ALL SELECT t.name, 0, 0, pg_catalog.pg_column_size(e.*) FROM tenants t JOIN pg_catalog.pg_type y ON y.typnamespace = t.nsp JOIN pg_catalog.pg_enum e ON e.enumtypid = y.oid
-			UNION ALL SELECT t.name, 'pg_catalog.pg_operator'::pg_catalog.regclass, o.oid, pg_catalog.pg_column_size(o.*) FROM tenants t JOIN pg_catalog.pg_operator o ON o.oprnamespace = t.nsp
-			UNION ALL SELECT t.name, 'pg_catalog.pg_ts_dict'::pg_catalog.regclass, d.oid, pg_catalog.pg_column_size(d.*) FROM tenants t JOIN pg_catalog.pg_ts_dict d ON d.dictnamespace = t.nsp
+			UNION ALL SELECT name, classid, objid, bytes FROM owned
 			UNION ALL SELECT t.name, 'pg_catalog.pg_largeobject'::pg_catalog.regclass, m.oid, pg_catalog.pg_column_size(m.*)
 				+ coalesce((SELECT pg_catalog.sum(pg_catalog.pg_column_size(l.*) + 40) FROM pg_catalog.pg_largeobject l WHERE l.loid = m.oid), 0)::int
 			FROM tenants t JOIN pg_catalog.pg_largeobject_metadata m ON m.lomowner = t.role
@@ -156,9 +183,68 @@ const (
 		FROM tenants t
 		LEFT JOIN (SELECT name, pg_catalog.sum(size) AS bytes FROM files GROUP BY name) f ON f.name = t.name
 		LEFT JOIN (SELECT name, pg_catalog.sum(bytes) AS bytes FROM catalog GROUP BY name) c ON c.name = t.name`
-	// Relation files under base/ (superuser or pg_read_server_files).
-	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
-)
+}
+
+// schemaObjectsByDependency: see schemaSizesSQL.
+const schemaObjectsByDependency = `
+		depends AS (
+			SELECT DISTINCT t.name, t.nsp, d.classid, d.objid FROM tenants t
+			JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = t.nsp AND d.refobjsubid = 0
+		),
+		tables AS (
+			SELECT o.name, o.nsp, c.oid, c.reltype FROM depends o JOIN pg_catalog.pg_class c ON c.oid = o.objid AND c.relnamespace = o.nsp
+			WHERE o.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+		),
+		temps AS (
+			SELECT DISTINCT t.name, c.oid FROM tenants t
+			JOIN pg_catalog.pg_shdepend s ON s.refclassid = 'pg_catalog.pg_authid'::pg_catalog.regclass AND s.refobjid = t.role
+				AND s.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND s.deptype = 'o'
+				AND s.dbid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
+			JOIN pg_catalog.pg_class c ON c.oid = s.objid AND c.relowner = t.role AND c.relpersistence = 't'
+		),
+		heaps (name, oid) AS (
+			SELECT name, oid FROM tables
+			UNION ALL SELECT name, oid FROM temps
+			UNION ALL SELECT y.name, c.oid FROM types y JOIN pg_catalog.pg_type t ON t.oid = y.oid JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
+			WHERE c.relkind = 'c' AND c.relnamespace = y.nsp
+		),
+		relations (name, oid, relkind) AS (
+			SELECT h.name, c.oid, c.relkind FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
+			UNION
+			SELECT h.name, x.oid, x.relkind FROM heaps h JOIN pg_catalog.pg_index i ON i.indrelid = h.oid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
+			UNION
+			SELECT h.name, x.oid, x.relkind FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid
+			UNION
+			SELECT h.name, x.oid, x.relkind FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
+			JOIN pg_catalog.pg_index i ON i.indrelid = c.reltoastrelid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
+			WHERE c.reltoastrelid <> 0
+		),
+		bases (name, nsp, oid) AS (
+			SELECT name, nsp, objid FROM depends WHERE classid = 'pg_catalog.pg_type'::pg_catalog.regclass
+			UNION SELECT name, nsp, reltype FROM tables WHERE reltype <> 0
+		),
+		ranges (name, nsp, oid) AS (
+			SELECT name, nsp, oid FROM bases
+			UNION SELECT b.name, b.nsp, g.rngmultitypid FROM bases b JOIN pg_catalog.pg_range g ON g.rngtypid = b.oid
+		),
+		types (name, nsp, oid) AS (
+			SELECT y.name, y.nsp, t.oid FROM ranges y JOIN pg_catalog.pg_type t ON t.oid = y.oid AND t.typnamespace = y.nsp
+			UNION SELECT y.name, y.nsp, a.oid FROM ranges y JOIN pg_catalog.pg_type t ON t.oid = y.oid
+			JOIN pg_catalog.pg_type a ON a.oid = t.typarray AND a.typnamespace = y.nsp
+		),
+		owned (name, classid, objid, bytes) AS (
+			SELECT y.name, 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid, pg_catalog.pg_column_size(t.*) FROM types y JOIN pg_catalog.pg_type t ON t.oid = y.oid
+			UNION ALL SELECT y.name, 0, 0, pg_catalog.pg_column_size(e.*) FROM types y JOIN pg_catalog.pg_enum e ON e.enumtypid = y.oid
+			UNION ALL SELECT k.name, 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid, k.bytes FROM (
+				SELECT r.name, c.oid, pg_catalog.pg_column_size(c.*) AS bytes FROM tables r JOIN pg_catalog.pg_constraint c ON c.conrelid = r.oid AND c.connamespace = r.nsp
+				UNION SELECT y.name, c.oid, pg_catalog.pg_column_size(c.*) FROM types y JOIN pg_catalog.pg_constraint c ON c.contypid = y.oid AND c.connamespace = y.nsp) k
+			UNION ALL SELECT o.name, o.classid, p.oid, pg_catalog.pg_column_size(p.*) FROM depends o JOIN pg_catalog.pg_proc p ON p.oid = o.objid AND p.pronamespace = o.nsp
+			WHERE o.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+			UNION ALL SELECT o.name, o.classid, x.oid, pg_catalog.pg_column_size(x.*) FROM depends o JOIN pg_catalog.pg_operator x ON x.oid = o.objid AND x.oprnamespace = o.nsp
+			WHERE o.classid = 'pg_catalog.pg_operator'::pg_catalog.regclass
+			UNION ALL SELECT o.name, o.classid, x.oid, pg_catalog.pg_column_size(x.*) FROM depends o JOIN pg_catalog.pg_ts_dict x ON x.oid = o.objid AND x.dictnamespace = o.nsp
+			WHERE o.classid = 'pg_catalog.pg_ts_dict'::pg_catalog.regclass
+		)`
 
 // statisticsShare is how many schema tenants of a shared database have
 // their activity counters read in one pass: the statistics functions run

@@ -1,0 +1,17 @@
+package metrics
+
+import "strings"
+
+// SchemaSizes and SchemaSizesSQL are the schema tenants' size query, over a
+// definition of their objects and as the collector runs it; SchemaObjects
+// is the collector's definition.
+var SchemaSizes, SchemaSizesSQL, SchemaObjects = schemaSizes, schemaSizesSQL, schemaObjectsByDependency
+
+// SchemaObjectsQuery lists a definition's objects ($1: the schemas), one
+// row each: tenant, catalog and oid.
+func SchemaObjectsQuery(definition string) string {
+	q := schemaSizes(definition)
+	return q[:strings.Index(q, "files (name, path")] + `_ AS (SELECT 1)
+		SELECT name || ' pg_class ' || oid::pg_catalog.regclass::text || ' ' || relkind::text FROM relations
+		UNION ALL SELECT name || ' ' || classid::pg_catalog.regclass::text || ' ' || objid::text FROM owned`
+}
