@@ -237,7 +237,7 @@ const schemaObjectsByDependency = `
 			UNION ALL SELECT y.name, 0, 0, pg_catalog.pg_column_size(e.*) FROM types y JOIN pg_catalog.pg_enum e ON e.enumtypid = y.oid
 			UNION ALL SELECT k.name, 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid, k.bytes FROM (
 				SELECT r.name, c.oid, pg_catalog.pg_column_size(c.*) AS bytes FROM tables r JOIN pg_catalog.pg_constraint c ON c.conrelid = r.oid AND c.connamespace = r.nsp
-				UNION SELECT y.name, c.oid, pg_catalog.pg_column_size(c.*) FROM types y JOIN pg_catalog.pg_constraint c ON c.contypid = y.oid AND c.connamespace = y.nsp) k
+				UNION SELECT y.name, c.oid, pg_catalog.pg_column_size(c.*) FROM types y JOIN pg_catalog.pg_constraint c ON c.conrelid = 0 AND c.contypid = y.oid AND c.connamespace = y.nsp) k
 			UNION ALL SELECT o.name, o.classid, p.oid, pg_catalog.pg_column_size(p.*) FROM depends o JOIN pg_catalog.pg_proc p ON p.oid = o.objid AND p.pronamespace = o.nsp
 			WHERE o.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
 			UNION ALL SELECT o.name, o.classid, x.oid, pg_catalog.pg_column_size(x.*) FROM depends o JOIN pg_catalog.pg_operator x ON x.oid = o.objid AND x.oprnamespace = o.nsp
