@@ -410,7 +410,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			}
 		}
 		if len(tb.ops) > 0 {
-			k, err := applyOps(ctx, w, qt, tb.ops)
+			k, err := applyOps(ctx, w, tb.rel, tb.ops)
 			if err != nil {
 				return 0, fmt.Errorf("table %s: %w", qt, err)
 			}
@@ -482,7 +482,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			}
 		}
 		for _, shape := range shapes {
-			if err := insertValues(ctx, w, qt, insertCols[shape], lines[shape], inserts[shape]); err != nil {
+			if err := insertValues(ctx, w, tb.rel.schema, tb.rel.name, insertCols[shape], lines[shape], inserts[shape]); err != nil {
 				return 0, fmt.Errorf("insert into %s: %w", qt, err)
 			}
 		}
@@ -545,11 +545,12 @@ func deleteKeys(ctx context.Context, w *writer, qt string, es []*entry) error {
 // applyOps applies a keyless table's changes in order: runs of inserts
 // appended together, each delete removing one row equal to the old image
 // (of two equal rows, one goes).
-func applyOps(ctx context.Context, w *writer, qt string, ops []op) (int64, error) {
+func applyOps(ctx context.Context, w *writer, rel *relation, ops []op) (int64, error) {
+	qt := rel.quoted()
 	var run [][]*string
 	var runCols []column
 	flush := func() error {
-		err := insertValues(ctx, w, qt, runCols, nil, run)
+		err := insertValues(ctx, w, rel.schema, rel.name, runCols, nil, run)
 		run, runCols = nil, nil
 		return err
 	}

@@ -1,9 +1,11 @@
 package analytics
 
 import (
+	"database/sql/driver"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // duckType is the DuckDB column type of a PostgreSQL type (by OID and
@@ -134,4 +136,74 @@ func isHex(c byte) bool {
 // quoteDuck quotes a DuckDB identifier.
 func quoteDuck(name string) string {
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// converter turns one field of a plain line (PostgreSQL's text output) into
+// the Go value DuckDB's appender takes for its column, or reports that it
+// cannot (a value such as infinity or a BC date): its line is then cast by
+// DuckDB instead.
+type converter func(string) (driver.Value, bool)
+
+// timestampLayout reads PostgreSQL's ISO timestamps, with or without a
+// fraction; a year past 9999 or BC does not match.
+const timestampLayout = "2006-01-02 15:04:05.999999"
+
+// convert is the converter of each DuckDB type that has one giving what
+// DuckDB's own cast from the text gives (TestAppendLines_AsDuckDBCasts).
+var convert = map[string]converter{
+	"VARCHAR": func(s string) (driver.Value, bool) { return s, true },
+	"BIGINT":  func(s string) (driver.Value, bool) { v, err := strconv.ParseInt(s, 10, 64); return v, err == nil },
+	"INTEGER": func(s string) (driver.Value, bool) {
+		v, err := strconv.ParseInt(s, 10, 32)
+		return int32(v), err == nil
+	},
+	"SMALLINT": func(s string) (driver.Value, bool) {
+		v, err := strconv.ParseInt(s, 10, 16)
+		return int16(v), err == nil
+	},
+	"UBIGINT": func(s string) (driver.Value, bool) { v, err := strconv.ParseUint(s, 10, 64); return v, err == nil },
+	"DOUBLE":  func(s string) (driver.Value, bool) { v, err := strconv.ParseFloat(s, 64); return v, err == nil },
+	"REAL": func(s string) (driver.Value, bool) {
+		v, err := strconv.ParseFloat(s, 32)
+		return float32(v), err == nil
+	},
+	"BOOLEAN":   func(s string) (driver.Value, bool) { return s == "t", s == "t" || s == "f" },
+	"TIMESTAMP": func(s string) (driver.Value, bool) { v, err := time.Parse(timestampLayout, s); return v, err == nil },
+}
+
+// converters: one for each column, when every column's type has one; nil
+// otherwise.
+func converters(cols []column) []converter {
+	conv := make([]converter, len(cols))
+	for i, c := range cols {
+		if conv[i] = convert[c.typ]; conv[i] == nil {
+			return nil
+		}
+	}
+	return conv
+}
+
+// convertLine fills vals from a plain line's fields (\N: NULL); false if
+// the line has another number of fields or one does not convert.
+func convertLine(line string, conv []converter, vals []driver.Value) bool {
+	for i := range conv {
+		f := line
+		j := strings.IndexByte(line, '\t')
+		if (j >= 0) == (i == len(conv)-1) { // a tab after the last field, or none before the next
+			return false
+		}
+		if j >= 0 {
+			f, line = line[:j], line[j+1:]
+		}
+		if f == `\N` {
+			vals[i] = nil
+			continue
+		}
+		v, ok := conv[i](f)
+		if !ok {
+			return false
+		}
+		vals[i] = v
+	}
+	return true
 }
