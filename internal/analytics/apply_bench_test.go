@@ -33,7 +33,8 @@ import (
 // (b.N batches); the environment sets PGTENANT_APPLY_ROWS (1000000),
 // PGTENANT_APPLY_BATCH (changes per batch, 5000), PGTENANT_APPLY_THREADS
 // (DuckDB's threads, 2), PGTENANT_APPLY_MEMORY (1024MB) and
-// PGTENANT_APPLY_CKPT (DuckDB's checkpoint_threshold, checkpointWAL).
+// PGTENANT_APPLY_CKPT (DuckDB's checkpoint_threshold, checkpointWAL) and
+// PGTENANT_APPLY_INSERTS (1: each change inserts a new id instead).
 
 // pgout builds pgoutput messages.
 type pgout []byte
@@ -69,9 +70,9 @@ func benchRow(r *rand.Rand, id int) [][]byte {
 	return append(vals, []byte("2026-12-02 22:41:25.123456"))
 }
 
-func benchTxn(r *rand.Rand, id int, lsn uint64) [][]byte {
+func benchTxn(r *rand.Rand, kind byte, id int, lsn uint64) [][]byte {
 	begin := pgout{'B'}.u64(lsn).u64(0).u32(uint32(lsn))
-	upd := pgout{'U'}.u32(16384).u8('N').u16(benchCols)
+	upd := pgout{kind}.u32(16384).u8('N').u16(benchCols)
 	for _, v := range benchRow(r, id) {
 		upd = upd.u8('t').u32(uint32(len(v)))
 		upd = append(upd, v...)
@@ -99,24 +100,8 @@ func BenchmarkApply(b *testing.B) {
 	dsn := fmt.Sprintf("%s?threads=%s&memory_limit=%s&checkpoint_threshold=%s&storage_compatibility_version=latest&enable_external_access=false",
 		filepath.Join(b.TempDir(), "m.duckdb"), cmp.Or(os.Getenv("PGTENANT_APPLY_THREADS"), "2"), cmp.Or(os.Getenv("PGTENANT_APPLY_MEMORY"), "1024MB"),
 		cmp.Or(os.Getenv("PGTENANT_APPLY_CKPT"), checkpointWAL))
-	db, err := sql.Open("duckdb", dsn)
-	if err != nil {
-		b.Fatal(err)
-	}
+	db := testFile(b, dsn, rows)
 	defer db.Close()
-	if _, err := db.Exec(`CREATE SCHEMA ` + stateSchema + `;
-		CREATE TABLE ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ);
-		CREATE TABLE ` + stateSchema + `.resync (tbl VARCHAR NOT NULL, pg_schema VARCHAR NOT NULL, pg_table VARCHAR NOT NULL, until UBIGINT NOT NULL);
-		INSERT INTO ` + stateSchema + `.state VALUES (1, true, 0, now());
-		CREATE TABLE main.t AS SELECT i::BIGINT AS id,
-			(random()*1000)::INTEGER AS int1, (random()*1000)::INTEGER AS int2, (random()*1000)::INTEGER AS int3, (random()*1000)::INTEGER AS int4, (random()*1000)::INTEGER AS int5,
-			(random()*1000)::INTEGER AS int6, (random()*1000)::INTEGER AS int7, (random()*1000)::INTEGER AS int8, (random()*1000)::INTEGER AS int9, (random()*1000)::INTEGER AS int10,
-			md5((i % 10000)::VARCHAR) AS text1, md5((i % 9999)::VARCHAR) AS text2, md5((i % 9998)::VARCHAR) AS text3, md5((i % 9997)::VARCHAR) AS text4, md5((i % 9996)::VARCHAR) AS text5,
-			md5((i % 9995)::VARCHAR) AS text6, md5((i % 9994)::VARCHAR) AS text7, md5((i % 9993)::VARCHAR) AS text8, md5((i % 9992)::VARCHAR) AS text9, md5((i % 9991)::VARCHAR) AS text10,
-			TIMESTAMP '2026-01-01' AS crt_time FROM range(1, ` + fmt.Sprint(rows+1) + `) r(i);
-		CHECKPOINT`); err != nil {
-		b.Fatal(err)
-	}
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		b.Fatal(err)
@@ -128,12 +113,17 @@ func BenchmarkApply(b *testing.B) {
 	rels := map[uint32]*relation{}
 	lsn := uint64(100)
 	// the batches' messages, made before the clock starts
+	inserts := os.Getenv("PGTENANT_APPLY_INSERTS") == "1"
 	msgs := make([][][]byte, b.N)
 	for i := range msgs {
 		msgs[i] = [][]byte{benchRelation()}
-		for range perBatch {
+		for j := range perBatch {
 			lsn += 10
-			msgs[i] = append(msgs[i], benchTxn(r, 1+r.IntN(rows), lsn)...)
+			if inserts {
+				msgs[i] = append(msgs[i], benchTxn(r, 'I', rows+1+i*perBatch+j, lsn)...)
+			} else {
+				msgs[i] = append(msgs[i], benchTxn(r, 'U', 1+r.IntN(rows), lsn)...)
+			}
 		}
 	}
 	var gather, apply time.Duration
@@ -166,7 +156,35 @@ func BenchmarkApply(b *testing.B) {
 	b.ReportMetric(float64(apply.Microseconds())/n, "apply-µs/change")
 	b.ReportMetric(float64(ckpt.Microseconds())/n, "final-checkpoint-µs/change")
 	var count int64
-	if err := db.QueryRow(`SELECT count(*) FROM main.t`).Scan(&count); err != nil || count != int64(rows) {
-		b.Fatalf("the table has %d rows, want %d (%v)", count, rows, err)
+	want := int64(rows)
+	if inserts {
+		want += int64(b.N * perBatch)
 	}
+	if err := db.QueryRow(`SELECT count(*) FROM main.t`).Scan(&count); err != nil || count != want {
+		b.Fatalf("the table has %d rows, want %d (%v)", count, want, err)
+	}
+}
+
+// testFile opens a DuckDB file (dsn) as a mirror's with bench analytics'
+// table of rows rows (ids 1..rows) in main.t, checkpointed.
+func testFile(tb testing.TB, dsn string, rows int) *sql.DB {
+	db, err := sql.Open("duckdb", dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE SCHEMA ` + stateSchema + `;
+		CREATE TABLE ` + stateSchema + `.state (lsn UBIGINT NOT NULL, copied BOOLEAN NOT NULL, applied_rows BIGINT NOT NULL, applied_at TIMESTAMPTZ);
+		CREATE TABLE ` + stateSchema + `.resync (tbl VARCHAR NOT NULL, pg_schema VARCHAR NOT NULL, pg_table VARCHAR NOT NULL, until UBIGINT NOT NULL);
+		INSERT INTO ` + stateSchema + `.state VALUES (1, true, 0, now());
+		CREATE TABLE main.t AS SELECT i::BIGINT AS id,
+			(random()*1000)::INTEGER AS int1, (random()*1000)::INTEGER AS int2, (random()*1000)::INTEGER AS int3, (random()*1000)::INTEGER AS int4, (random()*1000)::INTEGER AS int5,
+			(random()*1000)::INTEGER AS int6, (random()*1000)::INTEGER AS int7, (random()*1000)::INTEGER AS int8, (random()*1000)::INTEGER AS int9, (random()*1000)::INTEGER AS int10,
+			md5((i % 10000)::VARCHAR) AS text1, md5((i % 9999)::VARCHAR) AS text2, md5((i % 9998)::VARCHAR) AS text3, md5((i % 9997)::VARCHAR) AS text4, md5((i % 9996)::VARCHAR) AS text5,
+			md5((i % 9995)::VARCHAR) AS text6, md5((i % 9994)::VARCHAR) AS text7, md5((i % 9993)::VARCHAR) AS text8, md5((i % 9992)::VARCHAR) AS text9, md5((i % 9991)::VARCHAR) AS text10,
+			TIMESTAMP '2026-01-01' AS crt_time FROM range(1, ` + fmt.Sprint(rows+1) + `) r(i);
+		CHECKPOINT`); err != nil {
+		db.Close()
+		tb.Fatal(err)
+	}
+	return db
 }

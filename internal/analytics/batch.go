@@ -45,6 +45,11 @@ type entry struct {
 	key   []column  // the key columns and values the row had in the file
 	keyV  []*string //
 	known []bool    // patch: the columns whose values are known ('u' = unchanged TOAST is not)
+	// fresh: the batch's first change of the key inserted it, so the file
+	// has no row of it: nothing to delete. (A key's row is in the file
+	// exactly when it was in the table at the file's LSN, and the batch
+	// starts there.)
+	fresh bool
 }
 
 const (
@@ -206,7 +211,7 @@ func (b *batch) row(kind byte, relID uint32, old, new *pglogrepl.TupleData) erro
 			old = new // every column is the key, and none changed
 		}
 	}
-	return b.change(relID, old, new)
+	return b.change(relID, kind == 'I', old, new)
 }
 
 func values(t *pglogrepl.TupleData) (vals []*string, known []bool) {
@@ -291,7 +296,7 @@ func (e *entry) values() []*string {
 	return e.vals
 }
 
-func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
+func (b *batch) change(relID uint32, insert bool, old, new *pglogrepl.TupleData) error {
 	if b.skip {
 		return nil
 	}
@@ -321,8 +326,11 @@ func (b *batch) change(relID uint32, old, new *pglogrepl.TupleData) error {
 		return nil
 	}
 	set := func(k string, e *entry) {
-		if _, ok := tb.entries[k]; !ok {
+		if prev, ok := tb.entries[k]; ok {
+			e.fresh = prev.fresh
+		} else {
 			tb.order = append(tb.order, k)
+			e.fresh = insert
 		}
 		tb.entries[k] = e
 	}
@@ -417,7 +425,8 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 			n += k
 			continue
 		}
-		// Every key the batch touched goes first (by its key columns),
+		// Every key the batch touched goes first (by its key columns), but
+		// those it inserted (fresh: a batch of inserts deletes nothing),
 		// then the new images are inserted, then patches update in place.
 		// Entries share their relation's column slices: their shapes are
 		// worked out once per slice.
@@ -442,7 +451,7 @@ func (b *batch) apply(ctx context.Context, w *writer) (int64, error) {
 		var shapes []string
 		for _, k := range tb.order {
 			e := tb.entries[k]
-			if e.kind == patch {
+			if e.kind == patch || e.fresh {
 				continue
 			}
 			shape := shapeOf(e.key)

@@ -4,9 +4,17 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pglogrepl"
+
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // TestAppendLines_AsDuckDBCasts: lines appended through the converters
@@ -88,5 +96,69 @@ func TestAppendLines_AsDuckDBCasts(t *testing.T) {
 		if convertLine(l, conv, vals) {
 			t.Errorf("line %q of %d fields converted", l, strings.Count(l, "\t")+1)
 		}
+	}
+}
+
+// TestBatch_FreshKeysDeleteNothing: a key the batch inserted first has no
+// row in the file, so the apply deletes only the keys it found there
+// (updated, deleted, or inserted again after a delete); the file then
+// holds what the table holds.
+func TestBatch_FreshKeysDeleteNothing(t *testing.T) {
+	ctx := context.Background()
+	db := testFile(t, filepath.Join(t.TempDir(), "m.duckdb"), 10) // ids 1..10
+	defer db.Close()
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	r := rand.New(rand.NewPCG(3, 4))
+	tuple := func(p pgout, id int) pgout {
+		p = p.u16(benchCols)
+		for _, v := range benchRow(r, id) {
+			p = append(p.u8('t').u32(uint32(len(v))), v...)
+		}
+		return p
+	}
+	key := func(p pgout, id int) pgout {
+		v := fmt.Appendf(nil, "%d", id)
+		p = append(p.u16(benchCols).u8('t').u32(uint32(len(v))), v...)
+		for range benchCols - 1 {
+			p = p.u8('n')
+		}
+		return p
+	}
+	insert := func(id int) []byte { return tuple(pgout{'I'}.u32(16384).u8('N'), id) }
+	update := func(id int) []byte { return tuple(pgout{'U'}.u32(16384).u8('N'), id) }
+	del := func(id int) []byte { return key(pgout{'D'}.u32(16384).u8('K'), id) }
+	msgs := [][]byte{benchRelation(), pgout{'B'}.u64(100).u64(0).u32(7),
+		insert(11), insert(12), update(12), insert(13), del(13), // fresh: inserted first
+		update(5), del(6), del(7), insert(7), // in the file
+		pgout{'C'}.u8(0).u64(100).u64(101).u64(0)}
+	bt := newBatch(catalog.Tenant{ID: "t1", Mode: tenant.ModeDatabase}, map[uint32]*relation{}, map[string]pglogrepl.LSN{})
+	var dec rowDecoder
+	for _, m := range msgs {
+		if _, err := bt.addMessage(m, 0, &dec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var fresh []string
+	for _, k := range bt.tables[16384].order {
+		if bt.tables[16384].entries[k].fresh {
+			fresh = append(fresh, strings.TrimRight(k, "\x00"))
+		}
+	}
+	if want := []string{"11", "12", "13"}; !slices.Equal(fresh, want) {
+		t.Errorf("fresh keys %q, want %q", fresh, want)
+	}
+	if _, err := bt.apply(ctx, newWriter(conn)); err != nil {
+		t.Fatal(err)
+	}
+	var ids string
+	if err := conn.QueryRowContext(ctx, `SELECT string_agg(id::VARCHAR, ',' ORDER BY id) FROM main.t`).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	if want := "1,2,3,4,5,7,8,9,10,11,12"; ids != want {
+		t.Errorf("ids in the file %s, want %s", ids, want)
 	}
 }
