@@ -4,8 +4,9 @@ import "strings"
 
 // SchemaSizes and SchemaSizesSQL are the schema tenants' size query, over a
 // definition of their objects and as the collector runs it; SchemaObjects
-// is the collector's definition.
-var SchemaSizes, SchemaSizesSQL, SchemaObjects = schemaSizes, schemaSizesSQL, schemaObjectsByDependency
+// is the collector's definition; Forks leaves out the forks a relation
+// cannot have.
+var SchemaSizes, SchemaSizesSQL, SchemaObjects, Forks = schemaSizes, schemaSizesSQL, schemaObjectsByDependency, forks
 
 // SchemaObjectsQuery lists a definition's objects ($1: the schemas), one
 // row each: tenant, catalog and oid.

@@ -136,8 +136,8 @@ const (
 var schemaSizesSQL = schemaSizes(schemaObjectsByDependency)
 
 // schemaSizes is the size query over a definition of a schema tenant's
-// objects: CTEs relations (name, oid, relkind), its relations, TOAST and
-// indexes included, and owned (name, classid, objid, bytes), its other
+// objects: CTEs relations (name, oid, relkind, relpersistence), its
+// relations, TOAST and indexes included, and owned (name, classid, objid, bytes), its other
 // catalog rows, given tenants (name, nsp, role).
 func schemaSizes(objects string) string {
 	return `
@@ -148,7 +148,7 @@ func schemaSizes(objects string) string {
 		files (name, path, seg, size) AS (
 			SELECT r.name, p.path || f.suffix, 0, (pg_catalog.pg_stat_file(p.path || f.suffix, true)).size
 			FROM relations r, LATERAL (SELECT pg_catalog.pg_relation_filepath(r.oid) AS path) p, (VALUES (''), ('_fsm'), ('_vm'), ('_init')) f (suffix)
-			WHERE r.relkind IN ('r', 'm', 'S', 'i', 't') AND p.path IS NOT NULL
+			WHERE r.relkind IN ('r', 'm', 'S', 'i', 't') AND p.path IS NOT NULL` + forks + `
 			UNION ALL
 			SELECT name, path, seg + 1, (pg_catalog.pg_stat_file(path || '.' || (seg + 1), true)).size
 			FROM files WHERE size >= 1073741824
@@ -185,6 +185,13 @@ func schemaSizes(objects string) string {
 		LEFT JOIN (SELECT name, pg_catalog.sum(bytes) AS bytes FROM catalog GROUP BY name) c ON c.name = t.name`
 }
 
+// forks leaves out the forks a relation cannot have, a third of the files
+// to stat: a sequence has neither free space nor visibility map, an index
+// no visibility map, and only an unlogged relation has an init fork.
+const forks = `
+				AND (f.suffix = '' OR (f.suffix = '_fsm' AND r.relkind <> 'S') OR (f.suffix = '_vm' AND r.relkind IN ('r', 'm', 't'))
+					OR (f.suffix = '_init' AND r.relpersistence = 'u'))`
+
 // schemaObjectsByDependency: see schemaSizesSQL.
 const schemaObjectsByDependency = `
 		depends AS (
@@ -208,14 +215,14 @@ const schemaObjectsByDependency = `
 			UNION ALL SELECT y.name, c.oid FROM types y JOIN pg_catalog.pg_type t ON t.oid = y.oid JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
 			WHERE c.relkind = 'c' AND c.relnamespace = y.nsp
 		),
-		relations (name, oid, relkind) AS (
-			SELECT h.name, c.oid, c.relkind FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
+		relations (name, oid, relkind, relpersistence) AS (
+			SELECT h.name, c.oid, c.relkind, c.relpersistence FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
 			UNION
-			SELECT h.name, x.oid, x.relkind FROM heaps h JOIN pg_catalog.pg_index i ON i.indrelid = h.oid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
+			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_index i ON i.indrelid = h.oid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
 			UNION
-			SELECT h.name, x.oid, x.relkind FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid
+			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid
 			UNION
-			SELECT h.name, x.oid, x.relkind FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
+			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
 			JOIN pg_catalog.pg_index i ON i.indrelid = c.reltoastrelid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
 			WHERE c.reltoastrelid <> 0
 		),
