@@ -72,30 +72,6 @@ const (
 		SELECT d.datname, pg_catalog.pg_database_size(d.oid) + coalesce((SELECT pg_catalog.sum(pg_catalog.pg_column_size(s.*))
 			FROM pg_catalog.pg_db_role_setting s JOIN pg_catalog.pg_roles r ON r.oid = s.setrole WHERE r.rolname = d.datname), 0)::bigint
 		FROM pg_catalog.pg_database d WHERE d.datname = ANY($1)`
-	// A schema tenant's size: the files of its relations, its catalog rows
-	// and its large objects (the database's size counts all of these for a
-	// database tenant).
-	//
-	// Files: main fork and segments, free space and visibility maps, TOAST
-	// and indexes (what pg_total_relation_size adds up), of the relations in
-	// its schema and of the temporary relations its sessions made (by owner:
-	// they live in pg_temp_N), stat'ed without opening the relations:
-	// pg_total_relation_size takes ACCESS SHARE on each, and a tenant holding
-	// ACCESS EXCLUSIVE on its own table would keep its size, and so its
-	// quota, from ever being measured.
-	//
-	// Catalog: every row that a tenant's DDL makes and whose size it
-	// controls, in the catalogs where it can be large or numerous — its
-	// relations and their columns, defaults, indexes, rules and views,
-	// triggers, policies, statistics (ANALYZE's pg_statistic grows with
-	// its columns and statistics target), constraints, routines (bodies and
-	// settings), types and enum labels, operators, text search
-	// dictionaries, and the comments on all of them — each as
-	// pg_column_size of the row plus 40 bytes (its line pointer and index
-	// entries, roughly); an empty table with 1,600 columns
-	// has no data file but about 250 kB of catalog. Large objects: those it
-	// owns (pg_largeobject is per database, outside its schema). Role
-	// settings, as for database tenants. Nothing takes a lock.
 	// Relation files under base/ (superuser or pg_read_server_files).
 	relationFilesSQL = `SELECT count(*) FROM pg_database d, pg_ls_dir('base/' || d.oid, true, false) f`
 )
@@ -104,8 +80,9 @@ const (
 // catalog rows and its large objects (the database's size counts all of
 // these for a database tenant).
 //
-// Files: main fork and segments, free space and visibility maps, TOAST and
-// indexes (what pg_total_relation_size adds up), of the relations in its
+// Files: main fork and segments, free space and visibility maps, init
+// forks, TOAST and indexes (what pg_total_relation_size adds up; only the
+// forks a relation can have: forks), of the relations in its
 // schema and of the temporary relations its sessions made (by owner: they
 // live in pg_temp_N), stat'ed without opening the relations:
 // pg_total_relation_size takes ACCESS SHARE on each, and a tenant holding
@@ -137,8 +114,8 @@ var schemaSizesSQL = schemaSizes(schemaObjectsByDependency)
 
 // schemaSizes is the size query over a definition of a schema tenant's
 // objects: CTEs relations (name, oid, relkind, relpersistence), its
-// relations, TOAST and indexes included, and owned (name, classid, objid, bytes), its other
-// catalog rows, given tenants (name, nsp, role).
+// relations, TOAST and indexes included, and owned (name, classid, objid,
+// bytes), its other catalog rows, given tenants (name, nsp, role).
 func schemaSizes(objects string) string {
 	return `
 		WITH RECURSIVE tenants AS (
