@@ -543,32 +543,13 @@ func (c *Cluster) ensurePrimary(ctx context.Context) error {
 		if err := c.initdb(ctx, dir); err != nil {
 			return err
 		}
-	}
-	fresh := !p.Ready
-	for attempt := 0; ; attempt++ {
-		if fresh {
-			port, err := freePort()
-			if err != nil {
-				return err
-			}
-			p.Port = port
-			if err := c.writeConf(dir, p.Port); err != nil {
-				return err
-			}
-		}
-		err := c.startNode(ctx, *p)
-		if err == nil {
-			break
-		}
-		if !fresh || attempt == 2 || !errors.Is(err, errPortInUse) {
+		if err := c.startOnFreePort(ctx, dir, p); err != nil {
 			return err
 		}
-	}
-	if fresh {
 		p.Ready = true
 		return c.saveState()
 	}
-	return nil
+	return c.startNode(ctx, *p)
 }
 
 func (c *Cluster) ensureStandby(ctx context.Context, s *Node) error {
@@ -577,27 +558,41 @@ func (c *Cluster) ensureStandby(ctx context.Context, s *Node) error {
 		if err := c.moveAside(dir); err != nil {
 			return err
 		}
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		s.Port = port
-		if err := c.saveState(); err != nil {
-			return err
-		}
 		if err := c.basebackup(ctx, dir, s.Name); err != nil {
 			return err
 		}
-		if err := c.writeConf(dir, s.Port); err != nil {
-			return err
-		}
-		if err := c.startNode(ctx, *s); err != nil {
+		if err := c.startOnFreePort(ctx, dir, s); err != nil {
 			return err
 		}
 		s.Ready = true
 		return c.saveState()
 	}
 	return c.startNode(ctx, *s)
+}
+
+// startOnFreePort starts a node made just now on a free port. A port is
+// picked, not reserved: when another process binds it before the server
+// does (tests start fleets side by side), another is picked, up to three
+// times. A node that was made before keeps its recorded port (startNode).
+func (c *Cluster) startOnFreePort(ctx context.Context, dir string, n *Node) error {
+	for attempt := 0; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return err
+		}
+		n.Port = port
+		if err := c.writeConf(dir, port); err != nil {
+			return err
+		}
+		if err := c.saveState(); err != nil {
+			return err
+		}
+		err = c.startNode(ctx, *n)
+		if err == nil || attempt == 2 || !errors.Is(err, errPortInUse) {
+			return err
+		}
+		c.log.Warn("the port picked for a new node was taken before it started; picking another", "node", n.Name, "port", port)
+	}
 }
 
 // moveAside renames a half-made node directory out of the way, never deleting
