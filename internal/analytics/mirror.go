@@ -950,8 +950,8 @@ func castLines(ctx context.Context, w *writer, schema, table string, cols []colu
 
 // appendLines appends the lines whose fields all convert (convertLine) to
 // the table through DuckDB's appender, in the writer's transaction, and
-// returns the others. It costs a third of the staged INSERT's CPU
-// (BenchmarkApply).
+// returns the others. At 1,000 changes a batch this takes 3.5–4 µs of CPU
+// per change off the staged INSERT's (BenchmarkApply).
 func appendLines(ctx context.Context, w *writer, schema, table string, cols []column, conv []converter, lines []string) ([]string, error) {
 	names := make([]string, len(cols))
 	for i, c := range cols {
