@@ -151,6 +151,16 @@ func restoreAfterLosingBothNodes(t *testing.T, nodes []string, upArgs ...string)
 		if err := queryAs(ctx, r.DirectDSN, `SELECT count(*) FROM items`, &n); err != nil || n != step.want {
 			t.Errorf("the tenant's rows after the restore to %s: %d (%v), want %d", step.what, n, err, step.want)
 		}
+		// up's front door syncs its entries once it runs: reconcile
+		// after the tenant logs in through it.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(300 * time.Millisecond) {
+			err := execAs(ctx, r.DSN, `SELECT 1`)
+			if err == nil {
+				break
+			} else if time.Now().After(deadline) {
+				fail("log in through the pooler after the restore to %s: %v", step.what, err)
+			}
+		}
 		rep, err := c.Reconcile(ctx, api.ReconcileRequest{})
 		if err != nil {
 			fail("reconcile: %v", err)
