@@ -485,9 +485,10 @@ func (d *dispatcher) outcome(ctx context.Context, o outcome) bool {
 		// versions it did commit are recorded).
 		d.outcomes = append(d.outcomes, rec)
 		return false
-	case o.state == "":
-		// Its storage is gone: if the tenant is on its way out it is
-		// skipped, else it failed.
+	case o.state == "" || o.state == catalog.RolloutTenantFailed:
+		// Its storage is gone, or it failed: if the tenant is on its way
+		// out (a purge that began during the rollout locks its roles out
+		// before it drops anything) it is skipped, else it failed.
 		t, err := d.s.Store.GetTenant(ctx, nil, o.tenant)
 		if errors.Is(err, catalog.ErrNotFound) || (err == nil && t.State != catalog.StateActive &&
 			t.State != catalog.StateSuspended && t.State != catalog.StateDropped) {
