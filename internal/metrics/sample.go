@@ -176,32 +176,34 @@ const schemaObjectsByDependency = `
 			JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = t.nsp AND d.refobjsubid = 0
 		),
 		tables AS (
-			SELECT o.name, o.nsp, c.oid, c.reltype FROM depends o JOIN pg_catalog.pg_class c ON c.oid = o.objid AND c.relnamespace = o.nsp
+			SELECT o.name, o.nsp, c.oid, c.reltype, c.relkind, c.relpersistence, c.reltoastrelid FROM depends o
+			JOIN pg_catalog.pg_class c ON c.oid = o.objid AND c.relnamespace = o.nsp
 			WHERE o.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
 		),
 		temps AS (
-			SELECT DISTINCT t.name, c.oid FROM tenants t
+			SELECT DISTINCT t.name, c.oid, c.relkind, c.relpersistence, c.reltoastrelid FROM tenants t
 			JOIN pg_catalog.pg_shdepend s ON s.refclassid = 'pg_catalog.pg_authid'::pg_catalog.regclass AND s.refobjid = t.role
 				AND s.classid = 'pg_catalog.pg_class'::pg_catalog.regclass AND s.deptype = 'o'
 				AND s.dbid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())
 			JOIN pg_catalog.pg_class c ON c.oid = s.objid AND c.relowner = t.role AND c.relpersistence = 't'
 		),
-		heaps (name, oid) AS (
-			SELECT name, oid FROM tables
-			UNION ALL SELECT name, oid FROM temps
-			UNION ALL SELECT y.name, c.oid FROM types y JOIN pg_catalog.pg_type t ON t.oid = y.oid JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
+		heaps (name, oid, relkind, relpersistence, reltoastrelid) AS (
+			SELECT name, oid, relkind, relpersistence, reltoastrelid FROM tables
+			UNION ALL SELECT name, oid, relkind, relpersistence, reltoastrelid FROM temps
+			UNION ALL SELECT y.name, c.oid, c.relkind, c.relpersistence, c.reltoastrelid FROM types y
+			JOIN pg_catalog.pg_type t ON t.oid = y.oid JOIN pg_catalog.pg_class c ON c.oid = t.typrelid
 			WHERE c.relkind = 'c' AND c.relnamespace = y.nsp
 		),
 		relations (name, oid, relkind, relpersistence) AS (
-			SELECT h.name, c.oid, c.relkind, c.relpersistence FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
+			SELECT name, oid, relkind, relpersistence FROM heaps
 			UNION
 			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_index i ON i.indrelid = h.oid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
 			UNION
-			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid JOIN pg_catalog.pg_class x ON x.oid = c.reltoastrelid
+			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_class x ON x.oid = h.reltoastrelid
 			UNION
-			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h JOIN pg_catalog.pg_class c ON c.oid = h.oid
-			JOIN pg_catalog.pg_index i ON i.indrelid = c.reltoastrelid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
-			WHERE c.reltoastrelid <> 0
+			SELECT h.name, x.oid, x.relkind, x.relpersistence FROM heaps h
+			JOIN pg_catalog.pg_index i ON i.indrelid = h.reltoastrelid JOIN pg_catalog.pg_class x ON x.oid = i.indexrelid
+			WHERE h.reltoastrelid <> 0
 		),
 		bases (name, nsp, oid) AS (
 			SELECT name, nsp, objid FROM depends WHERE classid = 'pg_catalog.pg_type'::pg_catalog.regclass
