@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/config"
+	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
@@ -29,6 +30,10 @@ type DensityRealOptions struct {
 	Steps                          []int
 	Claims                         int // claims (and purges) per mode and step
 	Requests                       int // API calls per measure and step
+	// Settle bounds the waits, before the claims and before idle WAL
+	// is measured, for the server's own work after the bench's bursts of
+	// builds (autovacuum's workers) to end.
+	Settle time.Duration
 }
 
 // DensityRealPoint is what the cluster cost at one step.
@@ -42,20 +47,28 @@ type DensityRealPoint struct {
 	Passes             ScaleTiming      `json:"collector"`
 	Scrape             time.Duration    `json:"scrape"`
 	ScrapeBytes        int              `json:"scrape_bytes"`
+	FrontSync          time.Duration    `json:"front_door_sync"` // p50 of 5, isolated
 	Reconcile          time.Duration    `json:"reconcile"`
 	ReconcileFindings  int              `json:"reconcile_findings"`
 	ShowP95, ListP95   time.Duration
 	SearchP95          time.Duration
-	HeapBytes          uint64        `json:"heap_bytes"`
-	Files              int           `json:"relation_files"`
-	DiskBytes          int64         `json:"disk_bytes"`
-	SharedClassRows    int64         `json:"shared_db_pg_class_rows"`
-	SharedAttrRows     int64         `json:"shared_db_pg_attribute_rows"`
-	SharedCatalogBytes int64         `json:"shared_db_catalog_bytes"`
-	ShmemBytes         int64         `json:"shared_memory_bytes"`
-	IdleWALPerSec      float64       `json:"idle_wal_bytes_per_second"`
-	Restart            time.Duration `json:"restart"`
-	CrashRecovery      time.Duration `json:"crash_recovery"`
+	HeapBytes          uint64  `json:"heap_bytes"`
+	Files              int     `json:"relation_files"`
+	DiskBytes          int64   `json:"disk_bytes"`
+	SharedClassRows    int64   `json:"shared_db_pg_class_rows"`
+	SharedAttrRows     int64   `json:"shared_db_pg_attribute_rows"`
+	SharedCatalogBytes int64   `json:"shared_db_catalog_bytes"`
+	ShmemBytes         int64   `json:"shared_memory_bytes"`
+	IdleWALPerSec      float64 `json:"idle_wal_bytes_per_second"`              // the last of three 10 s windows
+	IdleWALFirst       float64 `json:"idle_wal_first_window_bytes_per_second"` // the first
+	IdleImagesFirst    int64   `json:"idle_page_images_first_window"`          // full-page images in the first window
+	IdleImages         int64   `json:"idle_page_images"`                       // and in the last
+	// IdleSettle is how long autovacuum kept working after growth
+	// before the idle WAL was measured (Settle at most).
+	IdleSettle    time.Duration `json:"idle_settle"`
+	IdleSettled   bool          `json:"idle_settled"` // no autovacuum worker ran when the measure began
+	Restart       time.Duration `json:"restart"`
+	CrashRecovery time.Duration `json:"crash_recovery"`
 }
 
 // DensityReal runs bench density's real mode.
@@ -100,7 +113,14 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	p := DensityRealPoint{Schema: schema, Database: database}
 	cfg := idleConfig(fc, dir, true)
 	cfg.Provision.DefaultPoolSize = 0
-	d, err := e.startDaemonInProcess(ctx, fc, cfg)
+	// Claims come through the API of a daemon with the cluster's front
+	// door, as `up` runs it: a claim answers once PgBouncer has its entry.
+	pc, err := benchPooler(filepath.Join(dir, "pgbouncer"))
+	if err != nil {
+		return p, err
+	}
+	pc.ServerSocketDir = fc.SocketDir()
+	d, err := e.startDaemonInProcess(ctx, fc, cfg, func(do *daemon.Options) { do.Poolers = map[string]config.PoolerConfig{fc.Name(): pc} })
 	if err != nil {
 		return p, err
 	}
@@ -114,7 +134,7 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 		mode tenant.Mode
 		out  *[2]time.Duration
 	}{{tenant.ModeSchema, &p.ClaimSchema}, {tenant.ModeDatabase, &p.ClaimDatabase}} {
-		lat, ids, err := e.timedClaims(ctx, fc, dir, d, m.mode, o.Claims)
+		lat, ids, err := e.timedClaims(ctx, fc, dir, d, m.mode, o.Claims, o.Settle)
 		if err != nil {
 			return p, err
 		}
@@ -140,6 +160,21 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 			}
 		}
 	}
+
+	// The front door's sync alone, isolated (the purges' syncs widened
+	// the front door's window: spaced enough for it to start over):
+	// the cluster's tenants and their verifiers read, the files written,
+	// PgBouncer reloaded.
+	var syncs []time.Duration
+	for range 5 {
+		time.Sleep(syncSpacing)
+		b := time.Now()
+		if err := d.d.Poolers().Await(ctx, fc.Name()); err != nil {
+			return p, err
+		}
+		syncs = append(syncs, time.Since(b))
+	}
+	p.FrontSync = percentile(syncs, 50)
 
 	// The API, on tenants sampled at random.
 	var sample []string
@@ -194,13 +229,31 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	if err != nil {
 		return p, err
 	}
-	var lsn0, lsn1 int64
-	if err := admin.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn0); err != nil {
+	// Growth leaves autovacuum work behind (new tables' first analyze, the
+	// catalogs' vacuum): the idle fleet is the one after it.
+	p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle)
+	if err != nil {
 		admin.Close(ctx)
 		return p, err
 	}
-	time.Sleep(10 * time.Second)
-	err = admin.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&lsn1)
+	// Three windows of 10 s: the first still has the writes that reading
+	// what growth wrote costs (hint bits set for the first time, each
+	// page's image in the WAL, data checksums being on); the last is the
+	// fleet at rest.
+	var walRates [3]float64
+	var images [3]int64 // full-page images written in each window
+	const walNow = `SELECT pg_current_wal_lsn() - '0/0', wal_fpi FROM pg_catalog.pg_stat_wal`
+	for i := range walRates {
+		var lsn0, lsn1, fpi0, fpi1 int64
+		if err = admin.QueryRow(ctx, walNow).Scan(&lsn0, &fpi0); err != nil {
+			break
+		}
+		time.Sleep(10 * time.Second)
+		if err = admin.QueryRow(ctx, walNow).Scan(&lsn1, &fpi1); err != nil {
+			break
+		}
+		walRates[i], images[i] = float64(lsn1-lsn0)/10, fpi1-fpi0
+	}
 	if err == nil {
 		err = admin.QueryRow(ctx, `SELECT (SELECT sum(pg_database_size(oid)) FROM pg_database)::bigint,
 			(SELECT sum(allocated_size) FROM pg_shmem_allocations)::bigint`).Scan(&p.DiskBytes, &p.ShmemBytes)
@@ -209,7 +262,8 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	if err != nil {
 		return p, err
 	}
-	p.IdleWALPerSec = float64(lsn1-lsn0) / 10
+	p.IdleWALFirst, p.IdleWALPerSec = walRates[0], walRates[len(walRates)-1]
+	p.IdleImagesFirst, p.IdleImages = images[0], images[len(images)-1]
 	var shared string
 	if err := d.catalog.QueryRow(ctx, `SELECT database FROM tenants WHERE mode = 'schema' LIMIT 1`).Scan(&shared); err != nil {
 		return p, err
@@ -255,7 +309,7 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 
 // timedClaims builds n spares of mode with a daemon of its own, then claims
 // them one at a time through d: their latencies and ids.
-func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d *benchDaemon, mode tenant.Mode, n int) ([]time.Duration, []string, error) {
+func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d *benchDaemon, mode tenant.Mode, n int, settle time.Duration) ([]time.Duration, []string, error) {
 	// The spares: built by pools while d is idle (d has none).
 	cfg := benchConfig(fc, dir)
 	cfg.TokenFile = filepath.Join(dir, "token-pools")
@@ -272,9 +326,25 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	if err != nil {
 		return nil, nil, err
 	}
+	// Those spares were built in a burst that leaves autovacuum work
+	// behind, which a cluster whose spares come one by one has not: the
+	// claims are timed once it is done (bounded by settle).
+	admin, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
+	if err != nil {
+		return nil, nil, err
+	}
+	took, settled, err := settleAutovacuum(ctx, admin, settle)
+	admin.Close(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !settled {
+		e.logf("density: autovacuum still works after %s (--settle): the %s claims are timed meanwhile", ms(took), mode)
+	}
 	var lat []time.Duration
 	var ids []string
 	for range n {
+		time.Sleep(claimSpacing)
 		b := time.Now()
 		r, err := d.client.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
 		if err == nil && r.Path != "pool" {
@@ -288,6 +358,16 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	}
 	return lat, ids, nil
 }
+
+// claimSpacing is the time between two timed claims: more than twice the
+// front door's least time between syncs (pooler.coalesce, 100 ms), so each
+// claim is one that comes alone, not one of a burst whose syncs the front
+// door batches (each of those waits up to 8 × that).
+const claimSpacing = 300 * time.Millisecond
+
+// syncSpacing is more than twice the front door's widest window between
+// syncs (8 × pooler.coalesce): a sync asked after it is served at once.
+const syncSpacing = 2 * time.Second
 
 // relationFiles counts the files under a data dir's base directory.
 func relationFiles(base string) int {
@@ -322,6 +402,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("collector: statements per pass", n(func(p DensityRealPoint) int64 { return int64(p.Passes.Queries) }))
 	row("/metrics scrape", d(func(p DensityRealPoint) time.Duration { return p.Scrape }))
 	row("/metrics size", func(p DensityRealPoint) string { return kb(int64(p.ScrapeBytes)) })
+	row("front door: one sync (tenants, verifiers, files, RELOAD)", d(func(p DensityRealPoint) time.Duration { return p.FrontSync }))
 	row("reconcile of the cluster", d(func(p DensityRealPoint) time.Duration { return p.Reconcile }))
 	row("reconcile findings", n(func(p DensityRealPoint) int64 { return int64(p.ReconcileFindings) }))
 	row("API show p95", d(func(p DensityRealPoint) time.Duration { return p.ShowP95 }))
@@ -334,12 +415,24 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("shared database: pg_attribute rows", n(func(p DensityRealPoint) int64 { return p.SharedAttrRows }))
 	row("shared database: pg_class + pg_attribute", func(p DensityRealPoint) string { return kb(p.SharedCatalogBytes) })
 	row("shared memory allocated", func(p DensityRealPoint) string { return kb(p.ShmemBytes) })
-	row("idle WAL per second (daemon running)", func(p DensityRealPoint) string { return kb(int64(p.IdleWALPerSec)) })
+	row("idle WAL per second, first 10 s (daemon running)", func(p DensityRealPoint) string {
+		return fmt.Sprintf("%s (%d page images)", kb(int64(p.IdleWALFirst)), p.IdleImagesFirst)
+	})
+	row("idle WAL per second, 20 s later", func(p DensityRealPoint) string {
+		return fmt.Sprintf("%s (%d page images)", kb(int64(p.IdleWALPerSec)), p.IdleImages)
+	})
+	row("autovacuum's work after growth (before the idle WAL)", func(p DensityRealPoint) string {
+		if !p.IdleSettled {
+			return "> " + ms(p.IdleSettle)
+		}
+		return ms(p.IdleSettle)
+	})
 	row("restart (fast shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.Restart }))
 	row("crash recovery (immediate shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.CrashRecovery }))
 	t.Notes = []string{
-		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them, and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
+		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"the collector's passes run with the daemon stopped, a collector of their own; the restart and crash rows end when the primary accepts connections again.",
+		fmt.Sprintf("idle WAL is measured in three windows of 10 s once no job is left and no autovacuum worker has run for 3 s (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the first window still pays for the first reads of what growth wrote (hint bits, each page's image in the WAL with data checksums on), the target is checked on the last.", o.Settle),
 	}
 	if len(ps) > 0 {
 		l := ps[len(ps)-1]
@@ -363,4 +456,29 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape}})...)
 	}
 	return t
+}
+
+// settleAutovacuum waits, for up to most, until no autovacuum worker has
+// run for 3 s in a row; it returns how long that took and whether it
+// happened.
+func settleAutovacuum(ctx context.Context, admin *pgx.Conn, most time.Duration) (time.Duration, bool, error) {
+	start, quiet := time.Now(), 0
+	for time.Since(start) < most {
+		var workers int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&workers); err != nil {
+			return 0, false, err
+		}
+		if quiet = quiet + 1; workers > 0 {
+			quiet = 0
+		}
+		if quiet > 3 {
+			return time.Since(start), true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+	return time.Since(start), false, nil
 }

@@ -37,11 +37,16 @@ func TestDensityTable(t *testing.T) {
 // TestDensityRealTable: a column per step, and a figure that grows faster
 // than the tenants is called a bend.
 func TestDensityRealTable(t *testing.T) {
-	ps := []DensityRealPoint{{Schema: 1000, Database: 200, Reconcile: 10 * time.Millisecond, CrashRecovery: time.Second},
-		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second}}
+	ps := []DensityRealPoint{{Schema: 1000, Database: 200, Reconcile: 10 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: 4 * time.Second, IdleSettled: true},
+		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: time.Minute}}
 	tb := densityRealTable(ps, DensityRealOptions{Claims: 20})
 	if !slices.Equal(tb.Columns, []string{"measure", "1000+200", "2000+400"}) {
 		t.Errorf("columns %v", tb.Columns)
+	}
+	for _, r := range tb.Rows {
+		if strings.HasPrefix(r[0], "autovacuum's work") && !slices.Equal(r[1:], []string{"4000.0 ms", "> 60000.0 ms"}) {
+			t.Errorf("a settle that ran out must say so: %v", r)
+		}
 	}
 	notes := strings.Join(tb.Notes, "\n")
 	for _, want := range []string{"reconcile: ×5.0 for ×2.0 tenants (10.0 ms → 50.0 ms): faster than the tenants: a bend", "crash recovery: ×1.0 for ×2.0 tenants (1000.0 ms → 1000.0 ms): flat"} {
