@@ -45,11 +45,11 @@ func (a *Admin) Command(ctx context.Context, cmd, db string) error {
 	case "RELOAD":
 		db = ""
 	case "RECONNECT", "PAUSE", "RESUME":
-		if db != "" && !nameRE.MatchString(db) {
+		if db != "" && !validName(db) {
 			return fmt.Errorf("pooler %s: bad database name %q", cmd, db)
 		}
 	case "DISABLE", "ENABLE", "KILL":
-		if !nameRE.MatchString(db) {
+		if !validName(db) {
 			return fmt.Errorf("pooler %s: bad database name %q", cmd, db)
 		}
 	default:
