@@ -328,8 +328,16 @@ func TestConsole_RolloutErrorsAndRetry(t *testing.T) {
 		t.Fatalf("retry confirmation without a CSRF token:\n%s", confirm)
 	}
 	exec(`DELETE FROM organizations WHERE name = 'bad'`)
-	if status, loc, body := b.Post(path+"/retry", f.base, url.Values{"csrf": {m[1]}}); status != http.StatusSeeOther || loc != path+"?done=retry" {
-		t.Fatalf("retry: %d %s\n%s", status, loc, body)
+	// The rollout is failed before its job has ended: until then a retry
+	// is refused with "is finishing; retry it in a moment", as it says.
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		status, loc, body := b.Post(path+"/retry", f.base, url.Values{"csrf": {m[1]}})
+		if status == http.StatusSeeOther && loc == path+"?done=retry" {
+			break
+		}
+		if status != http.StatusConflict || !strings.Contains(body, "is finishing; retry it in a moment") || time.Now().After(deadline) {
+			t.Fatalf("retry: %d %s\n%s", status, loc, body)
+		}
 	}
 	waitRollout(catalog.RolloutSucceeded)
 	if _, page := b.Get(path); !strings.Contains(page, `id="state">succeeded`) || strings.Contains(page, `id="action-retry"`) {
