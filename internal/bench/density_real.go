@@ -341,6 +341,11 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	if !settled {
 		e.logf("density: autovacuum still works after %s (--settle): the %s claims are timed meanwhile", ms(took), mode)
 	}
+	// The spares' entries in d's front door (another daemon built them):
+	// as a spare that has waited in its pool has them.
+	if err := d.d.Poolers().Await(ctx, fc.Name()); err != nil {
+		return nil, nil, err
+	}
 	var lat []time.Duration
 	var ids []string
 	for range n {
@@ -430,7 +435,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("restart (fast shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.Restart }))
 	row("crash recovery (immediate shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.CrashRecovery }))
 	t.Notes = []string{
-		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
+		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle, and the front door has their entries, as spares that waited in their pool have; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"the collector's passes run with the daemon stopped, a collector of their own; the restart and crash rows end when the primary accepts connections again.",
 		fmt.Sprintf("idle WAL is measured in three windows of 10 s once no job is left and no autovacuum worker has run for 3 s (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the first window still pays for the first reads of what growth wrote (hint bits, each page's image in the WAL with data checksums on), the target is checked on the last.", o.Settle),
 	}

@@ -67,3 +67,21 @@ func (s *Store) CredentialKeyIDs(ctx context.Context, window time.Duration) ([]s
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
+
+// SetSparePassword records a spare's sealed password (SparePassword) while
+// it is building or spare.
+func (s *Store) SetSparePassword(ctx context.Context, id, keyID string, sealed []byte) error {
+	tag, err := s.pool.Exec(ctx, `UPDATE tenants SET spare_key_id = $2, spare_sealed = $3 WHERE id = $1 AND state IN ('building', 'spare')`, id, keyID, sealed)
+	if err == nil && tag.RowsAffected() == 0 {
+		err = fmt.Errorf("%w: tenant %s is not a spare being built", ErrConflict, id)
+	}
+	return err
+}
+
+// TakeSparePassword returns the sealed password of a spare claimed in tx
+// and clears it (ErrNotFound: none was recorded).
+func (s *Store) TakeSparePassword(ctx context.Context, tx pgx.Tx, id string) (keyID string, sealed []byte, err error) {
+	err = tx.QueryRow(ctx, `UPDATE tenants t SET spare_key_id = NULL, spare_sealed = NULL FROM tenants o
+		WHERE t.id = $1 AND o.id = t.id AND o.spare_sealed IS NOT NULL RETURNING o.spare_key_id, o.spare_sealed`, id).Scan(&keyID, &sealed)
+	return keyID, sealed, notFound(err, "spare password of "+id)
+}

@@ -217,7 +217,8 @@ and claims to --schema-tenants schema tenants and --database-tenants database te
 the shipped saas template, and measured at each of --steps (schema tenants; database
 tenants grow in proportion): claim p50/p95 of each mode through the API of a daemon
 with the cluster's front door (PgBouncer), as up runs it (--claims spares built for
-them, claimed 300 ms apart once autovacuum is done with them, up to --settle), one
+them, claimed 300 ms apart once autovacuum is done with them, up to --settle, and
+the front door has their entries), one
 sync of the front door, a drop + purge of each mode, the metrics collector's passes, a /metrics scrape,
 reconcile of the cluster, API show/list/search p95 (--requests calls), the daemon's
 heap, the server's relation files, disk, the shared database's pg_class and

@@ -16,11 +16,14 @@ import (
 	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/pooler"
+	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
 // Service keeps, recalls and rotates tenants' passwords.
@@ -144,4 +147,54 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 	})
 	return nil
+}
+
+// spareAAD is what a spare's sealed password is bound to: its tenant, and
+// that it is a spare's (it opens nowhere else).
+func spareAAD(tenantID string) string { return "spare/" + tenantID }
+
+// SealSpare makes the password a spare will be claimed with and records it
+// sealed on the spare's row; it returns the verifier for the spare's role.
+// ok is false when this daemon has no credentials key: the claim then
+// makes the password (and waits for the front door's sync).
+func (s *Service) SealSpare(ctx context.Context, tenantID string) (verifier string, ok bool, err error) {
+	if s == nil || s.Key == nil {
+		return "", false, nil
+	}
+	password, verifier := tenant.NewPassword()
+	sealed, err := s.Key.Seal(spareAAD(tenantID), password)
+	if err != nil {
+		return "", false, fmt.Errorf("seal the password of spare %s: %w", tenantID, err)
+	}
+	if err := s.Store.SetSparePassword(ctx, tenantID, s.Key.ID(), sealed); err != nil {
+		return "", false, fmt.Errorf("record the password of spare %s: %w", tenantID, err)
+	}
+	return verifier, true, nil
+}
+
+// TakeSpare returns the password of a spare claimed in tx, clearing it from
+// the row; ok is false when there is none this daemon can open (built
+// without a key, before, or sealed by another key): the claim makes one.
+func (s *Service) TakeSpare(ctx context.Context, tx pgx.Tx, tenantID string) (password string, ok bool, err error) {
+	if s == nil {
+		return "", false, nil
+	}
+	keyID, sealed, err := s.Store.TakeSparePassword(ctx, tx, tenantID)
+	if errors.Is(err, catalog.ErrNotFound) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	if s.Key == nil || keyID != s.Key.ID() {
+		return "", false, nil
+	}
+	password, err = s.Key.Open(spareAAD(tenantID), sealed)
+	if err != nil && s.Logger != nil {
+		s.Logger.Warn("a spare's sealed password does not open: its claim makes a new one", "tenant", tenantID)
+	}
+	if err != nil {
+		return "", false, nil
+	}
+	return password, true, nil
 }

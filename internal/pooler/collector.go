@@ -18,7 +18,7 @@ func NewCollector(set *Set) *Collector {
 	c := []string{"cluster"}
 	return &Collector{set: set,
 		up:       prometheus.NewDesc("pgtenant_pooler_up", "1 when the cluster's PgBouncer answered its last sync.", c, nil),
-		entries:  prometheus.NewDesc("pgtenant_pooler_entries", "Tenant entries in the cluster's PgBouncer.", c, nil),
+		entries:  prometheus.NewDesc("pgtenant_pooler_entries", "Tenant entries in the cluster's PgBouncer (spares built with their password included).", c, nil),
 		skipped:  prometheus.NewDesc("pgtenant_pooler_skipped_tenants", "Active or suspended tenants left out of the pooler (no SCRAM verifier on their role, or the cluster they live on did not answer).", c, nil),
 		drift:    prometheus.NewDesc("pgtenant_pooler_drift", "Differences between the pooler's databases and the catalog after the last sync (want 0).", c, nil),
 		clients:  prometheus.NewDesc("pgtenant_pooler_clients", "Clients of every tenant pool by state (active, waiting).", append(c, "state"), nil),

@@ -76,6 +76,9 @@ type Front struct {
 	snap     Snapshot
 	lastSync time.Time
 	window   time.Duration // the current least time between two syncs asked for by changes
+	// served: the entries PgBouncer served at the end of the last sync
+	// (enabled), with the verifier of their user (Serves).
+	served map[string]string
 
 	adminMu sync.Mutex
 	admin   *Admin
@@ -272,6 +275,16 @@ func (f *Front) password() (string, error) {
 		f.pw = pw
 	}
 	return f.pw, nil
+}
+
+// Serves reports whether PgBouncer served entry, for its user with
+// verifier, at the end of the last sync: a spare registered when it was
+// built, claimed since, needs no sync to be reached.
+func (f *Front) Serves(entry, verifier string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	v, ok := f.served[entry]
+	return ok && v == verifier && ValidVerifier(v) && f.snap.Up && f.snap.LastError == ""
 }
 
 // Sync asks for a sync and waits until one that began after the call has
@@ -526,7 +539,14 @@ func (f *Front) apply(ctx context.Context, entries []Entry, skipped map[string]s
 	if err != nil {
 		return err
 	}
+	serving := make(map[string]string, len(entries))
+	for _, e := range entries {
+		if d, ok := dbs[e.Name]; ok && !e.Replica && !d.Disabled {
+			serving[e.Name] = e.Verifier
+		}
+	}
 	f.mu.Lock()
+	f.served = serving
 	f.snap.Up, f.snap.At, f.snap.Entries, f.snap.Skipped = true, time.Now(), len(entries), skipped
 	f.snap.Databases, f.snap.Pools, f.snap.Drift = dbs, pools, drift
 	f.mu.Unlock()
@@ -740,6 +760,7 @@ func (f *Front) Compare(ctx context.Context) ([]Difference, error) {
 		want[e.Name] = true
 		d, ok := dbs[e.Name]
 		switch {
+		case !ok && e.Spare: // the next sync adds it; nobody logs in to a spare
 		case !ok:
 			out = append(out, Difference{"missing", e.Name, "the tenant's entry is not in the pooler: it cannot log in through it"})
 		case d.Database != e.Database:
@@ -753,7 +774,7 @@ func (f *Front) Compare(ctx context.Context) ([]Difference, error) {
 	}
 	for name := range dbs {
 		if !want[name] {
-			out = append(out, Difference{"extra", name, "in the pooler, but no active or suspended tenant of the catalog: it can still be logged in to"})
+			out = append(out, Difference{"extra", name, "in the pooler, but no active, suspended or spare tenant of the catalog: it can still be logged in to"})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })

@@ -2,6 +2,7 @@ package pooler_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -474,4 +475,99 @@ func scrape(t *testing.T, d *daemon.Daemon) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestFrontDoor_SpareRegisteredBeforeItsClaim: a spare is built with the
+// password it will be claimed with (sealed in its row, its role's
+// verifier set, still NOLOGIN), so its front door serves its entry before
+// the claim; the claim hands that password out and turns LOGIN on, its
+// verifier unchanged, and the DSN works at once. A spare whose sealed
+// password does not open is claimed with a new one, as before.
+func TestFrontDoor_SpareRegisteredBeforeItsClaim(t *testing.T) {
+	ctx := pgtest.Context(t)
+	var cfg config.Config
+	d, c := daemonWithPooler(t, func(c *config.Config) { cfg = *c })
+	cat := daemontest.CatalogConn(t, pg, cfg)
+	admin := pg.Conn(t, "postgres")
+	front := d.Poolers().Get("local")
+	verifier := func(role string) string {
+		var v string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(rolpassword, '') FROM pg_authid WHERE rolname = $1`, role).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	spare := func() string {
+		for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			var id string
+			err := cat.QueryRow(ctx, `SELECT id FROM tenants WHERE state = 'spare' AND template = 'saas' AND mode = 'schema' AND spare_sealed IS NOT NULL`).Scan(&id)
+			if err == nil {
+				return id
+			}
+			if !errors.Is(err, pgx.ErrNoRows) {
+				t.Fatal(err)
+			}
+		}
+		t.Fatal("no schema spare of saas with a sealed password within 2 minutes")
+		return ""
+	}
+
+	id := spare()
+	role := tenant.PhysicalName(id)
+	var login bool
+	if err := admin.QueryRow(ctx, `SELECT rolcanlogin FROM pg_roles WHERE rolname = $1`, role).Scan(&login); err != nil || login {
+		t.Fatalf("spare's role %s: can log in %v (%v), want NOLOGIN until its claim", role, login, err)
+	}
+	before := verifier(role)
+	if !pooler.ValidVerifier(before) {
+		t.Fatalf("spare's role %s has no SCRAM verifier: %q", role, before)
+	}
+	if err := front.Sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := front.Snapshot().Databases[role]; !ok || !front.Serves(role, before) {
+		t.Fatalf("the front door does not serve the spare's entry %s before its claim", role)
+	}
+	r, err := c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.ModeSchema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Tenant.ID != id || r.Path != "pool" || r.Note != "" {
+		t.Fatalf("create: tenant %s by %s (note %q), want the spare %s claimed, no note", r.Tenant.ID, r.Path, r.Note, id)
+	}
+	if after := verifier(role); after != before {
+		t.Errorf("the claim changed the role's verifier: the spare's entry no longer matches it")
+	}
+	conn, err := connectDSN(ctx, r.DSN)
+	if err != nil {
+		t.Fatalf("connect through the pooler right after the claim: %v", err)
+	}
+	conn.Close(ctx)
+	var left int
+	if err := cat.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE id = $1 AND (spare_sealed IS NOT NULL OR spare_key_id IS NOT NULL)`, id).Scan(&left); err != nil || left != 0 {
+		t.Errorf("the claimed tenant's row keeps its sealed password (%d, %v)", left, err)
+	}
+
+	// A sealed password that does not open (altered, or sealed by another
+	// key): the claim makes a new one and waits for the front door.
+	id = spare()
+	role = tenant.PhysicalName(id)
+	before = verifier(role)
+	if _, err := cat.Exec(ctx, `UPDATE tenants SET spare_sealed = '\x000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f'::bytea WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	r, err = c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.ModeSchema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Tenant.ID != id || r.Path != "pool" || r.Note != "" {
+		t.Fatalf("create: tenant %s by %s (note %q), want the spare %s claimed, no note", r.Tenant.ID, r.Path, r.Note, id)
+	}
+	if verifier(role) == before {
+		t.Errorf("a spare whose sealed password does not open kept its verifier: its tenant got a password that is not its role's")
+	}
+	if conn, err = connectDSN(ctx, r.DSN); err != nil {
+		t.Fatalf("connect through the pooler after a claim with a new password: %v", err)
+	}
+	conn.Close(ctx)
 }

@@ -57,6 +57,9 @@ type Entry struct {
 	// standby (Host, Port): only its Logins, no line for the tenant's own
 	// user (Verifier unused).
 	Replica bool
+	// Spare: an unclaimed spare's, there ahead of its claim (its role
+	// cannot log in): one not in PgBouncer yet is no drift.
+	Spare bool
 	// Host and Port locate the server of a tenant that lives on another
 	// cluster than the pooler's (moved there: its DSN stays this
 	// pooler's); empty: the pooler's own cluster (Settings).

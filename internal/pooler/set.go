@@ -129,6 +129,14 @@ func (s *Set) Await(ctx context.Context, clusterName string) error {
 	return nil
 }
 
+// Serves reports whether the cluster's front door serves entry for its
+// user with verifier already (Front.Serves); true for a cluster without
+// one.
+func (s *Set) Serves(clusterName, entry, verifier string) bool {
+	f := s.Get(clusterName)
+	return f == nil || f.Serves(entry, verifier)
+}
+
 // Down lists the clusters whose front door does not serve now (its last
 // sync failed or its PgBouncer does not run): read from memory and the pid
 // file, placement asks on every create.
@@ -229,7 +237,9 @@ func (c CatalogSource) For(clusterName string) Source {
 		mu.Lock()
 		defer mu.Unlock()
 		var ts []catalog.Tenant
-		for _, state := range []catalog.TenantState{catalog.StateActive, catalog.StateSuspended} {
+		// Spares too: one built with its password has its entry before
+		// its claim (spares without one are left out, unwarned).
+		for _, state := range []catalog.TenantState{catalog.StateActive, catalog.StateSuspended, catalog.StateSpare} {
 			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Front: clusterName, Limit: 100000})
 			if err != nil {
 				return nil, nil, err
@@ -280,6 +290,9 @@ func (c CatalogSource) For(clusterName string) Source {
 		for _, t := range ts {
 			role := tenant.PhysicalName(t.ID)
 			v := verifiers[role]
+			if t.State == catalog.StateSpare && !ValidVerifier(v) {
+				continue
+			}
 			if !ValidVerifier(v) {
 				why := "its role has no SCRAM-SHA-256 password (changed by the tenant itself?): rotate it with `pgtenant tenant password " + t.ID + "`"
 				switch {
@@ -301,7 +314,7 @@ func (c CatalogSource) For(clusterName string) Source {
 			mode, size, maxDB := tier.Pooling()
 			e := Entry{Name: role, Database: t.Database, Verifier: v, PoolMode: mode,
 				PoolSize: size, MaxDBConnections: maxDB, Disabled: t.State == catalog.StateSuspended, RequireTLS: tier.RequireTLS,
-				Allow: t.Allow}
+				Allow: t.Allow, Spare: t.State == catalog.StateSpare}
 			if t.Cluster != clusterName {
 				host, port, ok := c.server(servers, t.Cluster)
 				if !ok {

@@ -145,6 +145,18 @@ func (b *tenantBuilder) role(ctx context.Context, r *jobs.Run, t catalog.Tenant,
 	if t.Mode == tenant.ModeSchema {
 		sql += fmt.Sprintf("ALTER ROLE %s SET search_path = %s;\n", cluster.Ident(name), cluster.Ident(name))
 	}
+	if b.a.Activate == nil {
+		// A spare gets the password it will be claimed with now (sealed in
+		// its row, its role still NOLOGIN): its front door has its entry
+		// by the claim, which need not wait for a sync then.
+		verifier, ok, err := b.s.Credentials.SealSpare(ctx, t.ID)
+		if err != nil {
+			return err
+		}
+		if ok {
+			sql += fmt.Sprintf("ALTER ROLE %s PASSWORD %s;\n", cluster.Ident(name), cluster.Literal(verifier))
+		}
+	}
 	if _, err = admin.Exec(ctx, sql); err != nil {
 		return cluster.Classify(err)
 	}
@@ -320,6 +332,8 @@ func (b *tenantBuilder) ready(ctx context.Context, r *jobs.Run, t catalog.Tenant
 			return err
 		}
 		b.s.Pool.Poke() // a build slot of the pool is free: the next one can start
+		// Its entry, ahead of its claim (built with its password).
+		b.s.Poolers.Poke(t.Cluster)
 		return nil
 	}
 	admin, err := cl.Admin(ctx)

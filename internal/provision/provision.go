@@ -137,11 +137,15 @@ func (s *Service) Create(ctx context.Context, req Request) (Created, error) {
 	want := catalog.Tenant{Name: name, ExternalID: req.ExternalID, Mode: req.Mode, Cluster: cl.Name(),
 		Template: req.Template, Version: version, Tier: req.Tier, Pins: req.Labels}
 
-	t, err := s.claim(ctx, cl, want, password, verifier)
+	t, claimed, registered, err := s.claim(ctx, cl, want, password, verifier)
 	if err == nil {
 		s.Pool.Poke()
-		out := Created{Tenant: t, Password: password, Path: "pool"}
-		s.answer(ctx, cl, t, password, s.Poolers.Await(ctx, cl.Name()), &out)
+		out := Created{Tenant: t, Password: claimed, Path: "pool"}
+		var front error
+		if !registered {
+			front = s.Poolers.Await(ctx, cl.Name())
+		}
+		s.answer(ctx, cl, t, claimed, front, &out)
 		return out, nil
 	}
 	if errors.Is(err, catalog.ErrConflict) && req.ExternalID != "" {
@@ -341,39 +345,62 @@ func (s *Service) version(ctx context.Context, template, clusterName string) (in
 }
 
 // claim takes a ready spare and hands it to the caller in one catalog
-// transaction, with one statement batch on the cluster: enable login with the
-// new password, grant CONNECT, apply the tier. ErrNotFound: the pool is empty.
-func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, password, verifier string) (catalog.Tenant, error) {
+// transaction, with one statement batch on the cluster: enable login (with
+// the password the spare was built with, or else the new one), grant
+// CONNECT, apply the tier. It returns the tenant's password and whether its
+// front door serves its entry already (registered: no sync to wait for).
+// ErrNotFound: the pool is empty.
+func (s *Service) claim(ctx context.Context, cl *cluster.Cluster, want catalog.Tenant, password, verifier string) (_ catalog.Tenant, _ string, registered bool, _ error) {
 	tx, err := s.Store.Begin(ctx)
 	if err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	t, err := s.Store.ClaimSpare(ctx, tx, want.Cluster, want.Template, want.Version, want.Mode)
 	if err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
+	}
+	// A spare built with its password (sealed in its row, its role's
+	// verifier set) is claimed with it: its front door has its entry.
+	sealed, ok, err := s.Credentials.TakeSpare(ctx, tx, t.ID)
+	if err != nil {
+		return catalog.Tenant{}, "", false, err
+	}
+	if ok {
+		password, verifier = sealed, ""
 	}
 	t.Name, t.ExternalID, t.Tier, t.Pins = want.Name, want.ExternalID, want.Tier, want.Pins
 	if t, err = s.Store.ActivateTenant(ctx, tx, t); err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
 	}
 	if err := s.Store.AddEvent(ctx, tx, t.ID, "created", map[string]any{"path": "pool", "tier": t.Tier}); err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
 	}
 	if err := s.keep(ctx, tx, t, password); err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
 	}
 	admin, err := cl.Admin(ctx)
 	if err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
 	}
-	if _, err := admin.Exec(ctx, s.activationSQL(t, verifier, t.Tier != "default")); err != nil {
-		return catalog.Tenant{}, fmt.Errorf("activate tenant %s on cluster %s: %w", t.ID, cl.Name(), cluster.Classify(err))
+	withTier := t.Tier != "default"
+	if _, err := admin.Exec(ctx, s.activationSQL(t, verifier, withTier)); err != nil {
+		return catalog.Tenant{}, "", false, fmt.Errorf("activate tenant %s on cluster %s: %w", t.ID, cl.Name(), cluster.Classify(err))
+	}
+	if ok && !withTier {
+		// Its entry serves already when the front door rendered it from the
+		// verifier the role has (the tier's pooling, the default's).
+		role := tenant.PhysicalName(t.ID)
+		var v string
+		if err := admin.QueryRow(ctx, `SELECT coalesce(rolpassword, '') FROM pg_catalog.pg_authid WHERE rolname = $1`, role).Scan(&v); err != nil {
+			return catalog.Tenant{}, "", false, fmt.Errorf("read the verifier of tenant %s on cluster %s: %w", t.ID, cl.Name(), cluster.Classify(err))
+		}
+		registered = s.Poolers.Serves(cl.Name(), role, v)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return catalog.Tenant{}, err
+		return catalog.Tenant{}, "", false, err
 	}
-	return t, nil
+	return t, password, registered, nil
 }
 
 // keep keeps a new tenant's password for the retry window, in the
@@ -515,8 +542,9 @@ func (s *Service) DSNs(t catalog.Tenant) (dsn, direct string, err error) {
 }
 
 // activationSQL makes a spare usable by its tenant: LOGIN with the new
-// password's verifier and CONNECT, and the tier's settings when they differ
-// from the default tier the spare was built with. A schema tenant's grant
+// password's verifier (none: the one the role has) and CONNECT, and the
+// tier's settings when they differ from the default tier the spare was
+// built with. A schema tenant's grant
 // on the shared database comes first: it takes that database's lock
 // (templates.ConnectSQL).
 func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool) string {
@@ -525,7 +553,11 @@ func (s *Service) activationSQL(t catalog.Tenant, verifier string, withTier bool
 	if t.Mode == tenant.ModeSchema {
 		b.WriteString(templates.ConnectSQL(true, t.Template, tenant.PhysicalName(t.ID)))
 	}
-	fmt.Fprintf(&b, "ALTER ROLE %s WITH LOGIN PASSWORD %s;\n", role, cluster.Literal(verifier))
+	if verifier == "" { // a spare's role has its password since its build
+		fmt.Fprintf(&b, "ALTER ROLE %s WITH LOGIN;\n", role)
+	} else {
+		fmt.Fprintf(&b, "ALTER ROLE %s WITH LOGIN PASSWORD %s;\n", role, cluster.Literal(verifier))
+	}
 	if t.Mode == tenant.ModeDatabase {
 		fmt.Fprintf(&b, "GRANT ALL ON DATABASE %s TO %s;\n", cluster.Ident(t.Database), role)
 	}
