@@ -184,7 +184,9 @@ func (s *Store) TenantByExternalID(ctx context.Context, externalID string) (Tena
 // when State names them; retired spares being purged never are. State
 // purged lists the tombstones of purged tenants.
 type TenantFilter struct {
-	State   TenantState
+	State TenantState
+	// States: any of these (with State empty).
+	States  []TenantState
 	Cluster string
 	// Front lists the tenants whose DSN goes through this cluster's pooler.
 	Front    string
@@ -218,6 +220,12 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 	where := []string{notSpare}
 	if f.State != "" {
 		where = []string{"state = " + arg(f.State) + " AND NOT (state = 'purging' AND claimed_at IS NULL)"}
+	} else if len(f.States) > 0 {
+		states := make([]string, len(f.States))
+		for i, st := range f.States {
+			states[i] = string(st)
+		}
+		where = []string{"state = ANY(" + arg(states) + ") AND NOT (state = 'purging' AND claimed_at IS NULL)"}
 	}
 	for _, eq := range []struct{ col, v string }{{"cluster", f.Cluster}, {"template", f.Template}, {"mode", string(f.Mode)},
 		{"tier", f.Tier}, {"coalesce(front, cluster)", f.Front}} {

@@ -189,11 +189,10 @@ func (s *Service) TakeSpare(ctx context.Context, tx pgx.Tx, tenantID string) (pa
 	if s.Key == nil || keyID != s.Key.ID() {
 		return "", false, nil
 	}
-	password, err = s.Key.Open(spareAAD(tenantID), sealed)
-	if err != nil && s.Logger != nil {
-		s.Logger.Warn("a spare's sealed password does not open: its claim makes a new one", "tenant", tenantID)
-	}
-	if err != nil {
+	if password, err = s.Key.Open(spareAAD(tenantID), sealed); err != nil {
+		if s.Logger != nil {
+			s.Logger.Warn("a spare's sealed password does not open: its claim makes a new one", "tenant", tenantID)
+		}
 		return "", false, nil
 	}
 	return password, true, nil

@@ -284,7 +284,7 @@ func (f *Front) Serves(entry, verifier string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	v, ok := f.served[entry]
-	return ok && v == verifier && ValidVerifier(v) && f.snap.Up && f.snap.LastError == ""
+	return ok && v == verifier && f.snap.Up && f.snap.LastError == "" // served holds checked verifiers only
 }
 
 // Sync asks for a sync and waits until one that began after the call has

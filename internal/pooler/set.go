@@ -236,15 +236,12 @@ func (c CatalogSource) For(clusterName string) Source {
 	return func(ctx context.Context) ([]Entry, map[string]string, error) {
 		mu.Lock()
 		defer mu.Unlock()
-		var ts []catalog.Tenant
 		// Spares too: one built with its password has its entry before
 		// its claim (spares without one are left out, unwarned).
-		for _, state := range []catalog.TenantState{catalog.StateActive, catalog.StateSuspended, catalog.StateSpare} {
-			part, err := c.Store.ListTenants(ctx, catalog.TenantFilter{State: state, Front: clusterName, Limit: 100000})
-			if err != nil {
-				return nil, nil, err
-			}
-			ts = append(ts, part...)
+		ts, err := c.Store.ListTenants(ctx, catalog.TenantFilter{Front: clusterName, Limit: 100000,
+			States: []catalog.TenantState{catalog.StateActive, catalog.StateSuspended, catalog.StateSpare}})
+		if err != nil {
+			return nil, nil, err
 		}
 		logins, err := c.Store.LoginsFronted(ctx, clusterName)
 		if err != nil {
