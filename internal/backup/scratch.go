@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -173,7 +171,7 @@ func (sc *Scratch) mkdir() error {
 // it; pg_ctl returns once recovery is over (hot_standby off: the instance
 // takes connections only once promoted).
 func (sc *Scratch) start(ctx context.Context, restoreCommand string) error {
-	port, err := freePort()
+	port, err := fleet.FreePort()
 	if err != nil {
 		return err
 	}
@@ -305,15 +303,4 @@ func (sc *Scratch) Remove(ctx context.Context) error {
 func (s *Stanza) ScratchFor(name string) *Scratch {
 	bin, _ := fleet.FindBinaries(15)
 	return s.scratch(name, bin.Path("pg_ctl"))
-}
-
-// freePort asks the kernel for a free loopback port.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	_, p, _ := strings.Cut(l.Addr().String(), ":")
-	return strconv.Atoi(p)
 }

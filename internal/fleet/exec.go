@@ -3,12 +3,15 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // runCmd runs cmd and returns its combined output; a cancelled ctx kills it.
@@ -30,13 +33,43 @@ func runCmd(ctx context.Context, cmd *exec.Cmd) (string, error) {
 	}
 }
 
-func freePort() (int, error) {
+// FreePort returns a loopback TCP port free now, for a program about to be
+// started on it. It is picked at random below the kernel's range of
+// ephemeral ports (net.ipv4.ip_local_port_range), where no outgoing
+// connection of this host can take it before the program binds it; only
+// another program started on a picked port can, which callers report from
+// the program's log. Where that range leaves no room below it, the kernel
+// picks one of its own.
+func FreePort() (int, error) {
+	if low := ephemeralLow(); low > 2048 {
+		for range 20 {
+			port := 1024 + rand.IntN(low-1024)
+			if portFree(port) {
+				return port, nil
+			}
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("find a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 0 when
+// unknown (not Linux).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
 }
 
 func portFree(port int) bool {

@@ -576,7 +576,7 @@ func (c *Cluster) ensureStandby(ctx context.Context, s *Node) error {
 // times. A node that was made before keeps its recorded port (startNode).
 func (c *Cluster) startOnFreePort(ctx context.Context, dir string, n *Node) error {
 	for attempt := 0; ; attempt++ {
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return err
 		}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pgtenant/pgtenant/internal/fleet"
 )
 
 // EtcdOptions describe one etcd member, part of the store Patroni keeps its
@@ -82,12 +84,12 @@ func newEtcd(opts EtcdOptions) (*Etcd, error) {
 	}
 	var err error
 	if opts.ClientPort == 0 {
-		if opts.ClientPort, err = freePort(); err != nil {
+		if opts.ClientPort, err = fleet.FreePort(); err != nil {
 			return nil, err
 		}
 	}
 	if opts.PeerPort == 0 {
-		if opts.PeerPort, err = freePort(); err != nil {
+		if opts.PeerPort, err = fleet.FreePort(); err != nil {
 			return nil, err
 		}
 	}

@@ -185,7 +185,7 @@ func NewNode(opts NodeOptions) (*Node, error) {
 	var err error
 	for _, p := range []*int{&opts.Port, &opts.RESTPort} {
 		if *p == 0 {
-			if *p, err = freePort(); err != nil {
+			if *p, err = fleet.FreePort(); err != nil {
 				return nil, err
 			}
 		}

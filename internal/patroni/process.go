@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -95,18 +94,6 @@ func tailFile(path string, n int64) string {
 		b = b[int64(len(b))-n:]
 	}
 	return strings.TrimSpace(string(b))
-}
-
-// freePort returns a TCP port free on the loopback interface now. Another
-// process may take it before the caller binds it; the callers start their
-// programs right away and report a bind failure from the program's log.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // postmasterPID is the pid of the postmaster running on dataDir, or 0 when

@@ -264,12 +264,11 @@ func LocalPort(dir string) (int, error) {
 			return st.Port, nil
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := fleet.FreePort()
 	if err != nil {
 		return 0, err
 	}
-	st.Port = l.Addr().(*net.TCPAddr).Port
-	l.Close()
+	st.Port = port
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, err
 	}
