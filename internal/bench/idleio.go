@@ -86,22 +86,27 @@ func (w IdleWindow) perSec(n int64) float64 {
 
 // ScaleTiming is the collector and /metrics at one fleet size.
 type ScaleTiming struct {
-	Tenants         int           `json:"tenants"`
-	Real            int           `json:"real_tenants"`
-	FirstPass       time.Duration `json:"first_pass_ns"` // loads remembered sizes, counts relation files
-	Pass            time.Duration `json:"pass_p50_ns"`
-	PassMax         time.Duration `json:"pass_max_ns"`
-	Queries         int           `json:"queries_per_pass"`
-	SizesPerPass    int           `json:"sizes_per_pass"`
-	Statistics      time.Duration `json:"statistics_p50_ns"` // of Pass: the activity counters' queries
-	Sizes           time.Duration `json:"sizes_p50_ns"`      // of Pass: the sizes' queries
-	Scrape          time.Duration `json:"scrape_p50_ns"`     // the daemon's GET /metrics (top N + opted-in)
-	ScrapeMax       time.Duration `json:"scrape_max_ns"`
-	ScrapeSeries    int           `json:"scrape_series"`
-	ScrapeBytes     int           `json:"scrape_bytes"`
-	NoGuard         time.Duration `json:"scrape_no_guard_p50_ns"` // every tenant exported
-	NoGuardSeries   int           `json:"scrape_no_guard_series"`
-	SimulatedTenant bool          `json:"simulated"`
+	Tenants      int           `json:"tenants"`
+	Real         int           `json:"real_tenants"`
+	FirstPass    time.Duration `json:"first_pass_ns"` // loads remembered sizes, counts relation files
+	Pass         time.Duration `json:"pass_p50_ns"`
+	PassMax      time.Duration `json:"pass_max_ns"`
+	Queries      int           `json:"queries_per_pass"`
+	SizesPerPass int           `json:"sizes_per_pass"`
+	// Steady*: passes after a whole round of sizes (size_interval /
+	// interval passes), when an idle tenant's turn passes it over.
+	SteadyPass       time.Duration `json:"steady_pass_p50_ns,omitempty"`
+	SteadySizes      time.Duration `json:"steady_sizes_p50_ns,omitempty"`
+	SteadySizesCount int           `json:"steady_sizes_per_pass,omitempty"`
+	Statistics       time.Duration `json:"statistics_p50_ns"` // of Pass: the activity counters' queries
+	Sizes            time.Duration `json:"sizes_p50_ns"`      // of Pass: the sizes' queries
+	Scrape           time.Duration `json:"scrape_p50_ns"`     // the daemon's GET /metrics (top N + opted-in)
+	ScrapeMax        time.Duration `json:"scrape_max_ns"`
+	ScrapeSeries     int           `json:"scrape_series"`
+	ScrapeBytes      int           `json:"scrape_bytes"`
+	NoGuard          time.Duration `json:"scrape_no_guard_p50_ns"` // every tenant exported
+	NoGuardSeries    int           `json:"scrape_no_guard_series"`
+	SimulatedTenant  bool          `json:"simulated"`
 }
 
 // IdleIOResult is what `bench idle-io` measured.
@@ -614,9 +619,11 @@ func simulateTenants(ctx context.Context, fc *fleet.Cluster, n int) error {
 }
 
 // timePasses times a first collector pass over fc (a collector of its
-// own, as the daemon builds it), then five more: st's pass figures. The
-// collector is returned with what it holds; done closes them.
-func timePasses(ctx context.Context, fc *fleet.Cluster, cfg config.Config, st *ScaleTiming) (col *metrics.Collector, done func(), err error) {
+// own, as the daemon builds it), then five more: st's pass figures; with
+// steady, it goes on through a round of sizes (size_interval / interval
+// passes in all) and times five more: st's Steady figures. The collector
+// is returned with what it holds; done closes them.
+func timePasses(ctx context.Context, fc *fleet.Cluster, cfg config.Config, st *ScaleTiming, steady bool) (col *metrics.Collector, done func(), err error) {
 	store, err := catalog.Open(ctx, cfg.Catalog.DSN, nil)
 	if err != nil {
 		return nil, nil, err
@@ -652,6 +659,25 @@ func timePasses(ctx context.Context, fc *fleet.Cluster, cfg config.Config, st *S
 	}
 	st.Pass, st.PassMax = percentile(passes, 50), percentile(passes, 100)
 	st.Statistics, st.Sizes = percentile(statistics, 50), percentile(sizes, 50)
+	if !steady {
+		return col, done, nil
+	}
+	// The rest of a round of sizes, then 5 passes more.
+	round := int(cfg.Metrics.SizeInterval.D() / max(cfg.Metrics.Interval.D(), 1))
+	passes, sizes = nil, nil
+	for i := 6; i < round+5; i++ {
+		begin := time.Now()
+		if err := col.Pass(ctx, fc.Name()); err != nil {
+			done()
+			return nil, nil, err
+		}
+		if i >= round {
+			ps := col.LastPass()[fc.Name()]
+			passes, sizes = append(passes, time.Since(begin)), append(sizes, ps.SizesTime)
+			st.SteadySizesCount = ps.Sizes
+		}
+	}
+	st.SteadyPass, st.SteadySizes = percentile(passes, 50), percentile(sizes, 50)
 	return col, done, nil
 }
 
@@ -660,7 +686,7 @@ func timePasses(ctx context.Context, fc *fleet.Cluster, cfg config.Config, st *S
 func (e *Env) scaleTiming(ctx context.Context, fc *fleet.Cluster, dir string, tenants, real int) (ScaleTiming, error) {
 	st := ScaleTiming{Tenants: tenants, Real: real, SimulatedTenant: tenants > real}
 	cfg := idleConfig(fc, dir, true)
-	col, done, err := timePasses(ctx, fc, cfg, &st)
+	col, done, err := timePasses(ctx, fc, cfg, &st, false)
 	if err != nil {
 		return st, err
 	}

@@ -539,6 +539,13 @@ type MetricsConfig struct {
 	// SizeInterval: each tenant's size is sampled once per this, spread
 	// evenly over the passes (sizes stat every file).
 	SizeInterval Duration `yaml:"size_interval"`
+	// IdleSizeInterval: a tenant whose clients did nothing since its last
+	// size (no session open, no row written, read or counted) is sized
+	// again at its first turn after this (0: at every turn, like the
+	// others). Its size cannot have moved but for what sessions that come
+	// and go between two passes leave outside its tables (see
+	// docs/metrics.md): this bounds that.
+	IdleSizeInterval Duration `yaml:"idle_size_interval"`
 	// HistoryRetention keeps minute rollups this long.
 	HistoryRetention Duration `yaml:"history_retention"`
 	// TopTenants bounds the per-tenant series on /metrics: the N most active
@@ -622,7 +629,7 @@ func Default() Config {
 		Migrate: MigrateConfig{Parallel: 8, PerCluster: 4, LockTimeout: Duration(2 * time.Second),
 			NoTransactionLockTimeout: Duration(time.Minute), Retries: 5,
 			RetryBackoff: Duration(200 * time.Millisecond)},
-		Metrics: MetricsConfig{Interval: Duration(15 * time.Second), SizeInterval: Duration(10 * time.Minute),
+		Metrics: MetricsConfig{Interval: Duration(15 * time.Second), SizeInterval: Duration(10 * time.Minute), IdleSizeInterval: Duration(time.Hour),
 			HistoryRetention: Duration(14 * 24 * time.Hour), TopTenants: 100, CapInterval: Duration(time.Second)},
 		Prewarm: PrewarmConfig{CaptureInterval: Duration(5 * time.Minute), WatchInterval: Duration(500 * time.Millisecond),
 			RateLimit: 256 << 20, Parallel: 4, BufferFraction: 0.9, Beyond: "prefetch", Standbys: true},
@@ -942,6 +949,9 @@ func (c Config) Validate() error {
 	}
 	if c.Metrics.Interval > 0 && c.Metrics.SizeInterval.D() < c.Metrics.Interval.D() {
 		bad("metrics.size_interval", "must be at least metrics.interval")
+	}
+	if c.Metrics.IdleSizeInterval != 0 && c.Metrics.IdleSizeInterval.D() < c.Metrics.SizeInterval.D() {
+		bad("metrics.idle_size_interval", "must be 0 (idle tenants sized like the others) or at least metrics.size_interval")
 	}
 	if c.Metrics.HistoryRetention.D() < time.Minute {
 		bad("metrics.history_retention", "must be at least 1m")

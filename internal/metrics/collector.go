@@ -152,6 +152,9 @@ type tenantState struct {
 	hasWritten bool
 	// passWritten: rows written since the previous pass (usage).
 	passWritten int64
+	// stirred: its clients did something since its size was taken (or
+	// that is not known: a size from the catalog, read at a restart).
+	stirred bool
 }
 
 type rates struct {
@@ -383,7 +386,9 @@ func measured(state catalog.TenantState) bool {
 
 // sizeTurn chooses the tenants whose size is sampled in this pass: the next
 // ceil(n × interval / size_interval) in a stable round robin, so that each
-// tenant is sampled once per size interval, plus every tenant whose quota
+// tenant's turn comes once per size interval (an idle one, untouched since
+// its last size, is passed over until idle_size_interval has gone by since
+// it: quiet), plus every tenant whose quota
 // state is not ok or whose last size is near its tier's thresholds (they are
 // few, and a tenant that deletes its way back under its quota must get its
 // rights back within one pass).
@@ -418,7 +423,9 @@ func (c *Collector) sizeTurn(st *clusterState, rows []catalog.MetricTenant, now 
 	}
 	start := st.cursor % len(ids)
 	for i := 0; i < per; i++ {
-		take(ids[(start+i)%len(ids)])
+		if id := ids[(start+i)%len(ids)]; !c.quiet(st.tenants[id], now) {
+			take(id)
+		}
 	}
 	st.cursor = (start + per) % len(ids)
 	for _, id := range ids {
@@ -439,6 +446,17 @@ func (c *Collector) sizeTurn(st *clusterState, rows []catalog.MetricTenant, now 
 		}
 	}
 	return out
+}
+
+// quiet: sized, and nothing its clients did shows since (no session open
+// at a pass, no client activity in its counters: clientActivity), less
+// than idle_size_interval ago. A delta of
+// counters read long after the size (a shared database's schema tenants
+// are read in turns) counts as activity since it: too often, never too
+// rarely.
+func (c *Collector) quiet(ts *tenantState, now time.Time) bool {
+	idle := c.Metrics.IdleSizeInterval.D()
+	return idle > 0 && ts != nil && ts.hasSize && !ts.stirred && now.Sub(ts.sizeAt) < idle
 }
 
 // nearThreshold: within 90% of the tier's warning (or quota) size.
@@ -488,14 +506,20 @@ func (c *Collector) apply(st *clusterState, rows []catalog.MetricTenant, s sampl
 			if sz, ok := seed[r.ID]; ok {
 				ts.size, ts.sizeAt, ts.hasSize = sz.Bytes, sz.At, true
 				ts.written, ts.hasWritten = sz.Bytes, true
+				ts.stirred = true
 			}
 		}
 		ts.meta = r
 		ts.conns = s.conns[r.ID]
 		ts.passWritten = 0
-		if sz, ok := s.sizes[r.ID]; ok {
-			ts.size, ts.sizeAt, ts.hasSize = sz, now, true
+		// The size is taken after the counters: what they show of this
+		// pass's interval is in it; a session open now may change it after.
+		_, sized := s.sizes[r.ID]
+		if sized {
+			ts.size, ts.sizeAt, ts.hasSize = s.sizes[r.ID], now, true
+			ts.stirred = false
 		}
+		ts.stirred = ts.stirred || ts.conns.Total() > 0
 		cur, ok := s.counters[r.ID]
 		ts.seen = ok
 		if !ok || (ts.hasCur && !now.After(ts.curAt)) {
@@ -508,6 +532,7 @@ func (c *Collector) apply(st *clusterState, rows []catalog.MetricTenant, s sampl
 			d := cur.sub(ts.cur)
 			ts.passWritten = d.RowsWritten
 			active = active || clientActivity(r.Mode, d)
+			ts.stirred = ts.stirred || (!sized && active)
 			if dt := now.Sub(ts.curAt).Seconds(); dt > 0 {
 				ts.rates = rates{}
 				if active {

@@ -174,6 +174,10 @@ func TestCollector_AttributesToTheRightTenant(t *testing.T) {
 			if written < int64(n) {
 				return fmt.Errorf("%s: rows written %d, want at least %d", label, written, n)
 			}
+			// Sized at the turn after the one that saw the writes.
+			if *all[id(label)].SizeBytes <= *base[id(label)].SizeBytes {
+				return fmt.Errorf("%s: size not sampled since the writes", label)
+			}
 		}
 		if all[id("db2")].Connections.Idle != 2 || all[id("sc2")].Connections.IdleInTransaction != 1 {
 			return fmt.Errorf("sessions: db2 %+v, sc2 %+v", all[id("db2")].Connections, all[id("sc2")].Connections)
@@ -316,6 +320,79 @@ func TestCollector_HistoryOnlyWhenCountersChange(t *testing.T) {
 		if p = pass(t, c); p.Rollups != 0 {
 			t.Errorf("idle minute %d: %d rollups written, want 0", i, p.Rollups)
 		}
+	}
+}
+
+// TestCollector_IdleTenantsSizedLessOften: a tenant whose clients did
+// nothing since its last size is passed over at its turns until
+// idle_size_interval has gone by; a write or an open session has it sized
+// at its next turn again, in both modes.
+func TestCollector_IdleTenantsSizedLessOften(t *testing.T) {
+	f := startFleet(t, nil)
+	clock := pgtest.NewClock(time.Now())
+	c := f.collector(t, clock) // every tenant's turn on every pass
+	c.Metrics.IdleSizeInterval = config.Duration(time.Hour)
+	sizedAt := func() map[string]time.Time {
+		out := map[string]time.Time{}
+		for label, r := range f.tenants {
+			fg, err := c.Tenant(r.Tenant.ID)
+			if err != nil || fg.SizeAt == nil {
+				t.Fatalf("%s: no size: %v", label, err)
+			}
+			out[label] = *fg.SizeAt
+		}
+		return out
+	}
+	// Until the statistics of the tenants' making are all in: then passes
+	// size nobody.
+	for i := 0; ; i++ {
+		clock.Add(15 * time.Second)
+		if pass(t, c).Sizes == 0 {
+			break
+		}
+		if i == 10 {
+			t.Fatal("idle tenants are still sized on every pass after 10 passes")
+		}
+	}
+	before := sizedAt()
+	for range 3 {
+		clock.Add(15 * time.Second)
+		if p := pass(t, c); p.Sizes != 0 {
+			t.Fatalf("an idle fleet had %d sizes taken in a pass, want 0", p.Sizes)
+		}
+	}
+
+	// A write in one tenant of each mode; a session left open in another.
+	for _, label := range []string{"db1", "sc1"} {
+		work(t, f.tenants[label].DSN, `CREATE TABLE w AS SELECT generate_series(1, 1000) AS i`)
+	}
+	open, err := pgx.Connect(pgtest.Context(t), f.tenants["sc2"].DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close(context.Background())
+	for range 2 { // the pass that reads the writes, the one that sizes them
+		clock.Add(15 * time.Second)
+		pass(t, c)
+	}
+	after := sizedAt()
+	for label, was := range before {
+		moved := after[label].After(was)
+		if want := label != "db2"; moved != want {
+			t.Errorf("%s sized again: %v, want %v", label, moved, want)
+		}
+	}
+	for _, label := range []string{"db1", "sc1"} {
+		fg, _ := c.Tenant(f.tenants[label].Tenant.ID)
+		if *fg.SizeBytes < 1000*4 {
+			t.Errorf("%s: size %d after 1,000 rows written", label, *fg.SizeBytes)
+		}
+	}
+
+	// An hour on: every tenant is sized at its turn, idle or not.
+	clock.Add(time.Hour)
+	if p := pass(t, c); p.Sizes != len(f.tenants) {
+		t.Errorf("an hour later, %d of %d tenants were sized", p.Sizes, len(f.tenants))
 	}
 }
 
