@@ -219,7 +219,7 @@ tenants grow in proportion): claim p50/p95 of each mode through the API of a dae
 with the cluster's front door (PgBouncer), as up runs it (--claims spares built for
 them, claimed 300 ms apart once autovacuum is done with them, up to --settle, and
 the front door has their entries), one
-sync of the front door, a drop + purge of each mode, the metrics collector's passes, a /metrics scrape,
+sync of the front door, a drop + purge of each mode, the metrics collector's passes (in the first round of sizes and after it), a /metrics scrape,
 reconcile of the cluster, API show/list/search p95 (--requests calls), the daemon's
 heap, the server's relation files, disk, the shared database's pg_class and
 pg_attribute, shared memory, idle WAL per second (once autovacuum has finished what
