@@ -13,12 +13,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
 
@@ -69,6 +71,9 @@ type DensityRealPoint struct {
 	IdleSettled   bool          `json:"idle_settled"` // no autovacuum worker ran when the measure began
 	Restart       time.Duration `json:"restart"`
 	CrashRecovery time.Duration `json:"crash_recovery"`
+	// Rollout: every tenant moved to a new version of one statement,
+	// then the same rollout again with nothing to do (its NoOp).
+	Rollout MigrateRow `json:"rollout"`
 }
 
 // DensityReal runs bench density's real mode.
@@ -93,7 +98,7 @@ func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityR
 			return nil, Table{}, err
 		}
 		haveS, haveD = step, wantD
-		p, err := e.densityRealPoint(ctx, fc, dir, o, haveS, haveD)
+		p, err := e.densityRealPoint(ctx, fc, dir, o, haveS, haveD, len(points)+1)
 		if err != nil {
 			return nil, Table{}, err
 		}
@@ -108,8 +113,9 @@ func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityR
 // (their tenants built cold then dropped again, so the counts stay), the
 // collector, /metrics, reconcile and the API through a daemon, the
 // server's files, catalog and memory, its idle WAL, a restart and a crash
-// recovery.
-func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir string, o DensityRealOptions, schema, database int) (DensityRealPoint, error) {
+// recovery; and a rollout of every tenant to a version of one statement
+// more (the step-th).
+func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir string, o DensityRealOptions, schema, database, step int) (DensityRealPoint, error) {
 	p := DensityRealPoint{Schema: schema, Database: database}
 	cfg := idleConfig(fc, dir, true)
 	cfg.Provision.DefaultPoolSize = 0
@@ -196,6 +202,9 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 		return p, err
 	}
 	if p.SearchP95, err = p95(func() error { _, err := d.client.Tenants(ctx, url.Values{"q": {pick()[:6]}}); return err }); err != nil {
+		return p, err
+	}
+	if p.Rollout, err = e.densityRollout(ctx, fc, d, schema+database, step); err != nil {
 		return p, err
 	}
 	b := time.Now()
@@ -411,6 +420,10 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("/metrics scrape", d(func(p DensityRealPoint) time.Duration { return p.Scrape }))
 	row("/metrics size", func(p DensityRealPoint) string { return kb(int64(p.ScrapeBytes)) })
 	row("front door: one sync (tenants, verifiers, files, RELOAD)", d(func(p DensityRealPoint) time.Duration { return p.FrontSync }))
+	row("rollout of every tenant, one statement (tenants/s)", func(p DensityRealPoint) string { return fmt.Sprintf("%.0f", p.Rollout.PerSec) })
+	row("rollout: failed tenants", n(func(p DensityRealPoint) int64 { return int64(p.Rollout.Failed) }))
+	row("rollout again, nothing to do", d(func(p DensityRealPoint) time.Duration { return p.Rollout.NoOp }))
+	row("rollout: peak standby replay lag", func(p DensityRealPoint) string { return kb(p.Rollout.Cost.PeakLagBytes) })
 	row("reconcile of the cluster", d(func(p DensityRealPoint) time.Duration { return p.Reconcile }))
 	row("reconcile findings", n(func(p DensityRealPoint) int64 { return int64(p.ReconcileFindings) }))
 	row("API show p95", d(func(p DensityRealPoint) time.Duration { return p.ShowP95 }))
@@ -453,6 +466,8 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 			Check{Target: at + "a metrics pass <= 1 s", Got: fmt.Sprintf("%s after a round of sizes, %s in the first (%d statements)", ms(l.Passes.SteadyPass), ms(l.Passes.Pass), l.Passes.Queries),
 				Met: l.Passes.SteadyPass <= time.Second},
 			Check{Target: at + "the idle fleet writes <= 64 KB/s of WAL", Got: kb(int64(l.IdleWALPerSec)) + "/s", Met: l.IdleWALPerSec <= 64<<10},
+			Check{Target: at + "a rollout of every tenant keeps >= 50 tenants/s", Got: fmt.Sprintf("%.0f tenants/s (%d failed)", l.Rollout.PerSec, l.Rollout.Failed),
+				Met: l.Rollout.PerSec >= 50 && l.Rollout.Failed == 0},
 			Check{Target: at + "reconcile of the cluster <= 30 s", Got: ms(l.Reconcile), Met: l.Reconcile <= 30*time.Second},
 			Check{Target: at + "the daemon's memory <= 512 MB", Got: kb(int64(l.HeapBytes)) + " of Go heap in use", Met: l.HeapBytes <= 512<<20})
 	}
@@ -465,6 +480,38 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape}})...)
 	}
 	return t
+}
+
+// densityRollout pushes the step-th version of saas, one statement more
+// (a column without a default, no table rewrite), and rolls every tenant
+// out to it (the migrate bench's rollout row: tenants/s, then the same
+// rollout with nothing to do).
+func (e *Env) densityRollout(ctx context.Context, fc *fleet.Cluster, d *benchDaemon, tenants, step int) (MigrateRow, error) {
+	files := examples.Saas()
+	for i := 1; i <= step; i++ {
+		files = append(files, templates.Upload{Name: fmt.Sprintf("%04d_density_%d.sql", i+1, i),
+			Body: fmt.Sprintf("ALTER TABLE users ADD COLUMN density_%d text;\n", i)})
+	}
+	added, err := d.client.PushTemplate(ctx, "saas", files)
+	if err != nil {
+		return MigrateRow{}, fmt.Errorf("push saas: %w", err)
+	}
+	for _, j := range added.BuildJobs {
+		if j, err := d.waitJob(ctx, j.ID); err != nil || j.State != jobs.Succeeded {
+			return MigrateRow{}, fmt.Errorf("build saas v%d: %v %s", added.Version, err, j.LastError)
+		}
+	}
+	admin, err := smallPool(ctx, fc.PrimaryDSN("postgres"))
+	if err != nil {
+		return MigrateRow{}, err
+	}
+	defer admin.Close()
+	meter, err := newMeter(ctx, fc)
+	if err != nil {
+		return MigrateRow{}, err
+	}
+	defer meter.Close()
+	return e.migrateRollout(ctx, admin, meter, d, tenants, methodRollout, added.Version, 0)
 }
 
 // settleAutovacuum waits, for up to most, until no autovacuum worker has

@@ -215,13 +215,14 @@ func newBenchDensityCmd(g *globals, env *bench.Env) *cobra.Command {
 		Long: `On one primary with a streaming standby, the cluster is grown through pgtenant's pools
 and claims to --schema-tenants schema tenants and --database-tenants database tenants of
 the shipped saas template, and measured at each of --steps (schema tenants; database
-tenants grow in proportion): claim p50/p95 of each mode through the API of a daemon
-with the cluster's front door (PgBouncer), as up runs it (--claims spares built for
-them, claimed 300 ms apart once autovacuum is done with them, up to --settle, and
-the front door has their entries), one
-sync of the front door, a drop + purge of each mode, the metrics collector's passes (in the first round of sizes and after it), a /metrics scrape,
-reconcile of the cluster, API show/list/search p95 (--requests calls), the daemon's
-heap, the server's relation files, disk, the shared database's pg_class and
+tenants grow in proportion): claim p50/p95 of each mode through the API of a daemon with
+the cluster's front door (PgBouncer), as up runs it (--claims spares built for them,
+claimed 300 ms apart once autovacuum is done with them, up to --settle, and the front
+door has their entries), one sync of the front door, a drop + purge of each mode, the
+metrics collector's passes (in the first round of sizes and after it), a /metrics
+scrape, a rollout of every tenant to a version of one statement more (and again, with
+nothing to do), reconcile of the cluster, API show/list/search p95 (--requests calls),
+the daemon's heap, the server's relation files, disk, the shared database's pg_class and
 pg_attribute, shared memory, idle WAL per second (once autovacuum has finished what
 growth left, up to --settle), a restart and a crash recovery.
 The notes say which figures grow faster than the tenants; exits non-zero if a target
