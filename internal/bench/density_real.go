@@ -15,6 +15,7 @@ import (
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
@@ -78,6 +79,9 @@ type DensityRealPoint struct {
 
 // DensityReal runs bench density's real mode.
 func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityRealPoint, Table, error) {
+	if err := e.roomFor(o.SchemaTenants, o.DatabaseTenants); err != nil {
+		return nil, Table{}, err
+	}
 	raiseOpenFiles()
 	fc, stop, err := e.fleetFor(ctx, "density", nil, false)
 	if err != nil {
@@ -107,6 +111,41 @@ func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityR
 		points = append(points, p)
 	}
 	return points, densityRealTable(points, o), nil
+}
+
+// What a grown tenant takes on each of the fleet's two servers, from bench
+// density's own runs (docs/operations/capacity.md): a schema tenant of saas,
+// its relations and its share of the shared database's catalog; a
+// database tenant, the catalogs copied with it. WAL and checkpoints take a
+// fifth more.
+const (
+	diskPerSchemaTenant   = 900 << 10
+	diskPerDatabaseTenant = 9500 << 10
+)
+
+// densityDisk is the disk a run to that many tenants needs on its primary
+// and standby together.
+func densityDisk(schema, database int) int64 {
+	node := int64(schema)*diskPerSchemaTenant + int64(database)*diskPerDatabaseTenant
+	return node * 2 * 6 / 5
+}
+
+// roomFor refuses a run that would fill the disk halfway (a full disk
+// PANICs the primary and leaves nothing to report).
+func (e *Env) roomFor(schema, database int) error {
+	dir := e.Dir
+	if dir == "" {
+		dir = os.TempDir()
+	}
+	d, err := backup.DiskOf(dir)
+	if err != nil {
+		return err
+	}
+	if need := densityDisk(schema, database); need > d.Free {
+		return fmt.Errorf("%d schema + %d database tenants need about %s of disk on a primary and its standby, and %s has %s free: pass fewer (--schema-tenants, --database-tenants) or a --dir on a larger disk",
+			schema, database, config.ByteSize(need).Human(), dir, config.ByteSize(d.Free).Human())
+	}
+	return nil
 }
 
 // densityRealPoint measures one step: claims and a purge of each mode

@@ -55,3 +55,25 @@ func TestDensityRealTable(t *testing.T) {
 		}
 	}
 }
+
+// TestDensityDisk: the full size needs more than this machine's
+// 64 GB with a standby (it filled it twice), a tenth of the database
+// tenants fits; and a run the disk cannot hold is refused before it starts,
+// saying what to pass.
+func TestDensityDisk(t *testing.T) {
+	const gb = 1 << 30
+	if got := densityDisk(10000, 2000); got < 64*gb {
+		t.Errorf("10,000 + 2,000 tenants: %d GB, want more than the 64 GB they filled", got/gb)
+	}
+	if got := densityDisk(10000, 1000); got > 50*gb {
+		t.Errorf("10,000 + 1,000 tenants: %d GB, want less than 50", got/gb)
+	}
+	e := &Env{Dir: t.TempDir()}
+	if err := e.roomFor(10, 2); err != nil {
+		t.Errorf("12 tenants refused: %v", err)
+	}
+	err := e.roomFor(100, 100_000_000)
+	if err == nil || !strings.Contains(err.Error(), "--database-tenants") {
+		t.Errorf("a run of 100 M database tenants: %v, want a refusal naming the flags", err)
+	}
+}
