@@ -2,7 +2,9 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -20,7 +22,9 @@ import (
 	"github.com/pgtenant/pgtenant/internal/daemon"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/jobs"
+	"github.com/pgtenant/pgtenant/internal/metrics"
 	"github.com/pgtenant/pgtenant/internal/provision"
+	"github.com/pgtenant/pgtenant/internal/quota"
 	"github.com/pgtenant/pgtenant/internal/templates"
 	"github.com/pgtenant/pgtenant/internal/tenant"
 )
@@ -66,6 +70,7 @@ type DensityRealPoint struct {
 	IdleWALFirst       float64 `json:"idle_wal_first_window_bytes_per_second"` // the first
 	IdleImagesFirst    int64   `json:"idle_page_images_first_window"`          // full-page images in the first window
 	IdleImages         int64   `json:"idle_page_images"`                       // and in the last
+	IdleWALWhat        string  `json:"idle_wal_what"`                          // the last window's WAL by kind of record and database (pg_waldump)
 	// IdleSettle is how long autovacuum kept working after growth
 	// before the idle WAL was measured (Settle at most).
 	IdleSettle    time.Duration `json:"idle_settle"`
@@ -75,6 +80,10 @@ type DensityRealPoint struct {
 	// Rollout: every tenant moved to a new version of one statement,
 	// then the same rollout again with nothing to do (its NoOp).
 	Rollout MigrateRow `json:"rollout"`
+	// The statement capper: one check of the primary's sessions (p50),
+	// one pass over every tenant's role settings.
+	CapperCheck    time.Duration `json:"capper_check"`
+	CapperSettings time.Duration `json:"capper_settings_pass"`
 }
 
 // DensityReal runs bench density's real mode.
@@ -115,11 +124,12 @@ func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityR
 
 // What a grown tenant takes on each of the fleet's two servers, from bench
 // density's own runs (docs/operations/capacity.md): a schema tenant of saas,
-// its relations and its share of the shared database's catalog; a
-// database tenant, the catalogs copied with it. WAL and checkpoints take a
-// fifth more.
+// its relations (0.66 MB) and its rows in the shared database's catalogs
+// (0.6 MB at 10,000: pg_attribute, pg_depend, pg_class, pg_trigger, pg_constraint
+// and their indexes); a database tenant, the catalogs copied with it. WAL
+// and checkpoints take a fifth more.
 const (
-	diskPerSchemaTenant   = 900 << 10
+	diskPerSchemaTenant   = 1300 << 10
 	diskPerDatabaseTenant = 9500 << 10
 )
 
@@ -138,6 +148,10 @@ func (e *Env) roomFor(schema, database int) error {
 		dir = os.TempDir()
 	}
 	d, err := backup.DiskOf(dir)
+	for errors.Is(err, fs.ErrNotExist) && dir != filepath.Dir(dir) {
+		dir = filepath.Dir(dir) // a --dir to be made: the disk it will be on
+		d, err = backup.DiskOf(dir)
+	}
 	if err != nil {
 		return err
 	}
@@ -279,7 +293,7 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	}
 	// Growth leaves autovacuum work behind (new tables' first analyze, the
 	// catalogs' vacuum): the idle fleet is the one after it.
-	p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle)
+	p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle, 0)
 	if err != nil {
 		admin.Close(ctx)
 		return p, err
@@ -290,17 +304,21 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	// fleet at rest.
 	var walRates [3]float64
 	var images [3]int64 // full-page images written in each window
-	const walNow = `SELECT pg_current_wal_lsn() - '0/0', wal_fpi FROM pg_catalog.pg_stat_wal`
+	var from, to string // the last window's LSNs
+	const walNow = `SELECT pg_current_wal_lsn()::text, pg_current_wal_lsn() - '0/0', wal_fpi FROM pg_catalog.pg_stat_wal`
 	for i := range walRates {
 		var lsn0, lsn1, fpi0, fpi1 int64
-		if err = admin.QueryRow(ctx, walNow).Scan(&lsn0, &fpi0); err != nil {
+		if err = admin.QueryRow(ctx, walNow).Scan(&from, &lsn0, &fpi0); err != nil {
 			break
 		}
 		time.Sleep(10 * time.Second)
-		if err = admin.QueryRow(ctx, walNow).Scan(&lsn1, &fpi1); err != nil {
+		if err = admin.QueryRow(ctx, walNow).Scan(&to, &lsn1, &fpi1); err != nil {
 			break
 		}
 		walRates[i], images[i] = float64(lsn1-lsn0)/10, fpi1-fpi0
+	}
+	if err == nil {
+		p.IdleWALWhat, err = idleWALWhat(ctx, fc, admin, from, to)
 	}
 	if err == nil {
 		err = admin.QueryRow(ctx, `SELECT (SELECT sum(pg_database_size(oid)) FROM pg_database)::bigint,
@@ -330,12 +348,18 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	d.Stop()
 	d = nil
 
-	// The collector's passes, with the daemon stopped.
-	_, done, err := timePasses(ctx, fc, cfg, &p.Passes, true)
+	// The collector's passes, with the daemon stopped; then the capper's
+	// two passes, as its daemon runs them: a node's check (every second),
+	// the role settings of all tenants (every 30 s).
+	col, done, err := timePasses(ctx, fc, cfg, &p.Passes, true)
 	if err != nil {
 		return p, err
 	}
+	err = timeCapper(ctx, col, cfg, fc.Name(), &p)
 	done()
+	if err != nil {
+		return p, err
+	}
 
 	// A restart (fast shutdown, start) and a crash recovery (immediate
 	// shutdown, start): until the primary answers.
@@ -381,7 +405,7 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	if err != nil {
 		return nil, nil, err
 	}
-	took, settled, err := settleAutovacuum(ctx, admin, settle)
+	took, settled, err := settleAutovacuum(ctx, admin, settle, 3*time.Second)
 	admin.Close(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -422,6 +446,53 @@ const claimSpacing = 300 * time.Millisecond
 // syncs (8 × pooler.coalesce): a sync asked after it is served at once.
 const syncSpacing = 2 * time.Second
 
+// idleWALWhat reads the primary's WAL from..to with pg_waldump: the kinds
+// of record and the databases that wrote most of it.
+func idleWALWhat(ctx context.Context, fc *fleet.Cluster, admin *pgx.Conn, from, to string) (string, error) {
+	sum, err := readWAL(ctx, fc.Binaries().Path("pg_waldump"), filepath.Join(fc.DataDir("primary"), "pg_wal"), from, to)
+	if err != nil {
+		return "pg_waldump: " + err.Error(), nil
+	}
+	rows, err := admin.Query(ctx, `SELECT oid::int8, datname FROM pg_catalog.pg_database`)
+	if err != nil {
+		return "", err
+	}
+	names := map[uint32]string{}
+	for rows.Next() {
+		var oid int64
+		var name string
+		if err := rows.Scan(&oid, &name); err != nil {
+			rows.Close()
+			return "", err
+		}
+		names[uint32(oid)] = name
+	}
+	if err := rows.Err(); err != nil {
+		return "", err
+	}
+	return sum.top(3, names), nil
+}
+
+// timeCapper times the statement capper on the collector's clusters: p50
+// of 20 checks of the primary's sessions, and one pass over every
+// tenant's role settings.
+func timeCapper(ctx context.Context, col *metrics.Collector, cfg config.Config, name string, p *DensityRealPoint) error {
+	cl, err := col.Clusters.Get(name)
+	if err != nil {
+		return err
+	}
+	c := &quota.Capper{Store: col.Store, Clusters: col.Clusters, Metrics: cfg.Metrics, Tiers: cfg.Tiers}
+	if p.CapperCheck, _, err = timeCalls(20, func() error { _, err := c.CheckNode(ctx, cl, "primary"); return err }); err != nil {
+		return err
+	}
+	b := time.Now()
+	if _, err := c.RestoreSettings(ctx, cl); err != nil {
+		return err
+	}
+	p.CapperSettings = time.Since(b)
+	return nil
+}
+
 // relationFiles counts the files under a data dir's base directory.
 func relationFiles(base string) int {
 	n := 0
@@ -456,6 +527,8 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("collector: sizes of that pass", d(func(p DensityRealPoint) time.Duration { return p.Passes.SteadySizes }))
 	row("collector: sizes per pass after a round", n(func(p DensityRealPoint) int64 { return int64(p.Passes.SteadySizesCount) }))
 	row("collector: statements per pass", n(func(p DensityRealPoint) int64 { return int64(p.Passes.Queries) }))
+	row("capper: check of the primary's sessions p50", d(func(p DensityRealPoint) time.Duration { return p.CapperCheck }))
+	row("capper: pass over every tenant's role settings", d(func(p DensityRealPoint) time.Duration { return p.CapperSettings }))
 	row("/metrics scrape", d(func(p DensityRealPoint) time.Duration { return p.Scrape }))
 	row("/metrics size", func(p DensityRealPoint) string { return kb(int64(p.ScrapeBytes)) })
 	row("front door: one sync (tenants, verifiers, files, RELOAD)", d(func(p DensityRealPoint) time.Duration { return p.FrontSync }))
@@ -492,7 +565,10 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	t.Notes = []string{
 		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle, and the front door has their entries, as spares that waited in their pool have; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"the collector's passes run with the daemon stopped, a collector of their own: the first round of sizes sizes every tenant (as after a restart), the passes after it only the tenants whose clients did something (none here) and those idle for metrics.idle_size_interval; the restart and crash rows end when the primary accepts connections again.",
-		fmt.Sprintf("idle WAL is measured in three windows of 10 s once no job is left and no autovacuum worker has run for 3 s (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the first window still pays for the first reads of what growth wrote (hint bits, each page's image in the WAL with data checksums on), the target is checked on the last.", o.Settle),
+		fmt.Sprintf("idle WAL is measured in three windows of 10 s once no job is left and no autovacuum worker has worked on a table for autovacuum_naptime and 5 s, so that every database's turn came and what growth left is done (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the first window still pays for the first reads of what growth wrote (hint bits, each page's image in the WAL with data checksums on), the target is checked on the last.", o.Settle),
+	}
+	for _, p := range ps {
+		t.Notes = append(t.Notes, fmt.Sprintf("idle WAL at %d+%d, the last window by kind of record and database (pg_waldump): %s", p.Schema, p.Database, p.IdleWALWhat))
 	}
 	if len(ps) > 0 {
 		l := ps[len(ps)-1]
@@ -516,7 +592,8 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), []growthCase{
 			{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
 			{"collector pass", first.Passes.Pass, last.Passes.Pass}, {"collector pass after a round", first.Passes.SteadyPass, last.Passes.SteadyPass}, {"reconcile", first.Reconcile, last.Reconcile},
-			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape}})...)
+			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape},
+			{"capper check", first.CapperCheck, last.CapperCheck}, {"capper settings pass", first.CapperSettings, last.CapperSettings}})...)
 	}
 	return t
 }
@@ -554,25 +631,36 @@ func (e *Env) densityRollout(ctx context.Context, fc *fleet.Cluster, d *benchDae
 }
 
 // settleAutovacuum waits, for up to most, until no autovacuum worker has
-// run for 3 s in a row; it returns how long that took and whether it
-// happened.
-func settleAutovacuum(ctx context.Context, admin *pgx.Conn, most time.Duration) (time.Duration, bool, error) {
-	start, quiet := time.Now(), 0
-	for time.Since(start) < most {
-		var workers int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'autovacuum worker'`).Scan(&workers); err != nil {
+// worked on a table for quiet in a row (sampled every 250 ms; a worker
+// that visits a database with nothing to do does not count); it returns
+// how long that took and whether it happened. A quiet of 0 is one
+// autovacuum_naptime and 5 s: every database's turn has come and gone,
+// so the work a burst left is done and not merely between two visits.
+func settleAutovacuum(ctx context.Context, admin *pgx.Conn, most, quiet time.Duration) (time.Duration, bool, error) {
+	if quiet == 0 {
+		var naptime int
+		if err := admin.QueryRow(ctx, `SELECT setting::int FROM pg_catalog.pg_settings WHERE name = 'autovacuum_naptime'`).Scan(&naptime); err != nil {
 			return 0, false, err
 		}
-		if quiet = quiet + 1; workers > 0 {
-			quiet = 0
+		quiet = time.Duration(naptime)*time.Second + 5*time.Second
+	}
+	start, since := time.Now(), time.Now()
+	for time.Since(start) < most {
+		var working int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+			WHERE backend_type = 'autovacuum worker' AND query LIKE 'autovacuum:%'`).Scan(&working); err != nil {
+			return 0, false, err
 		}
-		if quiet > 3 {
+		if working > 0 {
+			since = time.Now()
+		}
+		if time.Since(since) >= quiet {
 			return time.Since(start), true, nil
 		}
 		select {
 		case <-ctx.Done():
 			return 0, false, ctx.Err()
-		case <-time.After(time.Second):
+		case <-time.After(250 * time.Millisecond):
 		}
 	}
 	return time.Since(start), false, nil

@@ -7,14 +7,17 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,7 +74,8 @@ type WALRecord struct {
 	Desc  string `json:"desc"` // the first word of the description (COMMIT, FPI, …)
 	LSN   string `json:"lsn"`
 	Rec   int64  `json:"rec_len"`
-	Total int64  `json:"total_len"` // with block images: what the standby reads
+	Total int64  `json:"total_len"`              // with block images: what the standby reads
+	DB    uint32 `json:"database_oid,omitempty"` // of its first block (0: none, or a shared catalog's)
 }
 
 func (r WALRecord) String() string {
@@ -313,6 +317,44 @@ type walSummary struct {
 	Largest  WALRecord // by total length
 	Records  int64
 	FPIBytes int64 // sum of total minus record length: the full-page images
+	// Bytes (total length) by kind of record ("Heap2/VISIBLE") and by the
+	// database of a record's first block (0: records of no database).
+	Kinds     map[string]int64
+	Databases map[uint32]int64
+}
+
+// top names the n kinds of record and the n databases that wrote most of
+// the range, with their shares: "Heap/INSERT 41%, XLOG/FPI_FOR_HINT 30%;
+// pgtenant 80%, (none) 20%". names maps database OIDs to names.
+func (s walSummary) top(n int, names map[uint32]string) string {
+	var total int64
+	for _, b := range s.Kinds {
+		total += b
+	}
+	if total == 0 {
+		return "-"
+	}
+	shares := func(m map[string]int64) string {
+		keys := slices.Collect(maps.Keys(m))
+		slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(m[b], m[a]), cmp.Compare(a, b)) })
+		var parts []string
+		for _, k := range keys[:min(n, len(keys))] {
+			parts = append(parts, fmt.Sprintf("%s %.0f%%", k, 100*float64(m[k])/float64(total)))
+		}
+		return strings.Join(parts, ", ")
+	}
+	dbs := map[string]int64{}
+	for oid, b := range s.Databases {
+		name := names[oid]
+		switch {
+		case oid == 0:
+			name = "(none)"
+		case name == "":
+			name = strconv.FormatUint(uint64(oid), 10)
+		}
+		dbs[name] += b
+	}
+	return shares(s.Kinds) + "; " + shares(dbs)
 }
 
 // readWAL runs pg_waldump over [start, end) of walDir and summarises the
@@ -356,6 +398,11 @@ func scanWALDump(r io.Reader) (walSummary, error) {
 			if rec, ok := parseWALDumpLine(string(line)); ok {
 				sum.Records++
 				sum.FPIBytes += rec.Total - rec.Rec
+				if sum.Kinds == nil {
+					sum.Kinds, sum.Databases = map[string]int64{}, map[uint32]int64{}
+				}
+				sum.Kinds[rec.Rmgr+"/"+rec.Desc] += rec.Total
+				sum.Databases[rec.DB] += rec.Total
 				if rec.Total > sum.Largest.Total {
 					sum.Largest = rec
 				}
@@ -373,6 +420,9 @@ func scanWALDump(r io.Reader) (walSummary, error) {
 	}
 }
 
+// blockRef is a record's first block reference: rel tablespace/database/relfilenode.
+var blockRef = regexp.MustCompile(`blkref #0: rel \d+/(\d+)/\d+`)
+
 var walDumpLine = regexp.MustCompile(`^rmgr: (\S+)\s+len \(rec/tot\):\s*(\d+)/\s*(\d+), tx:\s*\d+, lsn: ([0-9A-Fa-f]+/[0-9A-Fa-f]+), prev [0-9A-Fa-f]+/[0-9A-Fa-f]+, desc: (\S*)`)
 
 // parseWALDumpLine parses a line such as
@@ -388,7 +438,12 @@ func parseWALDumpLine(line string) (WALRecord, bool) {
 	if err1 != nil || err2 != nil {
 		return WALRecord{}, false
 	}
-	return WALRecord{Rmgr: m[1], Rec: rec, Total: tot, LSN: m[4], Desc: m[5]}, true
+	r := WALRecord{Rmgr: m[1], Rec: rec, Total: tot, LSN: m[4], Desc: strings.TrimRight(m[5], ";,")}
+	if b := blockRef.FindStringSubmatch(line); b != nil {
+		db, _ := strconv.ParseUint(b[1], 10, 32)
+		r.DB = uint32(db)
+	}
+	return r, true
 }
 
 // latencyStats returns p50, p95 and calls per second over the method's wall time.

@@ -17,7 +17,7 @@ pg_waldump: error: error in WAL record at 0/1500718: invalid record length at 0/
 func TestParseWALDumpLine(t *testing.T) {
 	lines := strings.Split(walDumpSample, "\n")
 	got, ok := parseWALDumpLine(lines[1])
-	want := WALRecord{Rmgr: "XLOG", Desc: "FPI", LSN: "0/010000C0", Rec: 49, Total: 137}
+	want := WALRecord{Rmgr: "XLOG", Desc: "FPI", LSN: "0/010000C0", Rec: 49, Total: 137, DB: 1}
 	if !ok || got != want {
 		t.Errorf("parse FPI line = %+v, %v; want %+v", got, ok, want)
 	}
@@ -49,6 +49,12 @@ func TestScanWALDump_LargestAndLongLines(t *testing.T) {
 	}
 	if got := sum.Largest; got.Total != 999999 || got.LSN != "0/02000000" {
 		t.Errorf("largest = %+v, want the 999999-byte commit at 0/02000000", got)
+	}
+	// What wrote the range: the commits' bytes first, and the database of
+	// the records' blocks (1: the FPIs, the prune of pg_class).
+	got := sum.top(2, map[uint32]string{1: "template1"})
+	if want := "Transaction/COMMIT 100%, XLOG/FPI 0%; (none) 100%, template1 0%"; got != want {
+		t.Errorf("top = %q, want %q", got, want)
 	}
 }
 
