@@ -245,6 +245,8 @@ func TestChecks(t *testing.T) {
 			f.Extensions["pg_buffercache"] = cluster.ExtensionState{}
 		}},
 		{"open-file limit below max_files_per_process", "files", doctor.Warn, func(f *doctor.Facts) { f.OpenFilesLimit = 512 }},
+		{"files of 10,000 schema tenants, as measured", "files", doctor.OK, func(f *doctor.Facts) { f.Files = 1_900_000 }},
+		{"files beyond what was measured", "files", doctor.Warn, func(f *doctor.Facts) { f.Files = 3_000_000 }},
 		{"FILE_COPY creates force checkpoints", "checkpoints", doctor.Warn, func(f *doctor.Facts) {
 			f.LargestSize, f.BuildsDay = 1<<30, 600
 		}},
