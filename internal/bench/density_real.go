@@ -593,7 +593,8 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 			{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
 			{"collector pass", first.Passes.Pass, last.Passes.Pass}, {"collector pass after a round", first.Passes.SteadyPass, last.Passes.SteadyPass}, {"reconcile", first.Reconcile, last.Reconcile},
 			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape},
-			{"capper check", first.CapperCheck, last.CapperCheck}, {"capper settings pass", first.CapperSettings, last.CapperSettings}})...)
+			{"capper check", first.CapperCheck, last.CapperCheck}, {"capper settings pass", first.CapperSettings, last.CapperSettings},
+			{"schema drop + purge", first.PurgeSchema, last.PurgeSchema}})...)
 	}
 	return t
 }

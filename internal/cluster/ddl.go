@@ -238,8 +238,9 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 	total := -1
 	dropped := 0
 	for {
-		// Relations with the weight of what dropping them takes along,
-		// newest first: what depends on a relation was nearly always made
+		// Relations with the weight of what dropping them takes along
+		// (found through what depends on the schema, by pg_depend's index:
+		// pg_class has none on the namespace alone), newest first: what depends on a relation was nearly always made
 		// after it, so its dependents are gone before CASCADE could reach
 		// them. Oldest first, dropping `wide`'s first table (whose serial
 		// sequences the T copies' column defaults use) cascaded into every
@@ -251,7 +252,10 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 			         + (SELECT pg_catalog.count(*) FROM pg_catalog.pg_depend d WHERE d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass AND d.refobjid = c.oid
 			              AND d.classid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')) AS weight,
 			       pg_catalog.sum(1) OVER () AS remaining
-			FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			FROM pg_catalog.pg_namespace n
+			JOIN pg_catalog.pg_depend nd ON nd.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND nd.refobjid = n.oid
+			  AND nd.refobjsubid = 0 AND nd.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+			JOIN pg_catalog.pg_class c ON c.oid = nd.objid AND c.relnamespace = n.oid
 			WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'S', 'f')
 			  AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
 			                  AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i'))
@@ -325,28 +329,48 @@ func DropSchemaBatched(ctx context.Context, conn *pgx.Conn, schema string, batch
 	})
 }
 
+// schemaObjectsSQL finds schema $1's objects, as mine (classid, objid), for
+// a query that follows it. They are found through pg_depend's index on
+// what is referenced, not by scanning the catalogs for their namespace
+// (in a shared database of 10,000 tenants, sequential scans of pg_class,
+// pg_type, pg_proc and pg_constraint at every check): what depends on the
+// schema itself (every relation, type, function, operator, … records it),
+// then what those own (deptype auto or internal: indexes, TOAST,
+// constraints, row and array types), kept when their own namespace is the
+// schema.
+const schemaObjectsSQL = `
+WITH RECURSIVE s AS (SELECT oid, nspname FROM pg_catalog.pg_namespace WHERE nspname = $1),
+owned (classid, objid) AS (
+	SELECT d.classid, d.objid FROM pg_catalog.pg_depend d, s
+	WHERE d.refclassid = 'pg_catalog.pg_namespace'::pg_catalog.regclass AND d.refobjid = s.oid AND d.refobjsubid = 0
+	UNION
+	SELECT d.classid, d.objid FROM pg_catalog.pg_depend d JOIN owned o ON d.refclassid = o.classid AND d.refobjid = o.objid
+	WHERE d.deptype IN ('a', 'i')
+),
+mine (classid, objid) AS (
+	SELECT o.classid, o.objid FROM owned o, s WHERE s.oid = CASE o.classid
+		WHEN 'pg_catalog.pg_class'::pg_catalog.regclass THEN (SELECT x.relnamespace FROM pg_catalog.pg_class x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_type'::pg_catalog.regclass THEN (SELECT x.typnamespace FROM pg_catalog.pg_type x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_proc'::pg_catalog.regclass THEN (SELECT x.pronamespace FROM pg_catalog.pg_proc x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_operator'::pg_catalog.regclass THEN (SELECT x.oprnamespace FROM pg_catalog.pg_operator x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_collation'::pg_catalog.regclass THEN (SELECT x.collnamespace FROM pg_catalog.pg_collation x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_conversion'::pg_catalog.regclass THEN (SELECT x.connamespace FROM pg_catalog.pg_conversion x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_opclass'::pg_catalog.regclass THEN (SELECT x.opcnamespace FROM pg_catalog.pg_opclass x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_opfamily'::pg_catalog.regclass THEN (SELECT x.opfnamespace FROM pg_catalog.pg_opfamily x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_ts_config'::pg_catalog.regclass THEN (SELECT x.cfgnamespace FROM pg_catalog.pg_ts_config x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_ts_dict'::pg_catalog.regclass THEN (SELECT x.dictnamespace FROM pg_catalog.pg_ts_dict x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass THEN (SELECT x.stxnamespace FROM pg_catalog.pg_statistic_ext x WHERE x.oid = o.objid)
+		WHEN 'pg_catalog.pg_constraint'::pg_catalog.regclass THEN (SELECT x.connamespace FROM pg_catalog.pg_constraint x WHERE x.oid = o.objid)
+	END
+)`
+
 // outsideDependentsSQL lists (up to 20) objects outside schema $1 that
 // depend on an object in it: what DROP … CASCADE would take along beyond
 // the schema, e.g. another tenant's column of this tenant's enum type, or
 // its view of this tenant's table. Sub-objects count where their table is
 // (defaults, rules, triggers, policies); a cast counts as outside when it
 // involves a type of another schema (other than a built-in one).
-const outsideDependentsSQL = `
-WITH s AS (SELECT oid, nspname FROM pg_catalog.pg_namespace WHERE nspname = $1),
-mine (classid, objid) AS (
-	SELECT 'pg_catalog.pg_class'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_class x, s WHERE x.relnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_type'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_type x, s WHERE x.typnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_proc'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_proc x, s WHERE x.pronamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_operator'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_operator x, s WHERE x.oprnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_collation'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_collation x, s WHERE x.collnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_conversion'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_conversion x, s WHERE x.connamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_opclass'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_opclass x, s WHERE x.opcnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_opfamily'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_opfamily x, s WHERE x.opfnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_ts_config'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_ts_config x, s WHERE x.cfgnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_ts_dict'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_ts_dict x, s WHERE x.dictnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_statistic_ext'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_statistic_ext x, s WHERE x.stxnamespace = s.oid
-	UNION ALL SELECT 'pg_catalog.pg_constraint'::pg_catalog.regclass, x.oid FROM pg_catalog.pg_constraint x, s WHERE x.connamespace = s.oid
-)
+const outsideDependentsSQL = schemaObjectsSQL + `
 SELECT DISTINCT pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid)
 FROM pg_catalog.pg_depend d
 JOIN mine m ON d.refclassid = m.classid AND d.refobjid = m.objid
