@@ -123,11 +123,11 @@ func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityR
 }
 
 // What a grown tenant takes on each of the fleet's two servers, from bench
-// density's own runs (docs/operations/capacity.md): a schema tenant of saas,
-// its relations (0.66 MB) and its rows in the shared database's catalogs
-// (0.6 MB at 10,000: pg_attribute, pg_depend, pg_class, pg_trigger, pg_constraint
-// and their indexes); a database tenant, the catalogs copied with it. WAL
-// and checkpoints take a fifth more.
+// density's own runs (docs/operations/capacity.md): a schema tenant of
+// saas, its relations (0.66 MB) and its rows in the shared database's
+// catalogs (0.6 MB at 10,000: pg_attribute, pg_depend, pg_class,
+// pg_trigger, pg_constraint and their indexes); a database tenant, the
+// catalogs copied with it. WAL and checkpoints take a fifth more.
 const (
 	diskPerSchemaTenant   = 1300 << 10
 	diskPerDatabaseTenant = 9500 << 10
@@ -140,8 +140,8 @@ func densityDisk(schema, database int) int64 {
 	return node * 2 * 6 / 5
 }
 
-// roomFor refuses a run that would fill the disk halfway (a full disk
-// PANICs the primary and leaves nothing to report).
+// roomFor refuses a run the disk cannot hold: a full disk PANICs the
+// primary halfway and leaves nothing to report.
 func (e *Env) roomFor(schema, database int) error {
 	dir := e.Dir
 	if dir == "" {
