@@ -388,6 +388,41 @@ func TestFinding9_LockedTenantStalesOnlyItsOwnMetrics(t *testing.T) {
 	mustExec(t, conn, `ROLLBACK`)
 }
 
+// TestFinding10_PurgeStopsAtAnotherTenantsRowTypes: the purge finds a
+// schema's objects through pg_depend (what depends on the schema, then what
+// those own), so B borrows what only that second step reaches: the row
+// type of A's table and its array type, and a foreign key to A's primary
+// key index. Purging A stops naming each, B's rows intact.
+func TestFinding10_PurgeStopsAtAnotherTenantsRowTypes(t *testing.T) {
+	e := start(t, nil)
+	ctx := pgtest.Context(t)
+	a := e.tenant(t, "schema", "default")
+	b := e.tenant(t, "schema", "default")
+	ca, cb := connect(t, a.DSN), connect(t, b.DSN)
+	mustExec(t, ca, `GRANT USAGE ON SCHEMA `+cluster.Ident(a.Schema)+` TO `+cluster.Ident(b.Role))
+	mustExec(t, ca, `GRANT REFERENCES ON organizations TO `+cluster.Ident(b.Role))
+	sa := cluster.Ident(a.Schema)
+	mustExec(t, cb, `CREATE TABLE snapshot (id int, org `+sa+`.organizations, orgs `+sa+`.organizations[])`)
+	mustExec(t, cb, `CREATE TABLE pinned (org bigint REFERENCES `+sa+`.organizations (id))`)
+	mustExec(t, cb, `INSERT INTO snapshot (id) VALUES (1)`)
+
+	j := e.purge(t, a.ID, jobs.Failed)
+	for _, want := range []string{"column org of table " + b.Schema + ".snapshot", "column orgs of table " + b.Schema + ".snapshot",
+		"on table " + b.Schema + ".pinned"} {
+		if !strings.Contains(j.LastError, want) {
+			t.Errorf("purge error does not name %q: %s", want, j.LastError)
+		}
+	}
+	var n int
+	if err := cb.QueryRow(ctx, `SELECT count(*) FROM snapshot`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("B's rows after A's refused purge: %d, %v", n, err)
+	}
+	if left := leftBehind(t, a); len(left) == 0 {
+		t.Error("A's refused purge left nothing: it dropped A's objects although B's depend on them")
+	}
+	neighbourWorks(t, b)
+}
+
 // TestFinding10_PurgeStopsAtAnotherTenantsObjects: B uses A's enum type in a
 // column (A granted it USAGE); purging A stops with B's column named and
 // B's data intact; once B's column is gone, the purge, retried, finishes.
