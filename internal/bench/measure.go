@@ -317,11 +317,14 @@ type walSummary struct {
 	Largest  WALRecord // by total length
 	Records  int64
 	FPIBytes int64 // sum of total minus record length: the full-page images
-	// Bytes (total length) by kind of record ("Heap2/VISIBLE") and by the
-	// database of a record's first block (0: records of no database).
-	Kinds     map[string]int64
+	// Bytes (total length) by kind of record and by the database of a
+	// record's first block (0: records of no database).
+	Kinds     map[walKind]int64
 	Databases map[uint32]int64
 }
+
+// walKind is a kind of WAL record: its resource manager and description.
+type walKind struct{ Rmgr, Desc string }
 
 // top names the n kinds of record and the n databases that wrote most of
 // the range, with their shares: "Heap/INSERT 41%, XLOG/FPI_FOR_HINT 30%;
@@ -343,6 +346,10 @@ func (s walSummary) top(n int, names map[uint32]string) string {
 		}
 		return strings.Join(parts, ", ")
 	}
+	kinds := map[string]int64{}
+	for k, b := range s.Kinds {
+		kinds[k.Rmgr+"/"+k.Desc] = b
+	}
 	dbs := map[string]int64{}
 	for oid, b := range s.Databases {
 		name := names[oid]
@@ -354,7 +361,7 @@ func (s walSummary) top(n int, names map[uint32]string) string {
 		}
 		dbs[name] += b
 	}
-	return shares(s.Kinds) + "; " + shares(dbs)
+	return shares(kinds) + "; " + shares(dbs)
 }
 
 // readWAL runs pg_waldump over [start, end) of walDir and summarises the
@@ -399,9 +406,9 @@ func scanWALDump(r io.Reader) (walSummary, error) {
 				sum.Records++
 				sum.FPIBytes += rec.Total - rec.Rec
 				if sum.Kinds == nil {
-					sum.Kinds, sum.Databases = map[string]int64{}, map[uint32]int64{}
+					sum.Kinds, sum.Databases = map[walKind]int64{}, map[uint32]int64{}
 				}
-				sum.Kinds[rec.Rmgr+"/"+rec.Desc] += rec.Total
+				sum.Kinds[walKind{rec.Rmgr, rec.Desc}] += rec.Total
 				sum.Databases[rec.DB] += rec.Total
 				if rec.Total > sum.Largest.Total {
 					sum.Largest = rec
