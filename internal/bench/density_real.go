@@ -59,18 +59,24 @@ type DensityRealPoint struct {
 	ReconcileFindings  int              `json:"reconcile_findings"`
 	ShowP95, ListP95   time.Duration
 	SearchP95          time.Duration
-	HeapBytes          uint64  `json:"heap_bytes"`
-	Files              int     `json:"relation_files"`
-	DiskBytes          int64   `json:"disk_bytes"`
-	SharedClassRows    int64   `json:"shared_db_pg_class_rows"`
-	SharedAttrRows     int64   `json:"shared_db_pg_attribute_rows"`
-	SharedCatalogBytes int64   `json:"shared_db_catalog_bytes"`
-	ShmemBytes         int64   `json:"shared_memory_bytes"`
-	IdleWALPerSec      float64 `json:"idle_wal_bytes_per_second"`              // the last of three 10 s windows
-	IdleWALFirst       float64 `json:"idle_wal_first_window_bytes_per_second"` // the first
-	IdleImagesFirst    int64   `json:"idle_page_images_first_window"`          // full-page images in the first window
-	IdleImages         int64   `json:"idle_page_images"`                       // and in the last
-	IdleWALWhat        string  `json:"idle_wal_what"`                          // the last window's WAL by kind of record and database (pg_waldump)
+	HeapBytes          uint64 `json:"heap_bytes"`
+	Files              int    `json:"relation_files"`
+	DiskBytes          int64  `json:"disk_bytes"`
+	SharedClassRows    int64  `json:"shared_db_pg_class_rows"`
+	SharedAttrRows     int64  `json:"shared_db_pg_attribute_rows"`
+	SharedCatalogBytes int64  `json:"shared_db_catalog_bytes"`
+	ShmemBytes         int64  `json:"shared_memory_bytes"`
+	// The collector's first round of sizes after growth and the rollout:
+	// the WAL its first reads wrote (hint bits), and how long it took.
+	RoundWAL        int64         `json:"first_round_wal_bytes"`
+	RoundImages     int64         `json:"first_round_page_images"`
+	RoundTook       time.Duration `json:"first_round_took"`
+	RoundWALWhat    string        `json:"first_round_wal_what"`                   // by kind of record and database (pg_waldump)
+	IdleWALPerSec   float64       `json:"idle_wal_bytes_per_second"`              // the last of three 10 s windows
+	IdleWALFirst    float64       `json:"idle_wal_first_window_bytes_per_second"` // the first
+	IdleImagesFirst int64         `json:"idle_page_images_first_window"`          // full-page images in the first window
+	IdleImages      int64         `json:"idle_page_images"`                       // and in the last
+	IdleWALWhat     string        `json:"idle_wal_what"`                          // the last window's WAL by kind of record and database (pg_waldump)
 	// IdleSettle is how long autovacuum kept working after growth
 	// before the idle WAL was measured (Settle at most).
 	IdleSettle    time.Duration `json:"idle_settle"`
@@ -179,7 +185,8 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 		return p, err
 	}
 	pc.ServerSocketDir = fc.SocketDir()
-	d, err := e.startDaemonInProcess(ctx, fc, cfg, func(do *daemon.Options) { do.Poolers = map[string]config.PoolerConfig{fc.Name(): pc} })
+	pooled := func(do *daemon.Options) { do.Poolers = map[string]config.PoolerConfig{fc.Name(): pc} }
+	d, err := e.startDaemonInProcess(ctx, fc, cfg, pooled)
 	if err != nil {
 		return p, err
 	}
@@ -276,8 +283,8 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 	runtime.ReadMemStats(&mem)
 	p.HeapBytes = mem.HeapInuse
 
-	// The server, idle but for the daemon: WAL over 10 s, once no job is
-	// left (the spares left over from the claims are being retired).
+	// No job left (the spares left over from the claims are being
+	// retired), then the server's disk, memory, catalog and files.
 	for wait := time.Now(); time.Since(wait) < 2*time.Minute; time.Sleep(time.Second) {
 		var busy int
 		if err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE state IN ('queued', 'running', 'waiting')`).Scan(&busy); err != nil {
@@ -287,79 +294,85 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 			break
 		}
 	}
-	admin, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
-	if err != nil {
-		return p, err
-	}
-	// Growth leaves autovacuum work behind (new tables' first analyze, the
-	// catalogs' vacuum): the idle fleet is the one after it.
-	p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle, 0)
-	if err != nil {
-		admin.Close(ctx)
-		return p, err
-	}
-	// Three windows of 10 s: the first still has the writes that reading
-	// what growth wrote costs (hint bits set for the first time, each
-	// page's image in the WAL, data checksums being on); the last is the
-	// fleet at rest.
-	var walRates [3]float64
-	var images [3]int64 // full-page images written in each window
-	var from, to string // the last window's LSNs
-	const walNow = `SELECT pg_current_wal_lsn()::text, pg_current_wal_lsn() - '0/0', wal_fpi FROM pg_catalog.pg_stat_wal`
-	for i := range walRates {
-		var lsn0, lsn1, fpi0, fpi1 int64
-		if err = admin.QueryRow(ctx, walNow).Scan(&from, &lsn0, &fpi0); err != nil {
-			break
-		}
-		time.Sleep(10 * time.Second)
-		if err = admin.QueryRow(ctx, walNow).Scan(&to, &lsn1, &fpi1); err != nil {
-			break
-		}
-		walRates[i], images[i] = float64(lsn1-lsn0)/10, fpi1-fpi0
-	}
-	if err == nil {
-		p.IdleWALWhat, err = idleWALWhat(ctx, fc, admin, from, to)
-	}
-	if err == nil {
-		err = admin.QueryRow(ctx, `SELECT (SELECT sum(pg_database_size(oid)) FROM pg_database)::bigint,
-			(SELECT sum(allocated_size) FROM pg_shmem_allocations)::bigint`).Scan(&p.DiskBytes, &p.ShmemBytes)
-	}
-	admin.Close(ctx)
-	if err != nil {
-		return p, err
-	}
-	p.IdleWALFirst, p.IdleWALPerSec = walRates[0], walRates[len(walRates)-1]
-	p.IdleImagesFirst, p.IdleImages = images[0], images[len(images)-1]
 	var shared string
 	if err := d.catalog.QueryRow(ctx, `SELECT database FROM tenants WHERE mode = 'schema' LIMIT 1`).Scan(&shared); err != nil {
 		return p, err
 	}
-	conn, err := pgx.Connect(ctx, fc.PrimaryDSN(shared))
+	d.Stop()
+	d = nil
+	admin, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
 	if err != nil {
 		return p, err
 	}
-	err = conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_attribute),
-		pg_total_relation_size('pg_class') + pg_total_relation_size('pg_attribute')`).Scan(&p.SharedClassRows, &p.SharedAttrRows, &p.SharedCatalogBytes)
-	conn.Close(ctx)
-	if err != nil {
+	defer admin.Close(ctx)
+	if err := admin.QueryRow(ctx, `SELECT (SELECT sum(pg_database_size(oid)) FROM pg_database)::bigint,
+		(SELECT sum(allocated_size) FROM pg_shmem_allocations)::bigint`).Scan(&p.DiskBytes, &p.ShmemBytes); err != nil {
+		return p, err
+	}
+	if err := sharedCatalog(ctx, fc, shared, &p); err != nil {
 		return p, err
 	}
 	p.Files = relationFiles(filepath.Join(fc.DataDir("primary"), "base"))
-	d.Stop()
-	d = nil
 
-	// The collector's passes, with the daemon stopped; then the capper's
-	// two passes, as its daemon runs them: a node's check (every second),
-	// the role settings of all tenants (every 30 s).
+	// The collector's passes, with the daemon stopped: a first round of
+	// sizes (every tenant, as after a restart), whose first reads of what
+	// growth and the rollout wrote set hint bits (each page's image in
+	// the WAL, data checksums being on), then passes at rest; then the
+	// capper's two passes, as its daemon runs them: a node's check (every
+	// second), the role settings of all tenants (every 30 s).
+	before, err := walNow(ctx, admin)
+	if err != nil {
+		return p, err
+	}
+	b = time.Now()
 	col, done, err := timePasses(ctx, fc, cfg, &p.Passes, true)
 	if err != nil {
 		return p, err
 	}
-	err = timeCapper(ctx, col, cfg, fc.Name(), &p)
+	p.RoundTook = time.Since(b)
+	after, err := walNow(ctx, admin)
+	if err == nil {
+		p.RoundWAL, p.RoundImages = after.bytes-before.bytes, after.images-before.images
+		p.RoundWALWhat, err = walWhat(ctx, fc, admin, before.lsn, after.lsn)
+	}
+	if err == nil {
+		err = timeCapper(ctx, col, cfg, fc.Name(), &p)
+	}
 	done()
 	if err != nil {
 		return p, err
 	}
+
+	// The idle fleet: a daemon running again (its collector, capper,
+	// pools and front door), once autovacuum is done with what growth
+	// left (new tables' first analyze, the catalogs' vacuum), WAL in
+	// three windows of 10 s.
+	if d, err = e.startDaemonInProcess(ctx, fc, cfg, pooled); err != nil {
+		return p, err
+	}
+	if p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle, 0); err != nil {
+		return p, err
+	}
+	var windows [3]walPoint
+	var from walPoint // the last window's start
+	for i := range windows {
+		if from, err = walNow(ctx, admin); err != nil {
+			return p, err
+		}
+		time.Sleep(10 * time.Second)
+		if windows[i], err = walNow(ctx, admin); err != nil {
+			return p, err
+		}
+		windows[i].bytes, windows[i].images = windows[i].bytes-from.bytes, windows[i].images-from.images
+	}
+	first, last := windows[0], windows[len(windows)-1]
+	p.IdleWALFirst, p.IdleWALPerSec = float64(first.bytes)/10, float64(last.bytes)/10
+	p.IdleImagesFirst, p.IdleImages = first.images, last.images
+	if p.IdleWALWhat, err = walWhat(ctx, fc, admin, from.lsn, last.lsn); err != nil {
+		return p, err
+	}
+	d.Stop()
+	d = nil
 
 	// A restart (fast shutdown, start) and a crash recovery (immediate
 	// shutdown, start): until the primary answers.
@@ -446,9 +459,9 @@ const claimSpacing = 300 * time.Millisecond
 // syncs (8 × pooler.coalesce): a sync asked after it is served at once.
 const syncSpacing = 2 * time.Second
 
-// idleWALWhat reads the primary's WAL from..to with pg_waldump: the kinds
+// walWhat reads the primary's WAL from..to with pg_waldump: the kinds
 // of record and the databases that wrote most of it.
-func idleWALWhat(ctx context.Context, fc *fleet.Cluster, admin *pgx.Conn, from, to string) (string, error) {
+func walWhat(ctx context.Context, fc *fleet.Cluster, admin *pgx.Conn, from, to string) (string, error) {
 	sum, err := readWAL(ctx, fc.Binaries().Path("pg_waldump"), filepath.Join(fc.DataDir("primary"), "pg_wal"), from, to)
 	if err != nil {
 		return "pg_waldump: " + err.Error(), nil
@@ -471,6 +484,31 @@ func idleWALWhat(ctx context.Context, fc *fleet.Cluster, admin *pgx.Conn, from, 
 		return "", err
 	}
 	return sum.top(3, names), nil
+}
+
+// sharedCatalog measures the catalog of a shared database of schema tenants.
+func sharedCatalog(ctx context.Context, fc *fleet.Cluster, shared string, p *DensityRealPoint) error {
+	conn, err := pgx.Connect(ctx, fc.PrimaryDSN(shared))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_class), (SELECT count(*) FROM pg_attribute),
+		pg_total_relation_size('pg_class') + pg_total_relation_size('pg_attribute')`).Scan(&p.SharedClassRows, &p.SharedAttrRows, &p.SharedCatalogBytes)
+}
+
+// walPoint is the primary's WAL position (lsn, and in bytes) and the
+// full-page images written since its statistics were reset; or, between
+// two points, what was written.
+type walPoint struct {
+	lsn           string
+	bytes, images int64
+}
+
+func walNow(ctx context.Context, admin *pgx.Conn) (walPoint, error) {
+	var w walPoint
+	err := admin.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, pg_current_wal_lsn() - '0/0', wal_fpi FROM pg_catalog.pg_stat_wal`).Scan(&w.lsn, &w.bytes, &w.images)
+	return w, err
 }
 
 // timeCapper times the statement capper on the collector's clusters: p50
@@ -527,6 +565,9 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("collector: sizes of that pass", d(func(p DensityRealPoint) time.Duration { return p.Passes.SteadySizes }))
 	row("collector: sizes per pass after a round", n(func(p DensityRealPoint) int64 { return int64(p.Passes.SteadySizesCount) }))
 	row("collector: statements per pass", n(func(p DensityRealPoint) int64 { return int64(p.Passes.Queries) }))
+	row("collector: WAL of the first round of sizes (once, after growth and rollout)", func(p DensityRealPoint) string {
+		return fmt.Sprintf("%s (%d page images) in %s", kb(p.RoundWAL), p.RoundImages, ms(p.RoundTook))
+	})
 	row("capper: check of the primary's sessions p50", d(func(p DensityRealPoint) time.Duration { return p.CapperCheck }))
 	row("capper: pass over every tenant's role settings", d(func(p DensityRealPoint) time.Duration { return p.CapperSettings }))
 	row("/metrics scrape", d(func(p DensityRealPoint) time.Duration { return p.Scrape }))
@@ -565,10 +606,10 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	t.Notes = []string{
 		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle, and the front door has their entries, as spares that waited in their pool have; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"the collector's passes run with the daemon stopped, a collector of their own: the first round of sizes sizes every tenant (as after a restart), the passes after it only the tenants whose clients did something (none here) and those idle for metrics.idle_size_interval; the restart and crash rows end when the primary accepts connections again.",
-		fmt.Sprintf("idle WAL is measured in three windows of 10 s once no job is left and no autovacuum worker has worked on a table for autovacuum_naptime and 5 s, so that every database's turn came and what growth left is done (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the first window still pays for the first reads of what growth wrote (hint bits, each page's image in the WAL with data checksums on), the target is checked on the last.", o.Settle),
+		fmt.Sprintf("idle WAL is measured with a daemon running again after the collector's round, in three windows of 10 s once no job is left and no autovacuum worker has worked on a table for autovacuum_naptime and 5 s, so that every database's turn came and what growth left is done (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the round's WAL has its own row: its first reads of the catalog rows growth and the rollout wrote set their hint bits, each page's image in the WAL once with data checksums on, which a daemon's collector does once over metrics.size_interval after such a change; the target is checked on the last window.", o.Settle),
 	}
 	for _, p := range ps {
-		t.Notes = append(t.Notes, fmt.Sprintf("idle WAL at %d+%d, the last window by kind of record and database (pg_waldump): %s", p.Schema, p.Database, p.IdleWALWhat))
+		t.Notes = append(t.Notes, fmt.Sprintf("WAL at %d+%d by kind of record and database (pg_waldump): the collector's first round %s; idle, the last window %s", p.Schema, p.Database, p.RoundWALWhat, p.IdleWALWhat))
 	}
 	if len(ps) > 0 {
 		l := ps[len(ps)-1]

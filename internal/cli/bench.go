@@ -219,12 +219,15 @@ tenants grow in proportion): claim p50/p95 of each mode through the API of a dae
 the cluster's front door (PgBouncer), as up runs it (--claims spares built for them,
 claimed 300 ms apart once autovacuum is done with them, up to --settle, and the front
 door has their entries), one sync of the front door, a drop + purge of each mode, the
-metrics collector's passes (in the first round of sizes and after it), the statement
+metrics collector's passes (in the first round of sizes and after it) and the WAL of
+that first round (its first reads of what growth and the rollout wrote set hint bits,
+each page's image in the WAL once), the statement
 capper's check of the primary's sessions and its pass over every tenant's role settings,
 a /metrics scrape, a rollout of every tenant to a version of one statement more (and again, with
 nothing to do), reconcile of the cluster, API show/list/search p95 (--requests calls),
 the daemon's heap, the server's relation files, disk, the shared database's pg_class and
-pg_attribute, shared memory, idle WAL per second (once autovacuum has finished what
+pg_attribute, shared memory, idle WAL per second with a daemon running after that round
+(once autovacuum has finished what
 growth left: no worker on a table for autovacuum_naptime + 5 s, up to --settle; what
 wrote it by kind of record and database, from pg_waldump), a restart and a crash recovery.
 The notes say which figures grow faster than the tenants; exits non-zero if a target
