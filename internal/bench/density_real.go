@@ -462,6 +462,9 @@ const syncSpacing = 2 * time.Second
 // walWhat reads the primary's WAL from..to with pg_waldump: the kinds
 // of record and the databases that wrote most of it.
 func walWhat(ctx context.Context, fc *fleet.Cluster, admin *pgx.Conn, from, to string) (string, error) {
+	if from == to {
+		return "nothing written", nil
+	}
 	sum, err := readWAL(ctx, fc.Binaries().Path("pg_waldump"), filepath.Join(fc.DataDir("primary"), "pg_wal"), from, to)
 	if err != nil {
 		return "pg_waldump: " + err.Error(), nil
