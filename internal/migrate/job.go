@@ -260,7 +260,7 @@ func (d *dispatcher) slotsOf(ctx context.Context, name string) (slots, error) {
 		return nil, fmt.Errorf("connections free on cluster %s: %w", name, cluster.Classify(err))
 	}
 	n = max(1, min(n, free/2))
-	sl := newSlots(cl, d.s.Agents, n)
+	sl := newSlots(d.s.Clusters, name, d.s.Agents, n)
 	d.clusters[name] = sl
 	return sl, nil
 }

@@ -19,11 +19,15 @@ const ApplicationName = "pgtenant migrate"
 // per_cluster tenants are migrated at once on a cluster, each holding one
 // slot, and a slot holds at most one session. A session is a tenant's own
 // (authenticated as its agent role, see internal/sandbox), so it is closed
-// when that tenant is done: no connection ever serves two tenants.
+// when that tenant is done: no connection ever serves two tenants. The
+// cluster is looked up for each session: after a failover the registry
+// holds the new primary's, and a rollout's slots follow it.
 type slot struct {
-	cl     *cluster.Cluster
-	agents *sandbox.Agents
-	s      *sandbox.Session
+	clusters *cluster.Registry
+	name     string
+	agents   *sandbox.Agents
+	s        *sandbox.Session
+	cl       *cluster.Cluster // the cluster of s
 }
 
 // session returns the slot's session for tenant t, opening it on first use.
@@ -32,11 +36,15 @@ func (s *slot) session(ctx context.Context, t catalog.Tenant) (*sandbox.Session,
 		return s.s, nil
 	}
 	s.drop()
-	sess, err := s.agents.Open(ctx, s.cl, sandbox.TargetOf(t), ApplicationName)
+	cl, err := s.clusters.Get(s.name)
 	if err != nil {
 		return nil, err
 	}
-	s.s = sess
+	sess, err := s.agents.Open(ctx, cl, sandbox.TargetOf(t), ApplicationName)
+	if err != nil {
+		return nil, err
+	}
+	s.s, s.cl = sess, cl
 	return sess, nil
 }
 
@@ -69,10 +77,10 @@ func (s *slot) drop() {
 // slots is a cluster's pool of slots.
 type slots chan *slot
 
-func newSlots(cl *cluster.Cluster, agents *sandbox.Agents, n int) slots {
+func newSlots(clusters *cluster.Registry, name string, agents *sandbox.Agents, n int) slots {
 	ch := make(slots, n)
 	for range n {
-		ch <- &slot{cl: cl, agents: agents}
+		ch <- &slot{clusters: clusters, name: name, agents: agents}
 	}
 	return ch
 }
