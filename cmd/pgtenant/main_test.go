@@ -47,8 +47,9 @@ func TestMain(m *testing.M) {
 type upProcess struct {
 	cmd  *exec.Cmd
 	info struct {
-		URL   string `json:"url"`
-		Token string `json:"token"`
+		Error *api.ErrorDetail `json:"error"` // up failed: its error, printed as JSON
+		URL   string           `json:"url"`
+		Token string           `json:"token"`
 		Nodes []struct {
 			Name string `json:"name"`
 			DSN  string `json:"dsn"`
@@ -86,9 +87,12 @@ func startUp(t *testing.T, dataDir string, extra ...string) *upProcess {
 	go func() { decoded <- dec.Decode(&p.info) }()
 	select {
 	case err := <-decoded:
-		if err != nil {
+		if err != nil || p.info.Error != nil {
 			p.cmd.Process.Kill()
 			p.cmd.Wait()
+			if err == nil {
+				err = fmt.Errorf("%s: %s", p.info.Error.Code, p.info.Error.Message)
+			}
 			t.Fatalf("up printed no info: %v\nstderr:\n%s", err, p.stderr)
 		}
 	case <-time.After(3 * time.Minute):
