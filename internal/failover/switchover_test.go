@@ -245,7 +245,10 @@ func TestSwitchover_JobsInFlightFinish(t *testing.T) {
 		}
 		ids = append(ids, r.Tenant.ID)
 	}
-	added, err := c.PushTemplate(ctx, "w", []templates.Upload{v1, {Name: "0002_extra.sql", Body: `ALTER TABLE items ADD COLUMN extra int;`}})
+	// Half a second a tenant, one at a time: the rollout runs past the
+	// switchover's end, so that its later tenants are migrated on the new
+	// primary (its slots must look the cluster up again, not keep the old).
+	added, err := c.PushTemplate(ctx, "w", []templates.Upload{v1, {Name: "0002_extra.sql", Body: `ALTER TABLE items ADD COLUMN extra int; SELECT pg_sleep(0.5);`}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +260,7 @@ func TestSwitchover_JobsInFlightFinish(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ro, err := c.StartRollout(ctx, migrate.Request{Template: "w"})
+	ro, err := c.StartRollout(ctx, migrate.Request{Template: "w", Parallel: 1})
 	if err != nil || ro.Rollout == nil || ro.Rollout.Job == nil {
 		t.Fatalf("rollout during the switchover: %+v, %v", ro, err)
 	}
@@ -266,6 +269,13 @@ func TestSwitchover_JobsInFlightFinish(t *testing.T) {
 		t.Fatalf("purge during the switchover: %+v, %v", dropped, err)
 	}
 	waitJob(t, ctx, c, sw.ID)
+	left := 0
+	for _, id := range ids[1:] {
+		if tn, err := c.Tenant(ctx, id); err == nil && tn.Version < 2 {
+			left++
+		}
+	}
+	t.Logf("tenants the rollout had left when the switchover ended: %d of %d", left, len(ids)-1)
 	waitJob(t, ctx, c, ro.Rollout.Job.ID)
 	waitJob(t, ctx, c, dropped.Job.ID)
 	if d, err := c.Cluster(ctx, "pc3"); err != nil || !strings.Contains(d.DSN, fmt.Sprintf("port=%d", pc.Node(standby.Name).Port())) {
