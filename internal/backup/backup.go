@@ -159,6 +159,11 @@ func (s *Stanza) config() string {
 	// pushes several at once, so archive_command returns fast under load.
 	kv("archive-async", "y")
 	kv("compress-type", "lz4")
+	// Small files bundled into a few repository files (and empty ones
+	// kept in the manifest only): a tenant fleet is mostly small relation
+	// files, and a backup of one file per file spends its time creating
+	// and syncing them (bench density --backup: 5–6× faster bundled).
+	kv("repo1-bundle", "y")
 	kv("start-fast", "y") // an asked-for backup starts now, not at the next checkpoint
 	kv("log-level-console", "warn")
 	kv("log-level-file", "info")
@@ -270,8 +275,9 @@ const startedLine = "backup start archive = "
 
 // BackupStarted is Backup that calls started (when not nil) once the
 // backup's start checkpoint on the primary is done and pgBackRest copies
-// files; at the latest when the backup ends.
-func (s *Stanza) BackupStarted(ctx context.Context, typ string, started func()) error {
+// files; at the latest when the backup ends. Options (pgBackRest's, such
+// as --no-repo1-bundle) override the stanza's config for this backup.
+func (s *Stanza) BackupStarted(ctx context.Context, typ string, started func(), options ...string) error {
 	if !ValidType(typ) {
 		return fmt.Errorf("backup type %q: want full, diff or incr", typ)
 	}
@@ -293,11 +299,11 @@ func (s *Stanza) BackupStarted(ctx context.Context, typ string, started func()) 
 		}, append(args, "--log-level-console=info", "--type="+typ, "backup")...)
 		return err
 	}
-	err := backup()
+	err := backup(options...)
 	if s.Standby != nil && noStandby(err) {
 		// The standby is down or not streaming yet (a node restarting
 		// after a failover): the backup is taken from the primary.
-		err = backup("--no-backup-standby")
+		err = backup(append(options, "--no-backup-standby")...)
 	}
 	return err
 }

@@ -2,6 +2,7 @@ package backup_test
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,6 +81,22 @@ func TestBackup_StanzaArchiveFullDiff(t *testing.T) {
 	}
 	if info.ArchiveMin == "" || info.ArchiveMax < diff.WALStop {
 		t.Errorf("archive %s..%s, want up to at least the diff's %s", info.ArchiveMin, info.ArchiveMax, diff.WALStop)
+	}
+	// The full backup's files are bundled: a new cluster's ~1,000 files
+	// (most of them small) in a few repository files.
+	var clusterFiles, repoFiles int
+	count := func(n *int) fs.WalkDirFunc {
+		return func(_ string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				*n++
+			}
+			return nil // a file the server removes meanwhile is not counted
+		}
+	}
+	_ = filepath.WalkDir(filepath.Join(fc.DataDir("primary"), "base"), count(&clusterFiles))
+	_ = filepath.WalkDir(filepath.Join(st.RepoPath(), "backup", "bk", full.Label), count(&repoFiles))
+	if clusterFiles < 500 || repoFiles == 0 || repoFiles > clusterFiles/10 {
+		t.Errorf("full backup %s: %d files in the repository for the cluster's %d relation files, want them bundled (under a tenth)", full.Label, repoFiles, clusterFiles)
 	}
 	w := info.Window
 	if w == nil {

@@ -41,6 +41,10 @@ type DensityRealOptions struct {
 	// is measured, for the server's own work after the bench's bursts of
 	// builds (autovacuum's workers) to end.
 	Settle time.Duration
+	// Backup: the cluster archives its WAL with pgBackRest from its
+	// creation, as up makes one, and each step ends with a full backup
+	// (read from the standby), timed.
+	Backup bool
 }
 
 // DensityRealPoint is what the cluster cost at one step.
@@ -90,15 +94,40 @@ type DensityRealPoint struct {
 	// one pass over every tenant's role settings.
 	CapperCheck    time.Duration `json:"capper_check"`
 	CapperSettings time.Duration `json:"capper_settings_pass"`
+	// With --backup, two full backups side by side: bundled (repo-bundle,
+	// pgtenant's stanzas' default), then each file of the cluster a file
+	// of the repository (pgBackRest's default).
+	Backup        fullBackup `json:"backup"`
+	BackupBundled fullBackup `json:"backup_bundled"`
+}
+
+// fullBackup is one full backup: how long pgBackRest took, the cluster's
+// size it read, what the repository got (compressed) and in how many files.
+type fullBackup struct {
+	Took      time.Duration `json:"took"`
+	Size      int64         `json:"size"`
+	RepoSize  int64         `json:"repo_size"`
+	RepoFiles int           `json:"repo_files"`
 }
 
 // DensityReal runs bench density's real mode.
 func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityRealPoint, Table, error) {
-	if err := e.roomFor(o.SchemaTenants, o.DatabaseTenants); err != nil {
+	if err := e.roomFor(o.SchemaTenants, o.DatabaseTenants, o.Backup); err != nil {
 		return nil, Table{}, err
 	}
 	raiseOpenFiles()
-	fc, stop, err := e.fleetFor(ctx, "density", nil, false)
+	var fc *fleet.Cluster
+	var st *backup.Stanza // with --backup
+	var stop func()
+	var err error
+	if o.Backup {
+		if _, err := backup.Find(); err != nil {
+			return nil, Table{}, err
+		}
+		fc, st, stop, err = e.backedUpFleet(ctx, "density", nil, false)
+	} else {
+		fc, stop, err = e.fleetFor(ctx, "density", nil, false)
+	}
 	if err != nil {
 		return nil, Table{}, err
 	}
@@ -117,7 +146,7 @@ func (e *Env) DensityReal(ctx context.Context, o DensityRealOptions) ([]DensityR
 			return nil, Table{}, err
 		}
 		haveS, haveD = step, wantD
-		p, err := e.densityRealPoint(ctx, fc, dir, o, haveS, haveD, len(points)+1)
+		p, err := e.densityRealPoint(ctx, fc, st, dir, o, haveS, haveD, len(points)+1)
 		if err != nil {
 			return nil, Table{}, err
 		}
@@ -140,15 +169,21 @@ const (
 )
 
 // densityDisk is the disk a run to that many tenants needs on its primary
-// and standby together.
-func densityDisk(schema, database int) int64 {
+// and standby together, and with backups their repository: a full backup
+// at each of up to four steps and the archived WAL of the growth, lz4
+// about halving both (bench density --backup's own runs).
+func densityDisk(schema, database int, backups bool) int64 {
 	node := int64(schema)*diskPerSchemaTenant + int64(database)*diskPerDatabaseTenant
-	return node * 2 * 6 / 5
+	need := node * 2 * 6 / 5
+	if backups {
+		need += node * 3
+	}
+	return need
 }
 
 // roomFor refuses a run the disk cannot hold: a full disk PANICs the
 // primary halfway and leaves nothing to report.
-func (e *Env) roomFor(schema, database int) error {
+func (e *Env) roomFor(schema, database int, backups bool) error {
 	dir := e.Dir
 	if dir == "" {
 		dir = os.TempDir()
@@ -161,7 +196,7 @@ func (e *Env) roomFor(schema, database int) error {
 	if err != nil {
 		return err
 	}
-	if need := densityDisk(schema, database); need > d.Free {
+	if need := densityDisk(schema, database, backups); need > d.Free {
 		return fmt.Errorf("%d schema + %d database tenants need about %s of disk on a primary and its standby, and %s has %s free: pass fewer (--schema-tenants, --database-tenants) or a --dir on a larger disk",
 			schema, database, config.ByteSize(need).Human(), dir, config.ByteSize(d.Free).Human())
 	}
@@ -173,8 +208,8 @@ func (e *Env) roomFor(schema, database int) error {
 // collector, /metrics, reconcile and the API through a daemon, the
 // server's files, catalog and memory, its idle WAL, a restart and a crash
 // recovery; and a rollout of every tenant to a version of one statement
-// more (the step-th).
-func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir string, o DensityRealOptions, schema, database, step int) (DensityRealPoint, error) {
+// more (the step-th). With st (--backup), a full backup at the end.
+func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backup.Stanza, dir string, o DensityRealOptions, schema, database, step int) (DensityRealPoint, error) {
 	p := DensityRealPoint{Schema: schema, Database: database}
 	cfg := idleConfig(fc, dir, true)
 	cfg.Provision.DefaultPoolSize = 0
@@ -389,7 +424,39 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, dir strin
 		}
 		*r.out = time.Since(b)
 	}
+	if st != nil {
+		for _, r := range []struct {
+			out    *fullBackup
+			option string
+		}{{&p.BackupBundled, "--repo1-bundle"}, {&p.Backup, "--no-repo1-bundle"}} {
+			if *r.out, err = timeFullBackup(ctx, st, r.option); err != nil {
+				return p, err
+			}
+		}
+	}
 	return p, nil
+}
+
+// timeFullBackup takes a full backup with a pgBackRest option.
+func timeFullBackup(ctx context.Context, st *backup.Stanza, option string) (fullBackup, error) {
+	b := time.Now()
+	if err := st.BackupStarted(ctx, backup.Full, nil, option); err != nil {
+		return fullBackup{}, fmt.Errorf("full backup (%s): %w", option, err)
+	}
+	took := time.Since(b)
+	info, err := st.Info(ctx)
+	if err != nil || len(info.Backups) == 0 {
+		return fullBackup{}, fmt.Errorf("full backup (%s): no backup in pgbackrest info: %v", option, err)
+	}
+	last := info.Backups[len(info.Backups)-1]
+	files := 0
+	err = filepath.WalkDir(filepath.Join(st.RepoPath(), "backup", st.Name, last.Label), func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			files++
+		}
+		return err
+	})
+	return fullBackup{Took: took, Size: last.Size, RepoSize: last.RepoSize, RepoFiles: files}, err
 }
 
 // timedClaims builds n spares of mode with a daemon of its own, then claims
@@ -606,10 +673,23 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	})
 	row("restart (fast shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.Restart }))
 	row("crash recovery (immediate shutdown, start)", d(func(p DensityRealPoint) time.Duration { return p.CrashRecovery }))
+	if o.Backup {
+		full := func(f func(DensityRealPoint) fullBackup) func(DensityRealPoint) string {
+			return func(p DensityRealPoint) string {
+				b := f(p)
+				return fmt.Sprintf("%s: %s read, %s in %d files", ms(b.Took), kb(b.Size), kb(b.RepoSize), b.RepoFiles)
+			}
+		}
+		row("full backup, files bundled (repo-bundle: pgtenant's default)", full(func(p DensityRealPoint) fullBackup { return p.BackupBundled }))
+		row("full backup, a repository file per file (pgBackRest's default)", full(func(p DensityRealPoint) fullBackup { return p.Backup }))
+	}
 	t.Notes = []string{
 		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle, and the front door has their entries, as spares that waited in their pool have; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"the collector's passes run with the daemon stopped, a collector of their own: the first round of sizes sizes every tenant (as after a restart), the passes after it only the tenants whose clients did something (none here) and those idle for metrics.idle_size_interval; the restart and crash rows end when the primary accepts connections again.",
 		fmt.Sprintf("idle WAL is measured with a daemon running again after the collector's round, in three windows of 10 s once no job is left and no autovacuum worker has worked on a table for autovacuum_naptime and 5 s, so that every database's turn came and what growth left is done (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the round's WAL has its own row: its first reads of the catalog rows growth and the rollout wrote set their hint bits, each page's image in the WAL once with data checksums on, which a daemon's collector does once over metrics.size_interval after such a change; the target is checked on the last window.", o.Settle),
+	}
+	if o.Backup {
+		t.Notes = append(t.Notes, fmt.Sprintf("with --backup the cluster archives its WAL (pgBackRest, async): archive_timeout (%s) ends a segment that has any WAL in it, and the rest of that segment (up to 16 MB, XLOG/SWITCH in the WAL notes) counts in the window it falls in; the two full backups of a step run one after the other, from the standby (the bundled one first, so that the other's reads are not the colder), with a stanza as up makes it otherwise (one process, lz4).", fleet.ArchiveTimeout))
 	}
 	for _, p := range ps {
 		t.Notes = append(t.Notes, fmt.Sprintf("WAL at %d+%d by kind of record and database (pg_waldump): the collector's first round %s; idle, the last window %s", p.Schema, p.Database, p.RoundWALWhat, p.IdleWALWhat))
@@ -633,12 +713,16 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	if len(ps) >= 2 {
 		first, last := ps[0], ps[len(ps)-1]
 		grow := float64(last.Schema+last.Database) / float64(max(first.Schema+first.Database, 1))
-		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), []growthCase{
+		var backups []growthCase
+		if o.Backup {
+			backups = []growthCase{{"full backup", first.Backup.Took, last.Backup.Took}, {"full backup bundled", first.BackupBundled.Took, last.BackupBundled.Took}}
+		}
+		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), append([]growthCase{
 			{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
 			{"collector pass", first.Passes.Pass, last.Passes.Pass}, {"collector pass after a round", first.Passes.SteadyPass, last.Passes.SteadyPass}, {"reconcile", first.Reconcile, last.Reconcile},
 			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape},
 			{"capper check", first.CapperCheck, last.CapperCheck}, {"capper settings pass", first.CapperSettings, last.CapperSettings},
-			{"schema drop + purge", first.PurgeSchema, last.PurgeSchema}})...)
+			{"schema drop + purge", first.PurgeSchema, last.PurgeSchema}}, backups...))...)
 	}
 	return t
 }

@@ -63,17 +63,20 @@ func TestDensityRealTable(t *testing.T) {
 // saying what to pass.
 func TestDensityDisk(t *testing.T) {
 	const gb = 1 << 30
-	if got := densityDisk(10000, 2000); got < 64*gb {
+	if got := densityDisk(10000, 2000, false); got < 64*gb {
 		t.Errorf("10,000 + 2,000 tenants: %d GB, want more than the 64 GB they filled", got/gb)
 	}
-	if got := densityDisk(10000, 1000); got > 56*gb {
+	if got := densityDisk(10000, 1000, false); got > 56*gb {
 		t.Errorf("10,000 + 1,000 tenants: %d GB, want less than 56", got/gb)
 	}
+	if with, without := densityDisk(1000, 100, true), densityDisk(1000, 100, false); with <= without {
+		t.Errorf("1,000 + 100 tenants with backups: %d MB, want more than the %d MB without", with>>20, without>>20)
+	}
 	e := &Env{Dir: filepath.Join(t.TempDir(), "to", "be", "made")}
-	if err := e.roomFor(10, 2); err != nil {
+	if err := e.roomFor(10, 2, true); err != nil {
 		t.Errorf("12 tenants refused: %v", err)
 	}
-	err := e.roomFor(100, 100_000_000)
+	err := e.roomFor(100, 100_000_000, false)
 	if err == nil || !strings.Contains(err.Error(), "--database-tenants") {
 		t.Errorf("a run of 100 M database tenants: %v, want a refusal naming the flags", err)
 	}

@@ -125,7 +125,7 @@ func (e *Env) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, Tab
 	if _, err := backup.Find(); err != nil {
 		return res, Table{}, err
 	}
-	fc, st, stopFleet, err := e.backedUpFleet(ctx, "restore")
+	fc, st, stopFleet, err := e.backedUpFleet(ctx, "restore", map[string]string{"shared_buffers": "128MB", "max_connections": "100", "logging_collector": "off"}, true)
 	if err != nil {
 		return res, Table{}, err
 	}
@@ -385,8 +385,8 @@ func (e *Env) Restore(ctx context.Context, o RestoreOptions) (RestoreResult, Tab
 
 // backedUpFleet starts a primary with one streaming standby under
 // dir/name that archives from its creation, with its stanza set up, as
-// `pgtenant up` makes one.
-func (e *Env) backedUpFleet(ctx context.Context, name string) (*fleet.Cluster, *backup.Stanza, func(), error) {
+// `pgtenant up` makes one (fleetFor's settings and fast).
+func (e *Env) backedUpFleet(ctx context.Context, name string, settings map[string]string, fast bool) (*fleet.Cluster, *backup.Stanza, func(), error) {
 	made := e.Dir == ""
 	if made {
 		d, err := os.MkdirTemp("", "pgtenant-bench-")
@@ -403,8 +403,7 @@ func (e *Env) backedUpFleet(ctx context.Context, name string) (*fleet.Cluster, *
 		return nil, nil, nil, err
 	}
 	dir := filepath.Join(e.Dir, name)
-	fc, err := fleet.Open(fleet.Options{Dir: dir, Name: name, Standbys: 1, Fast: true, Backups: true, Logger: e.Logger,
-		Settings: map[string]string{"shared_buffers": "128MB", "max_connections": "100", "logging_collector": "off"}})
+	fc, err := fleet.Open(fleet.Options{Dir: dir, Name: name, Standbys: 1, Fast: fast, Backups: true, Logger: e.Logger, Settings: settings})
 	if err != nil {
 		return nil, nil, nil, err
 	}
