@@ -162,7 +162,7 @@ func (s *Stanza) config() string {
 	// Small files bundled into a few repository files (and empty ones
 	// kept in the manifest only): a tenant fleet is mostly small relation
 	// files, and a backup of one file per file spends its time creating
-	// and syncing them (bench density --backup: 5–6× faster bundled).
+	// and syncing them (bench density --backup: 3–6× faster bundled).
 	kv("repo1-bundle", "y")
 	kv("start-fast", "y") // an asked-for backup starts now, not at the next checkpoint
 	kv("log-level-console", "warn")

@@ -42,8 +42,8 @@ type DensityRealOptions struct {
 	// builds (autovacuum's workers) to end.
 	Settle time.Duration
 	// Backup: the cluster archives its WAL with pgBackRest from its
-	// creation, as up makes one, and each step ends with a full backup
-	// (read from the standby), timed.
+	// creation, as up makes one, and each step ends with two full backups
+	// (read from the standby), bundled and one file per file, timed.
 	Backup bool
 }
 
@@ -169,9 +169,9 @@ const (
 )
 
 // densityDisk is the disk a run to that many tenants needs on its primary
-// and standby together, and with backups their repository: a full backup
-// at each of up to four steps and the archived WAL of the growth, lz4
-// about halving both (bench density --backup's own runs).
+// and standby together, and with backups their repository: two full
+// backups at each of up to four steps (an eighth of the cluster each, lz4)
+// and the archived WAL of the growth (bench density --backup's own runs).
 func densityDisk(schema, database int, backups bool) int64 {
 	node := int64(schema)*diskPerSchemaTenant + int64(database)*diskPerDatabaseTenant
 	need := node * 2 * 6 / 5
@@ -208,7 +208,7 @@ func (e *Env) roomFor(schema, database int, backups bool) error {
 // collector, /metrics, reconcile and the API through a daemon, the
 // server's files, catalog and memory, its idle WAL, a restart and a crash
 // recovery; and a rollout of every tenant to a version of one statement
-// more (the step-th). With st (--backup), a full backup at the end.
+// more (the step-th). With st (--backup), two full backups at the end.
 func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backup.Stanza, dir string, o DensityRealOptions, schema, database, step int) (DensityRealPoint, error) {
 	p := DensityRealPoint{Schema: schema, Database: database}
 	cfg := idleConfig(fc, dir, true)

@@ -231,8 +231,9 @@ pg_attribute, shared memory, idle WAL per second with a daemon running after tha
 growth left: no worker on a table for autovacuum_naptime + 5 s, up to --settle; what
 wrote it by kind of record and database, from pg_waldump), a restart and a crash recovery;
 with --backup, the cluster archives its WAL with pgBackRest from its creation (as up makes
-it) and each step ends with a full backup from the standby, timed, with its size and
-the repository's. The notes say which figures grow faster than the tenants; exits non-zero if a target
+it) and each step ends with two full backups from the standby, side by side: files bundled
+(repo-bundle, pgtenant's default) and one repository file per file (pgBackRest's
+default), each timed, with the size read, the repository's and its files. The notes say which figures grow faster than the tenants; exits non-zero if a target
 of issue 28 is not met. A run the disk cannot hold is refused before it starts: the
 default size needs about 73 GB (most of it the 2,000 databases' own catalogs, on the
 primary and the standby) and takes about an hour and a half.
@@ -285,7 +286,7 @@ a /metrics scrape, the Go heap, and show through a second daemon on the same cat
 	c.Flags().IntVar(&grown.DatabaseTenants, "database-tenants", 2000, "database tenants at the last step (each step has its share)")
 	c.Flags().IntSliceVar(&steps, "steps", []int{1000, 2000, 5000, 10000}, "schema tenants at which to measure")
 	c.Flags().IntVar(&grown.Claims, "claims", 20, "claims, then drops and purges, per mode and step")
-	c.Flags().BoolVar(&grown.Backup, "backup", false, "archive the cluster's WAL with pgBackRest from its creation (as up does) and end each step with a full backup, timed; needs pgbackrest, and disk for the repository")
+	c.Flags().BoolVar(&grown.Backup, "backup", false, "archive the cluster's WAL with pgBackRest from its creation (as up does) and end each step with two full backups, bundled and one file per file, timed; needs pgbackrest, and disk for the repository")
 	c.Flags().DurationVar(&grown.Settle, "settle", 5*time.Minute, "wait at most this long for autovacuum's workers to finish what the bench's bursts of builds left, before a step's claims and before its idle WAL")
 	c.Flags().IntVar(&opts.SimulateTenants, "simulate-tenants", 0, "simulated mode: tenants in the catalog at the last scale point (rows only), e.g. 1000000")
 	c.Flags().IntVar(&opts.Clusters, "clusters", 200, "simulated mode: registered clusters the tenants are spread over")
