@@ -14,7 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/fleet"
 	"github.com/pgtenant/pgtenant/internal/pooler"
@@ -56,7 +58,16 @@ type DensityPoint struct {
 	DaemonStart                          time.Duration
 	HeapBytes                            uint64 `json:"heap_bytes"`
 	CatalogBytes                         int64  `json:"catalog_bytes"`
-	SecondDaemonShowP95                  time.Duration
+	JobsBytes                            int64  `json:"jobs_bytes"` // of CatalogBytes
+	// Placement is its decision alone (p95 of 20) on the fleet it read:
+	// every cluster a candidate with its tenants counted.
+	Placement time.Duration
+	// Reconcile is one of the real cluster, whose share of the simulated
+	// tenants (catalog rows without a schema or database) it finds missing.
+	Reconcile         time.Duration
+	ReconcileFindings int `json:"reconcile_findings"`
+	// Other daemons on the same catalog, all serving: show p95 through each.
+	OtherDaemonsShowP95 []time.Duration
 }
 
 // Density runs bench density --simulate-tenants: the control plane's own
@@ -202,7 +213,7 @@ func simulateJobs(ctx context.Context, cat *pgxpool.Pool, n int, clusters []stri
 // pooler config, /metrics, and a second daemon on the same catalog.
 func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Config, store *catalog.Store, cat *pgxpool.Pool, clusters []string, n int, o DensityOptions) (DensityPoint, error) {
 	p := DensityPoint{Tenants: n}
-	if err := cat.QueryRow(ctx, `SELECT pg_total_relation_size('tenants') + pg_total_relation_size('jobs')`).Scan(&p.CatalogBytes); err != nil {
+	if err := cat.QueryRow(ctx, `SELECT pg_total_relation_size('tenants') + pg_total_relation_size('jobs'), pg_total_relation_size('jobs')`).Scan(&p.CatalogBytes, &p.JobsBytes); err != nil {
 		return p, err
 	}
 	var sample []string
@@ -281,9 +292,18 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 		loads = append(loads, time.Since(b))
 	}
 	p.ClusterLoads = percentile(loads, 50)
+	if p.Placement, err = timePlacement(ctx, store, cfg); err != nil {
+		return p, err
+	}
+	b := time.Now()
+	rep, err := d.client.Reconcile(ctx, api.ReconcileRequest{Cluster: fc.Name()})
+	if err != nil {
+		return p, err
+	}
+	p.Reconcile, p.ReconcileFindings = time.Since(b), len(rep.Findings)
 
 	// One simulated cluster's tenants and its pooler config.
-	b := time.Now()
+	b = time.Now()
 	ts, err := store.ListTenantsOnCluster(ctx, clusters[len(clusters)-1])
 	if err != nil {
 		return p, err
@@ -314,19 +334,54 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 	runtime.ReadMemStats(&m)
 	p.HeapBytes = m.HeapInuse
 
-	// A second daemon on the same catalog, both serving.
-	cfg2 := cfg
-	cfg2.TokenFile = filepath.Join(filepath.Dir(cfg.TokenFile), "token2")
-	d2, err := e.startDaemonInProcess(ctx, fc, cfg2)
-	if err != nil {
-		return p, err
-	}
-	defer d2.Stop()
-	d2calls := func() error { _, err := d2.client.Tenant(ctx, pick()); return err }
-	if _, p.SecondDaemonShowP95, err = timeCalls(d2calls); err != nil {
-		return p, err
+	// More daemons on the same catalog, all serving.
+	for i := 2; i <= densityDaemons; i++ {
+		cfgN := cfg
+		cfgN.TokenFile = filepath.Join(filepath.Dir(cfg.TokenFile), fmt.Sprintf("token%d", i))
+		dn, err := e.startDaemonInProcess(ctx, fc, cfgN)
+		if err != nil {
+			return p, err
+		}
+		defer dn.Stop()
+		_, p95, err := timeCalls(func() error { _, err := dn.client.Tenant(ctx, pick()); return err })
+		if err != nil {
+			return p, err
+		}
+		p.OtherDaemonsShowP95 = append(p.OtherDaemonsShowP95, p95)
 	}
 	return p, nil
+}
+
+// densityDaemons is how many daemons share the simulated catalog.
+const densityDaemons = 3
+
+// timePlacement reads the fleet as a daemon's placement does (every
+// registered cluster, its tenants by tier; connections not counted: the
+// simulated clusters have no server) and times its decision for a new
+// tenant of the default tier: p95 of 20.
+func timePlacement(ctx context.Context, store *catalog.Store, cfg config.Config) (time.Duration, error) {
+	cs, err := store.Clusters(ctx)
+	if err != nil {
+		return 0, err
+	}
+	reg := cluster.NewRegistry()
+	defer reg.Close()
+	for _, c := range cs {
+		cl, err := cluster.New(c.Name, c.DSN, nil, nil)
+		if err != nil {
+			return 0, err
+		}
+		reg.Put(cl)
+	}
+	pc := cfg.Provision
+	pc.ConnectionOvercommit = 0
+	s := &provision.Service{Store: store, Clusters: reg, Provision: pc, Tiers: cfg.Tiers}
+	f, err := s.LoadFleet(ctx)
+	if err != nil {
+		return 0, err
+	}
+	_, p95, err := timeCalls(20, func() error { _, err := f.Place("", "default", nil, 0); return err })
+	return p95, err
 }
 
 // timeCalls calls f n times in a row: the p50 and p95 of its calls.
@@ -360,9 +415,19 @@ func densityTable(ps []DensityPoint, o DensityOptions) Table {
 	row("API search (part of a name), p95", dur(func(p DensityPoint) time.Duration { return p.SearchP95 }))
 	row("API show, p50", dur(func(p DensityPoint) time.Duration { return p.ShowP50 }))
 	row("API show, p95", dur(func(p DensityPoint) time.Duration { return p.ShowP95 }))
-	row("API show through a second daemon, p95", dur(func(p DensityPoint) time.Duration { return p.SecondDaemonShowP95 }))
+	for i := 2; i <= densityDaemons; i++ {
+		row(fmt.Sprintf("API show through daemon %d of %d, p95", i, densityDaemons), func(p DensityPoint) string {
+			if i-2 < len(p.OtherDaemonsShowP95) {
+				return ms(p.OtherDaemonsShowP95[i-2])
+			}
+			return "-"
+		})
+	}
 	row(fmt.Sprintf("API jobs list (%d finished jobs), p95", o.Jobs), dur(func(p DensityPoint) time.Duration { return p.JobsP95 }))
 	row("placement query (loads of every cluster and tier)", dur(func(p DensityPoint) time.Duration { return p.ClusterLoads }))
+	row("placement decision on what it read, p95", func(p DensityPoint) string { return fmt.Sprintf("%.3f ms", p.Placement.Seconds()*1000) })
+	row("reconcile of one cluster (its simulated tenants found missing)", dur(func(p DensityPoint) time.Duration { return p.Reconcile }))
+	row("reconcile findings", func(p DensityPoint) string { return strconv.Itoa(p.ReconcileFindings) })
 	row("one cluster's tenants read from the catalog", dur(func(p DensityPoint) time.Duration { return p.ClusterTenants }))
 	row("tenants per cluster", func(p DensityPoint) string { return strconv.Itoa(p.PerCluster) })
 	row("its pooler config rendered", dur(func(p DensityPoint) time.Duration { return p.Render }))
@@ -370,8 +435,9 @@ func densityTable(ps []DensityPoint, o DensityOptions) Table {
 	row("/metrics scrape", dur(func(p DensityPoint) time.Duration { return p.MetricsScrape }))
 	row("/metrics size", func(p DensityPoint) string { return kb(int64(p.MetricsBytes)) })
 	row("daemon start to first answer", dur(func(p DensityPoint) time.Duration { return p.DaemonStart }))
-	row("Go heap in use (bench and two daemons)", func(p DensityPoint) string { return kb(int64(p.HeapBytes)) })
+	row(fmt.Sprintf("Go heap in use (bench and daemon 1; before daemons 2–%d started)", densityDaemons), func(p DensityPoint) string { return kb(int64(p.HeapBytes)) })
 	row("catalog tenants + jobs tables", func(p DensityPoint) string { return kb(p.CatalogBytes) })
+	row(fmt.Sprintf("of which jobs (%d finished)", o.Jobs), func(p DensityPoint) string { return kb(p.JobsBytes) })
 	t.Notes = []string{
 		"catalog rows only: the simulated tenants have no database or schema; their clusters are registered with DSNs nothing answers, so health checks and syncs of those clusters fail fast and are not measured.",
 		"each API figure is over --requests calls in a row through one daemon (p50/p95); ids are sampled at random, searches type six letters of a random tenant's name.",
@@ -384,14 +450,21 @@ func densityTable(ps []DensityPoint, o DensityOptions) Table {
 			Check{Target: fmt.Sprintf("at %d tenants: API list, search and show p95 <= 50 ms", last.Tenants), Got: "slowest " + ms(api), Met: api <= 50*time.Millisecond},
 			Check{Target: fmt.Sprintf("at %d tenants: a create p95 <= 50 ms, placement's cache expired (its read never waited for)", last.Tenants),
 				Got: fmt.Sprintf("p95 %s, p50 %s; the read itself %s", ms(last.CreateP95), ms(last.CreateP50), ms(last.ClusterLoads)), Met: last.CreateP95 > 0 && last.CreateP95 <= 50*time.Millisecond},
+			Check{Target: fmt.Sprintf("at %d tenants: a placement decision <= 10 ms", last.Tenants),
+				Got: fmt.Sprintf("%.3f ms on the fleet it read (the read: %s, in the background)", last.Placement.Seconds()*1000, ms(last.ClusterLoads)), Met: last.Placement > 0 && last.Placement <= 10*time.Millisecond},
 			Check{Target: fmt.Sprintf("at %d tenants: /metrics <= 1 s", last.Tenants), Got: ms(last.MetricsScrape), Met: last.MetricsScrape <= time.Second})
 	}
 	if len(ps) >= 2 {
 		first, last := ps[0], ps[len(ps)-1]
 		grow := float64(last.Tenants) / float64(first.Tenants)
 		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.0f", grow), []growthCase{
-			{"search p95", first.SearchP95, last.SearchP95}, {"placement query", first.ClusterLoads, last.ClusterLoads},
-			{"show p95", first.ShowP95, last.ShowP95}, {"list first page p95", first.ListFirstP95, last.ListFirstP95}})...)
+			timeGrowth("search p95", "a trigram index's matches, then the page", first.SearchP95, last.SearchP95),
+			timeGrowth("placement query", "counts every cluster's tenants by tier: linear, read in the background", first.ClusterLoads, last.ClusterLoads),
+			timeGrowth("show p95", "", first.ShowP95, last.ShowP95), timeGrowth("list first page p95", "", first.ListFirstP95, last.ListFirstP95),
+			timeGrowth("reconcile of one cluster", "reads the jobs of every tenant of the fleet, then the cluster's tenants", first.Reconcile, last.Reconcile),
+			timeGrowth("placement decision", "", first.Placement, last.Placement),
+			timeGrowth("/metrics", "", first.MetricsScrape, last.MetricsScrape),
+			sizeGrowth("Go heap", "", int64(first.HeapBytes), int64(last.HeapBytes))})...)
 	}
 	return t
 }
@@ -416,20 +489,41 @@ func inMs[P any](f func(P) time.Duration) func(P) string {
 	return func(p P) string { return ms(f(p)) }
 }
 
-// growthCase is a figure at the first and at the last point.
+// growthCase is a figure at the first and at the last point, shown by
+// show; why says what it reads or holds, printed where it grows.
 type growthCase struct {
-	name string
-	a, b time.Duration
+	name, why string
+	a, b      float64
+	show      func(float64) string
+}
+
+// timeGrowth and sizeGrowth are growth cases of durations and of bytes.
+func timeGrowth(name, why string, a, b time.Duration) growthCase {
+	return growthCase{name, why, float64(a), float64(b), func(v float64) string { return ms(time.Duration(v)) }}
+}
+
+func sizeGrowth(name, why string, a, b int64) growthCase {
+	return growthCase{name, why, float64(a), float64(b), func(v float64) string { return kb(int64(v)) }}
+}
+
+// countGrowth is a growth case of a count.
+func countGrowth(name, why string, a, b int64) growthCase {
+	return growthCase{name, why, float64(a), float64(b), func(v float64) string { return strconv.FormatInt(int64(v), 10) }}
 }
 
 // growthNotes say how each figure grew while the tenants grew grow times
-// (shown as growText); a figure that was 0 at first is left out.
+// (shown as growText), and why where it grew; a figure that was 0 at
+// first is left out.
 func growthNotes(grow float64, growText string, cs []growthCase) []string {
 	var out []string
 	for _, c := range cs {
 		if c.a > 0 {
-			r := float64(c.b) / float64(c.a)
-			out = append(out, fmt.Sprintf("%s: ×%.1f for ×%s tenants (%s → %s): %s", c.name, r, growText, ms(c.a), ms(c.b), growth(r, grow)))
+			r := c.b / c.a
+			verdict := growth(r, grow)
+			if verdict != "flat" && c.why != "" {
+				verdict += " (" + c.why + ")"
+			}
+			out = append(out, fmt.Sprintf("%s: ×%.1f for ×%s tenants (%s → %s): %s", c.name, r, growText, c.show(c.a), c.show(c.b), verdict))
 		}
 	}
 	return out

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,38 +50,51 @@ type DensityRealOptions struct {
 
 // DensityRealPoint is what the cluster cost at one step.
 type DensityRealPoint struct {
-	Schema             int              `json:"schema_tenants"`
-	Database           int              `json:"database_tenants"`
-	ClaimSchema        [2]time.Duration `json:"claim_schema_p50_p95"`
-	ClaimDatabase      [2]time.Duration `json:"claim_database_p50_p95"`
-	PurgeSchema        time.Duration    `json:"purge_schema"`
-	PurgeDatabase      time.Duration    `json:"purge_database"`
-	Passes             ScaleTiming      `json:"collector"`
-	Scrape             time.Duration    `json:"scrape"`
-	ScrapeBytes        int              `json:"scrape_bytes"`
-	FrontSync          time.Duration    `json:"front_door_sync"` // p50 of 5, isolated
-	Reconcile          time.Duration    `json:"reconcile"`
-	ReconcileFindings  int              `json:"reconcile_findings"`
-	ShowP95, ListP95   time.Duration
-	SearchP95          time.Duration
-	HeapBytes          uint64 `json:"heap_bytes"`
-	Files              int    `json:"relation_files"`
-	DiskBytes          int64  `json:"disk_bytes"`
-	SharedClassRows    int64  `json:"shared_db_pg_class_rows"`
-	SharedAttrRows     int64  `json:"shared_db_pg_attribute_rows"`
-	SharedCatalogBytes int64  `json:"shared_db_catalog_bytes"`
-	ShmemBytes         int64  `json:"shared_memory_bytes"`
+	Schema        int              `json:"schema_tenants"`
+	Database      int              `json:"database_tenants"`
+	ClaimSchema   [2]time.Duration `json:"claim_schema_p50_p95"`
+	ClaimDatabase [2]time.Duration `json:"claim_database_p50_p95"`
+	// A create that finds no spare: built cold from the template in a
+	// job, through the API (the pool empty).
+	ColdSchema        time.Duration `json:"cold_build_schema"`
+	ColdDatabase      time.Duration `json:"cold_build_database"`
+	PurgeSchema       time.Duration `json:"purge_schema"`
+	PurgeDatabase     time.Duration `json:"purge_database"`
+	Passes            ScaleTiming   `json:"collector"`
+	Scrape            time.Duration `json:"scrape"`
+	ScrapeBytes       int           `json:"scrape_bytes"`
+	FrontSync         time.Duration `json:"front_door_sync"` // p50 of 5, isolated
+	Reconcile         time.Duration `json:"reconcile"`
+	ReconcileFindings int           `json:"reconcile_findings"`
+	ShowP95, ListP95  time.Duration
+	SearchP95         time.Duration
+	HeapBytes         uint64 `json:"heap_bytes"`
+	RSSBytes          int64  `json:"rss_bytes"` // the bench's process, its daemon's included
+	// What a server backend's own memory (its anonymous pages, from
+	// /proc/<pid>/smaps_rollup) comes to: one of the pooler's that served
+	// one schema tenant (a query on each of its tables), and a superuser
+	// session in the shared database that read a table of every schema.
+	PooledSessionBytes int64 `json:"pooled_session_bytes"`
+	AdminSessionBytes  int64 `json:"admin_session_bytes"`
+	AdminSchemas       int   `json:"admin_session_schemas"`
+	Files              int   `json:"relation_files"`
+	DiskBytes          int64 `json:"disk_bytes"`
+	SharedClassRows    int64 `json:"shared_db_pg_class_rows"`
+	SharedAttrRows     int64 `json:"shared_db_pg_attribute_rows"`
+	SharedCatalogBytes int64 `json:"shared_db_catalog_bytes"`
+	ShmemBytes         int64 `json:"shared_memory_bytes"`
 	// The collector's first round of sizes after growth and the rollout:
 	// the WAL its first reads wrote (hint bits), and how long it took.
-	RoundWAL        int64         `json:"first_round_wal_bytes"`
-	RoundImages     int64         `json:"first_round_page_images"`
-	RoundTook       time.Duration `json:"first_round_took"`
-	RoundWALWhat    string        `json:"first_round_wal_what"`                   // by kind of record and database (pg_waldump)
-	IdleWALPerSec   float64       `json:"idle_wal_bytes_per_second"`              // the last of three 10 s windows
-	IdleWALFirst    float64       `json:"idle_wal_first_window_bytes_per_second"` // the first
-	IdleImagesFirst int64         `json:"idle_page_images_first_window"`          // full-page images in the first window
-	IdleImages      int64         `json:"idle_page_images"`                       // and in the last
-	IdleWALWhat     string        `json:"idle_wal_what"`                          // the last window's WAL by kind of record and database (pg_waldump)
+	RoundWAL         int64         `json:"first_round_wal_bytes"`
+	RoundImages      int64         `json:"first_round_page_images"`
+	RoundTook        time.Duration `json:"first_round_took"`
+	RoundWALWhat     string        `json:"first_round_wal_what"`                   // by kind of record and database (pg_waldump)
+	IdleWALPerSec    float64       `json:"idle_wal_bytes_per_second"`              // the last of three 10 s windows
+	IdleWALFirst     float64       `json:"idle_wal_first_window_bytes_per_second"` // the first
+	IdleImagesFirst  int64         `json:"idle_page_images_first_window"`          // full-page images in the first window
+	IdleImages       int64         `json:"idle_page_images"`                       // and in the last
+	IdleWritesPerSec float64       `json:"idle_write_bytes_per_second"`            // the primary's processes, the last window (/proc/<pid>/io)
+	IdleWALWhat      string        `json:"idle_wal_what"`                          // the last window's WAL by kind of record and database (pg_waldump)
 	// IdleSettle is how long autovacuum kept working after growth
 	// before the idle WAL was measured (Settle at most).
 	IdleSettle    time.Duration `json:"idle_settle"`
@@ -234,15 +248,22 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	for _, m := range []struct {
 		mode tenant.Mode
 		out  *[2]time.Duration
-	}{{tenant.ModeSchema, &p.ClaimSchema}, {tenant.ModeDatabase, &p.ClaimDatabase}} {
-		lat, ids, err := e.timedClaims(ctx, fc, dir, d, m.mode, o.Claims, o.Settle)
+		cold *time.Duration
+	}{{tenant.ModeSchema, &p.ClaimSchema, &p.ColdSchema}, {tenant.ModeDatabase, &p.ClaimDatabase, &p.ColdDatabase}} {
+		c, err := e.timedClaims(ctx, fc, dir, d, m.mode, o.Claims, o.Settle)
 		if err != nil {
 			return p, err
 		}
-		m.out[0], m.out[1] = percentile(lat, 50), percentile(lat, 95)
+		m.out[0], m.out[1], *m.cold = percentile(c.lat, 50), percentile(c.lat, 95), c.cold
+		if m.mode == tenant.ModeSchema {
+			// The pooled session's memory, while its tenant is there.
+			if p.PooledSessionBytes, err = pooledSessionMemory(ctx, c.dsn); err != nil {
+				return p, err
+			}
+		}
 		// One purged (timed), the rest dropped and purged too: the
 		// step's counts stay what was grown.
-		for i, id := range ids {
+		for i, id := range c.ids {
 			begin := time.Now()
 			r, err := d.client.DropTenant(ctx, id, true)
 			if err == nil && r.Job != nil {
@@ -317,6 +338,9 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
 	p.HeapBytes = mem.HeapInuse
+	if p.RSSBytes, err = procKB("/proc/self/status", "VmRSS:"); err != nil {
+		return p, err
+	}
 
 	// No job left (the spares left over from the claims are being
 	// retired), then the server's disk, memory, catalog and files.
@@ -345,6 +369,9 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 		return p, err
 	}
 	if err := sharedCatalog(ctx, fc, shared, &p); err != nil {
+		return p, err
+	}
+	if p.AdminSessionBytes, p.AdminSchemas, err = adminSessionMemory(ctx, fc.PrimaryDSN(shared)); err != nil {
 		return p, err
 	}
 	p.Files = relationFiles(filepath.Join(fc.DataDir("primary"), "base"))
@@ -388,20 +415,27 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	if p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle, 0); err != nil {
 		return p, err
 	}
+	primary, _, err := postmasters(fc)
+	if err != nil {
+		return p, err
+	}
 	var windows [3]walPoint
 	var from walPoint // the last window's start
+	var written int64 // by the primary's processes in the last window
 	for i := range windows {
 		if from, err = walNow(ctx, admin); err != nil {
 			return p, err
 		}
+		w := treeSample(primary).write
 		time.Sleep(10 * time.Second)
 		if windows[i], err = walNow(ctx, admin); err != nil {
 			return p, err
 		}
+		written = treeSample(primary).write - w
 		windows[i].bytes, windows[i].images = windows[i].bytes-from.bytes, windows[i].images-from.images
 	}
 	first, last := windows[0], windows[len(windows)-1]
-	p.IdleWALFirst, p.IdleWALPerSec = float64(first.bytes)/10, float64(last.bytes)/10
+	p.IdleWALFirst, p.IdleWALPerSec, p.IdleWritesPerSec = float64(first.bytes)/10, float64(last.bytes)/10, float64(written)/10
 	p.IdleImagesFirst, p.IdleImages = first.images, last.images
 	if p.IdleWALWhat, err = walWhat(ctx, fc, admin, from.lsn, last.lsn); err != nil {
 		return p, err
@@ -459,9 +493,21 @@ func timeFullBackup(ctx context.Context, st *backup.Stanza, option string) (full
 	return fullBackup{Took: took, Size: last.Size, RepoSize: last.RepoSize, RepoFiles: files}, err
 }
 
+// claims are a step's creates of one mode: the claims' latencies, the
+// cold build's, every tenant made (to be dropped again) and the first
+// one's DSN (through the pooler, with its password).
+type claims struct {
+	lat  []time.Duration
+	cold time.Duration
+	ids  []string
+	dsn  string
+}
+
 // timedClaims builds n spares of mode with a daemon of its own, then claims
-// them one at a time through d: their latencies and ids.
-func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d *benchDaemon, mode tenant.Mode, n int, settle time.Duration) ([]time.Duration, []string, error) {
+// them one at a time through d, then creates until one is built cold (the
+// pool empty).
+func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d *benchDaemon, mode tenant.Mode, n int, settle time.Duration) (claims, error) {
+	var c claims
 	// The spares: built by pools while d is idle (d has none).
 	cfg := benchConfig(fc, dir)
 	cfg.TokenFile = filepath.Join(dir, "token-pools")
@@ -471,24 +517,24 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	cfg.Pools = []config.PoolConfig{{Template: "saas", Mode: string(mode), Size: n + 2}}
 	pools, err := e.startDaemonInProcess(ctx, fc, cfg)
 	if err != nil {
-		return nil, nil, err
+		return c, err
 	}
 	err = waitPool(ctx, pools, "saas", mode, n+2)
 	pools.Stop()
 	if err != nil {
-		return nil, nil, err
+		return c, err
 	}
 	// Those spares were built in a burst that leaves autovacuum work
 	// behind, which a cluster whose spares come one by one has not: the
 	// claims are timed once it is done (bounded by settle).
 	admin, err := pgx.Connect(ctx, fc.PrimaryDSN("postgres"))
 	if err != nil {
-		return nil, nil, err
+		return c, err
 	}
 	took, settled, err := settleAutovacuum(ctx, admin, settle, 3*time.Second)
 	admin.Close(ctx)
 	if err != nil {
-		return nil, nil, err
+		return c, err
 	}
 	if !settled {
 		e.logf("density: autovacuum still works after %s (--settle): the %s claims are timed meanwhile", ms(took), mode)
@@ -496,10 +542,8 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 	// The spares' entries in d's front door (another daemon built them):
 	// as a spare that has waited in its pool has them.
 	if err := d.d.Poolers().Await(ctx, fc.Name()); err != nil {
-		return nil, nil, err
+		return c, err
 	}
-	var lat []time.Duration
-	var ids []string
 	for range n {
 		time.Sleep(claimSpacing)
 		b := time.Now()
@@ -508,12 +552,39 @@ func (e *Env) timedClaims(ctx context.Context, fc *fleet.Cluster, dir string, d 
 			err = fmt.Errorf("a %s tenant was built cold, not claimed", mode)
 		}
 		if err != nil {
-			return nil, nil, err
+			return c, err
 		}
-		lat = append(lat, time.Since(b))
-		ids = append(ids, r.Tenant.ID)
+		c.lat = append(c.lat, time.Since(b))
+		c.ids = append(c.ids, r.Tenant.ID)
+		if c.dsn == "" {
+			c.dsn = r.DSN
+		}
 	}
-	return lat, ids, nil
+	// The spares left (d shrinks the pool a spare per pass) are claimed
+	// too, until a create finds none and builds its tenant cold.
+	var left int
+	if err := d.catalog.QueryRow(ctx, `SELECT count(*) FROM tenants WHERE template = 'saas' AND mode = $1 AND state IN ('spare', 'building')`, string(mode)).Scan(&left); err != nil {
+		return c, err
+	}
+	for range left + 3 {
+		b := time.Now()
+		r, err := d.client.CreateTenant(ctx, provision.Request{Template: "saas", Mode: mode})
+		if err == nil && r.Job != nil { // longer than the create waits: its job's end
+			var j jobs.Job
+			if j, err = d.waitJob(ctx, r.Job.ID); err == nil && j.State != jobs.Succeeded {
+				err = fmt.Errorf("cold build of a %s tenant: %s: %s", mode, j.State, j.LastError)
+			}
+		}
+		if err != nil {
+			return c, err
+		}
+		c.ids = append(c.ids, r.Tenant.ID)
+		if r.Path == "cold" {
+			c.cold = time.Since(b)
+			return c, nil
+		}
+	}
+	return c, fmt.Errorf("no %s create was built cold after the pool's last spares", mode)
 }
 
 // claimSpacing is the time between two timed claims: more than twice the
@@ -624,6 +695,8 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("claim, schema, p95", d(func(p DensityRealPoint) time.Duration { return p.ClaimSchema[1] }))
 	row("claim, database, p50", d(func(p DensityRealPoint) time.Duration { return p.ClaimDatabase[0] }))
 	row("claim, database, p95", d(func(p DensityRealPoint) time.Duration { return p.ClaimDatabase[1] }))
+	row("cold build, schema (no spare left; through the API)", d(func(p DensityRealPoint) time.Duration { return p.ColdSchema }))
+	row("cold build, database (no spare left; through the API)", d(func(p DensityRealPoint) time.Duration { return p.ColdDatabase }))
 	row("drop + purge, schema", d(func(p DensityRealPoint) time.Duration { return p.PurgeSchema }))
 	row("drop + purge, database", d(func(p DensityRealPoint) time.Duration { return p.PurgeDatabase }))
 	row("collector: first pass", d(func(p DensityRealPoint) time.Duration { return p.Passes.FirstPass }))
@@ -645,7 +718,12 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("front door: one sync (tenants, verifiers, files, RELOAD)", d(func(p DensityRealPoint) time.Duration { return p.FrontSync }))
 	row("rollout of every tenant, one statement (tenants/s)", func(p DensityRealPoint) string { return fmt.Sprintf("%.0f", p.Rollout.PerSec) })
 	row("rollout: failed tenants", n(func(p DensityRealPoint) int64 { return int64(p.Rollout.Failed) }))
-	row("rollout again, nothing to do", d(func(p DensityRealPoint) time.Duration { return p.Rollout.NoOp }))
+	row("rollout again, nothing to do", func(p DensityRealPoint) string {
+		if p.Rollout.NoOp <= 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%s (%.0f tenants/s)", ms(p.Rollout.NoOp), float64(p.Schema+p.Database)/p.Rollout.NoOp.Seconds())
+	})
 	row("rollout: peak standby replay lag", func(p DensityRealPoint) string { return kb(p.Rollout.Cost.PeakLagBytes) })
 	row("reconcile of the cluster", d(func(p DensityRealPoint) time.Duration { return p.Reconcile }))
 	row("reconcile findings", n(func(p DensityRealPoint) int64 { return int64(p.ReconcileFindings) }))
@@ -653,6 +731,11 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("API list (page of 100) p95", d(func(p DensityRealPoint) time.Duration { return p.ListP95 }))
 	row("API search p95", d(func(p DensityRealPoint) time.Duration { return p.SearchP95 }))
 	row("Go heap in use (bench and daemon)", func(p DensityRealPoint) string { return kb(int64(p.HeapBytes)) })
+	row("process RSS (bench and daemon)", func(p DensityRealPoint) string { return kb(p.RSSBytes) })
+	row("backend memory: a pooled session that served one schema tenant", func(p DensityRealPoint) string { return kb(p.PooledSessionBytes) })
+	row("backend memory: a superuser session that read a table of every schema", func(p DensityRealPoint) string {
+		return fmt.Sprintf("%s (%d schemas)", kb(p.AdminSessionBytes), p.AdminSchemas)
+	})
 	row("relation files (primary)", n(func(p DensityRealPoint) int64 { return int64(p.Files) }))
 	row("disk (all databases)", func(p DensityRealPoint) string { return kb(p.DiskBytes) })
 	row("shared database: pg_class rows", n(func(p DensityRealPoint) int64 { return p.SharedClassRows }))
@@ -665,6 +748,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("idle WAL per second, 20 s later", func(p DensityRealPoint) string {
 		return fmt.Sprintf("%s (%d page images)", kb(int64(p.IdleWALPerSec)), p.IdleImages)
 	})
+	row("idle writes per second, 20 s later (the primary's processes)", func(p DensityRealPoint) string { return kb(int64(p.IdleWritesPerSec)) })
 	row("autovacuum's work after growth (before the idle WAL)", func(p DensityRealPoint) string {
 		if !p.IdleSettled {
 			return "> " + ms(p.IdleSettle)
@@ -685,6 +769,9 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	}
 	t.Notes = []string{
 		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle, and the front door has their entries, as spares that waited in their pool have; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
+		"cold builds: after the claims, creates until the pool has no spare left, the first built from the template in a job timed through the API (the create waits for it); they are dropped and purged with the claimed ones.",
+		"backend memory: a server process's own (anonymous) memory, Pss_Anon of /proc/<pid>/smaps_rollup: its caches and work memory, not shared buffers; the pooled session read each table of one schema tenant in a transaction through PgBouncer, the superuser session the users table of every schema of the shared database, 100 a statement. Process RSS: VmRSS of the bench's process, which runs the daemon.",
+		"idle writes: /proc/<pid>/io write_bytes over the primary's postmaster and its children in the last idle window (bytes handed to the OS; PostgreSQL 15 keeps its statistics in shared memory, so seed 002's statistics-file storm has no file to write).",
 		"the collector's passes run with the daemon stopped, a collector of their own: the first round of sizes sizes every tenant (as after a restart), the passes after it only the tenants whose clients did something (none here) and those idle for metrics.idle_size_interval; the restart and crash rows end when the primary accepts connections again.",
 		fmt.Sprintf("idle WAL is measured with a daemon running again after the collector's round, in three windows of 10 s once no job is left and no autovacuum worker has worked on a table for autovacuum_naptime and 5 s, so that every database's turn came and what growth left is done (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the round's WAL has its own row: its first reads of the catalog rows growth and the rollout wrote set their hint bits, each page's image in the WAL once with data checksums on, which a daemon's collector does once over metrics.size_interval after such a change; the target is checked on the last window.", o.Settle),
 	}
@@ -708,21 +795,45 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 			Check{Target: at + "a rollout of every tenant keeps >= 50 tenants/s", Got: fmt.Sprintf("%.0f tenants/s (%d failed)", l.Rollout.PerSec, l.Rollout.Failed),
 				Met: l.Rollout.PerSec >= 50 && l.Rollout.Failed == 0},
 			Check{Target: at + "reconcile of the cluster <= 30 s", Got: ms(l.Reconcile), Met: l.Reconcile <= 30*time.Second},
-			Check{Target: at + "the daemon's memory <= 512 MB", Got: kb(int64(l.HeapBytes)) + " of Go heap in use", Met: l.HeapBytes <= 512<<20})
+			Check{Target: at + "the daemon's memory <= 512 MB", Got: fmt.Sprintf("%s resident (bench and daemon; %s of Go heap in use)", kb(l.RSSBytes), kb(int64(l.HeapBytes))), Met: l.RSSBytes <= 512<<20})
 	}
 	if len(ps) >= 2 {
 		first, last := ps[0], ps[len(ps)-1]
 		grow := float64(last.Schema+last.Database) / float64(max(first.Schema+first.Database, 1))
-		var backups []growthCase
-		if o.Backup {
-			backups = []growthCase{{"full backup", first.Backup.Took, last.Backup.Took}, {"full backup bundled", first.BackupBundled.Took, last.BackupBundled.Took}}
+		perTenant := func(p DensityRealPoint) time.Duration { // the rollout's time per tenant
+			if p.Rollout.PerSec <= 0 {
+				return 0
+			}
+			return time.Duration(float64(time.Second) / p.Rollout.PerSec)
 		}
-		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), append([]growthCase{
-			{"schema claim p95", first.ClaimSchema[1], last.ClaimSchema[1]}, {"database claim p95", first.ClaimDatabase[1], last.ClaimDatabase[1]},
-			{"collector pass", first.Passes.Pass, last.Passes.Pass}, {"collector pass after a round", first.Passes.SteadyPass, last.Passes.SteadyPass}, {"reconcile", first.Reconcile, last.Reconcile},
-			{"crash recovery", first.CrashRecovery, last.CrashRecovery}, {"/metrics scrape", first.Scrape, last.Scrape},
-			{"capper check", first.CapperCheck, last.CapperCheck}, {"capper settings pass", first.CapperSettings, last.CapperSettings},
-			{"schema drop + purge", first.PurgeSchema, last.PurgeSchema}}, backups...))...)
+		cases := []growthCase{
+			timeGrowth("schema claim p95", "waits for the front door's sync, which renders every tenant's entry", first.ClaimSchema[1], last.ClaimSchema[1]),
+			timeGrowth("database claim p95", "waits for the front door's sync, which renders every tenant's entry", first.ClaimDatabase[1], last.ClaimDatabase[1]),
+			timeGrowth("schema cold build", "creates the template's relations in the shared database, whose catalogs grow with its tenants", first.ColdSchema, last.ColdSchema),
+			timeGrowth("database cold build", "CREATE DATABASE copies the template and checkpoints", first.ColdDatabase, last.ColdDatabase),
+			timeGrowth("schema drop + purge", "finds the schema's objects in the shared database's pg_depend", first.PurgeSchema, last.PurgeSchema),
+			timeGrowth("collector pass", "its first round sizes every tenant: linear by design, once per metrics.size_interval", first.Passes.Pass, last.Passes.Pass),
+			timeGrowth("collector pass after a round", "reads every database's statistics in one statement", first.Passes.SteadyPass, last.Passes.SteadyPass),
+			timeGrowth("reconcile", "lists every tenant's database, schema and role on the server and in the catalog: linear by design", first.Reconcile, last.Reconcile),
+			timeGrowth("rollout, time per tenant", "each tenant's migration opens its own session", perTenant(first), perTenant(last)),
+			timeGrowth("front door sync", "renders every tenant's entry and verifier: linear by design, batched under bursts", first.FrontSync, last.FrontSync),
+			timeGrowth("/metrics scrape", "series of the tenants above the cardinality guard", first.Scrape, last.Scrape),
+			timeGrowth("capper check", "", first.CapperCheck, last.CapperCheck),
+			timeGrowth("capper settings pass", "reads every tenant role's settings: linear by design, every 30 s", first.CapperSettings, last.CapperSettings),
+			timeGrowth("API list p95", "", first.ListP95, last.ListP95), timeGrowth("API search p95", "", first.SearchP95, last.SearchP95),
+			timeGrowth("restart", "the shutdown checkpoint writes what the step dirtied", first.Restart, last.Restart),
+			timeGrowth("crash recovery", "replays the WAL since the last checkpoint and syncs every file of the data directory", first.CrashRecovery, last.CrashRecovery),
+			sizeGrowth("shared catalogs (pg_class + pg_attribute)", "every schema tenant's relations and columns are rows of one database's catalogs", first.SharedCatalogBytes, last.SharedCatalogBytes),
+			countGrowth("relation files", "each relation of each tenant has its files", int64(first.Files), int64(last.Files)),
+			sizeGrowth("process RSS (bench and daemon)", "", first.RSSBytes, last.RSSBytes),
+			sizeGrowth("pooled session's memory", "", first.PooledSessionBytes, last.PooledSessionBytes),
+			sizeGrowth("admin session's memory", "its relation cache holds every table it opened: linear in what it touches", first.AdminSessionBytes, last.AdminSessionBytes),
+		}
+		if o.Backup {
+			cases = append(cases, timeGrowth("full backup", "copies every file", first.Backup.Took, last.Backup.Took),
+				timeGrowth("full backup bundled", "copies every file", first.BackupBundled.Took, last.BackupBundled.Took))
+		}
+		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), cases)...)
 	}
 	return t
 }
@@ -793,4 +904,96 @@ func settleAutovacuum(ctx context.Context, admin *pgx.Conn, most, quiet time.Dur
 		}
 	}
 	return time.Since(start), false, nil
+}
+
+// pooledSessionMemory logs in through the pooler with dsn (a schema
+// tenant's), reads each of its tables in one transaction (so on one of the
+// pooler's server connections) and returns that server backend's own
+// memory.
+func pooledSessionMemory(ctx context.Context, dsn string) (int64, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return 0, err
+	}
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol // transaction mode: no prepared statements
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("pooled session: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT format('%I', relname) FROM pg_catalog.pg_class
+		WHERE relnamespace = current_schema()::regnamespace AND relkind IN ('r', 'p')`)
+	if err != nil {
+		return 0, err
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || len(tables) == 0 {
+		return 0, fmt.Errorf("pooled session: the tenant's tables: %v (%d)", err, len(tables))
+	}
+	for _, t := range tables {
+		if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+t); err != nil {
+			return 0, err
+		}
+	}
+	var pid int
+	if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, err
+	}
+	return procKB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss_Anon:")
+}
+
+// adminSessionMemory reads the users table of every schema of the shared
+// database at dsn in one superuser session (100 tables a statement) and
+// returns that backend's own memory and how many schemas it read.
+func adminSessionMemory(ctx context.Context, dsn string) (int64, int, error) {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rows, err := conn.Query(ctx, `SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_class c
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.relname = 'users' AND c.relkind = 'r'`)
+	if err != nil {
+		return 0, 0, err
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, 0, err
+	}
+	for i := 0; i < len(tables); i += 100 {
+		q := "SELECT count(*) FROM " + strings.Join(tables[i:min(i+100, len(tables))], " UNION ALL SELECT count(*) FROM ")
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return 0, 0, err
+		}
+	}
+	var pid int
+	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return 0, 0, err
+	}
+	mem, err := procKB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss_Anon:")
+	return mem, len(tables), err
+}
+
+// procKB reads the line of a /proc file that starts with key (a figure in
+// kB: VmRSS in status, Pss_Anon in smaps_rollup), in bytes.
+func procKB(path, key string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, key); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return n << 10, err
+		}
+	}
+	return 0, fmt.Errorf("%s: no %s line", path, key)
 }

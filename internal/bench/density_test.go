@@ -28,7 +28,7 @@ func TestDensityTable(t *testing.T) {
 		t.Errorf("columns %v", tb.Columns)
 	}
 	notes := strings.Join(tb.Notes, "\n")
-	for _, want := range []string{"search p95: ×450.0 for ×100 tenants (2.0 ms → 900.0 ms): faster than the tenants: a bend", "show p95: ×1.0 for ×100 tenants (1.0 ms → 1.0 ms): flat"} {
+	for _, want := range []string{"search p95: ×450.0 for ×100 tenants (2.0 ms → 900.0 ms): faster than the tenants: a bend (a trigram index's matches, then the page)", "show p95: ×1.0 for ×100 tenants (1.0 ms → 1.0 ms): flat"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}
@@ -38,8 +38,9 @@ func TestDensityTable(t *testing.T) {
 // TestDensityRealTable: a column per step, and a figure that grows faster
 // than the tenants is called a bend.
 func TestDensityRealTable(t *testing.T) {
-	ps := []DensityRealPoint{{Schema: 1000, Database: 200, Reconcile: 10 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: 4 * time.Second, IdleSettled: true},
-		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: time.Minute}}
+	ps := []DensityRealPoint{{Schema: 1000, Database: 200, Reconcile: 10 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: 4 * time.Second, IdleSettled: true,
+		SharedCatalogBytes: 100 << 20, Rollout: MigrateRow{NoOp: 60 * time.Millisecond}},
+		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: time.Minute, SharedCatalogBytes: 200 << 20}}
 	tb := densityRealTable(ps, DensityRealOptions{Claims: 20})
 	if !slices.Equal(tb.Columns, []string{"measure", "1000+200", "2000+400"}) {
 		t.Errorf("columns %v", tb.Columns)
@@ -48,9 +49,14 @@ func TestDensityRealTable(t *testing.T) {
 		if strings.HasPrefix(r[0], "autovacuum's work") && !slices.Equal(r[1:], []string{"4000.0 ms", "> 60000.0 ms"}) {
 			t.Errorf("a settle that ran out must say so: %v", r)
 		}
+		if strings.HasPrefix(r[0], "rollout again") && !slices.Equal(r[1:], []string{"60.0 ms (20000 tenants/s)", "-"}) {
+			t.Errorf("a no-op rollout is a time and a rate of tenants (none measured: -): %v", r)
+		}
 	}
 	notes := strings.Join(tb.Notes, "\n")
-	for _, want := range []string{"reconcile: ×5.0 for ×2.0 tenants (10.0 ms → 50.0 ms): faster than the tenants: a bend", "crash recovery: ×1.0 for ×2.0 tenants (1000.0 ms → 1000.0 ms): flat"} {
+	for _, want := range []string{"reconcile: ×5.0 for ×2.0 tenants (10.0 ms → 50.0 ms): faster than the tenants: a bend (lists every tenant's",
+		"crash recovery: ×1.0 for ×2.0 tenants (1000.0 ms → 1000.0 ms): flat",
+		"shared catalogs (pg_class + pg_attribute): ×2.0 for ×2.0 tenants (100.0 MB → 200.0 MB): grows with the tenants (every schema tenant's"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
 		}

@@ -263,24 +263,32 @@ func (s *Store) LargestTemplateBuild(ctx context.Context) (LargestBuild, int64, 
 	return b, maxSize, notFound(err, "template build")
 }
 
-// SpareCounts counts a cluster's spares (ready and being built) by mode: the
-// doctor's estimate of what the pools hold on disk.
-func (s *Store) SpareCounts(ctx context.Context, cluster string) (map[string]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT mode, count(*) FROM tenants WHERE cluster = $1 AND state IN ('spare', 'building') GROUP BY mode`, cluster)
+// ModeCounts counts a cluster's tenants by mode: its spares (ready and
+// being built: the doctor's estimate of what the pools hold on disk) and
+// its claimed tenants (provisioning, active, suspended, dropped: how dense
+// it is).
+func (s *Store) ModeCounts(ctx context.Context, cluster string) (spares, claimed map[string]int, err error) {
+	rows, err := s.pool.Query(ctx, `SELECT mode, state IN ('spare', 'building'), count(*) FROM tenants
+		WHERE cluster = $1 AND state IN ('spare', 'building', 'provisioning', 'active', 'suspended', 'dropped') GROUP BY 1, 2`, cluster)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer rows.Close()
-	out := map[string]int{}
+	spares, claimed = map[string]int{}, map[string]int{}
 	for rows.Next() {
 		var m string
+		var spare bool
 		var n int
-		if err := rows.Scan(&m, &n); err != nil {
-			return nil, err
+		if err := rows.Scan(&m, &spare, &n); err != nil {
+			return nil, nil, err
 		}
-		out[m] = n
+		if spare {
+			spares[m] = n
+		} else {
+			claimed[m] = n
+		}
 	}
-	return out, rows.Err()
+	return spares, claimed, rows.Err()
 }
 
 // TenantTiers returns the tier of each of the given tenants.

@@ -208,10 +208,19 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 	if f.State == StatePurged {
 		return s.listPurged(ctx, f)
 	}
-	// Only the filters given reach the statement, so that the planner sees
-	// them: a search uses the trigram indexes, a cluster's page its index
-	// (at a million tenants a filter folded into "$n = '' OR …" scanned
-	// them all).
+	q, args := listTenantsQuery(f)
+	rows, err := s.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+}
+
+// listTenantsQuery is ListTenants's statement for f. Only the filters
+// given reach it, so that the planner sees them: a search uses the trigram
+// indexes, a cluster's page its index (at a million tenants a filter
+// folded into "$n = '' OR …" scanned them all).
+func listTenantsQuery(f TenantFilter) (string, []any) {
 	var args []any
 	arg := func(v any) string {
 		args = append(args, v)
@@ -240,12 +249,7 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 		like := "'%' || " + arg(likeEscape(f.Search)) + " || '%'"
 		where = append(where, "(id = "+arg(f.Search)+" OR name ILIKE "+like+" OR external_id ILIKE "+like+")")
 	}
-	rows, err := s.pool.Query(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE `+strings.Join(where, " AND ")+
-		` ORDER BY id LIMIT `+arg(f.Limit), args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Tenant, error) { return scanTenant(r) })
+	return `SELECT ` + tenantColumns + ` FROM tenants WHERE ` + strings.Join(where, " AND ") + ` ORDER BY id LIMIT ` + arg(f.Limit), args
 }
 
 // likeEscape makes s match itself in a LIKE pattern (escape character \).

@@ -218,22 +218,27 @@ the shipped saas template, and measured at each of --steps (schema tenants; data
 tenants grow in proportion): claim p50/p95 of each mode through the API of a daemon with
 the cluster's front door (PgBouncer), as up runs it (--claims spares built for them,
 claimed 300 ms apart once autovacuum is done with them, up to --settle, and the front
-door has their entries), one sync of the front door, a drop + purge of each mode, the
+door has their entries) and a cold build of each (a create that finds no spare), one sync
+of the front door, a drop + purge of each mode, the
 metrics collector's passes (in the first round of sizes and after it) and the WAL of
 that first round (its first reads of what growth and the rollout wrote set hint bits,
 each page's image in the WAL once), the statement
 capper's check of the primary's sessions and its pass over every tenant's role settings,
 a /metrics scrape, a rollout of every tenant to a version of one statement more (and again, with
-nothing to do), reconcile of the cluster, API show/list/search p95 (--requests calls),
-the daemon's heap, the server's relation files, disk, the shared database's pg_class and
-pg_attribute, shared memory, idle WAL per second with a daemon running after that round
+nothing to do: tenants/s both), reconcile of the cluster, API show/list/search p95 (--requests calls),
+the daemon's heap and its process's RSS, the server's relation files, disk, the shared
+database's pg_class and pg_attribute, shared memory, the own memory of two server
+backends (a pooled session that served one schema tenant, a superuser session that read
+a table of every schema), idle WAL and writes per second with a daemon running after that round
 (once autovacuum has finished what
 growth left: no worker on a table for autovacuum_naptime + 5 s, up to --settle; what
 wrote it by kind of record and database, from pg_waldump), a restart and a crash recovery;
 with --backup, the cluster archives its WAL with pgBackRest from its creation (as up makes
 it) and each step ends with two full backups from the standby, side by side: files bundled
 (repo-bundle, pgtenant's default) and one repository file per file (pgBackRest's
-default), each timed, with the size read, the repository's and its files. The notes say which figures grow faster than the tenants; exits non-zero if a target
+default), each timed, with the size read, the repository's and its files. The notes say
+which figures grow faster than the tenants, and what each that grows reads or holds;
+exits non-zero if a target
 of issue 28 is not met. A run the disk cannot hold is refused before it starts: the
 default size needs about 73 GB (most of it the 2,000 databases' own catalogs, on the
 primary and the standby) and takes about an hour and a half.
@@ -245,8 +250,11 @@ registered clusters (all but the grown one with DSNs nothing answers) and --jobs
 finished jobs of the last 30 days. At a hundredth, a tenth and all of N a daemon is
 started on that catalog and measured: API list (first page, a page after a random id,
 one cluster's page), search and show p50/p95 over --requests calls each, the jobs
-list, the placement query, one cluster's tenants read and its pooler config rendered,
-a /metrics scrape, the Go heap, and show through a second daemon on the same catalog.`,
+list, the placement query and its decision on what it read, a reconcile of the grown
+cluster (its share of the simulated tenants has no objects: found missing), one
+cluster's tenants read and its pooler config rendered, a /metrics scrape, the Go heap,
+the catalog's size (the jobs table's apart), and show through two more daemons on the
+same catalog.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr

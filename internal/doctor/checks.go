@@ -67,6 +67,7 @@ type Facts struct {
 	BuildsDay   int                   // tenant builds finished on this cluster in the last 24 hours
 	PurgesDay   int                   // tenant purges finished on this cluster in the last 24 hours
 	Spares      map[string]int        // spares by mode
+	Tenants     map[string]int        // claimed tenants (provisioning, active, suspended, dropped) by mode
 
 	TenantsByTier       map[string]int // claimed tenants on this cluster (provisioning, active, suspended, dropped) by tier
 	ConnectionLimits    map[string]int // each configured tier's connection_limit (-1: unlimited)
@@ -179,7 +180,7 @@ func Checks(f Facts) []Check {
 	out := []Check{locks(f)}
 	out = append(out, standbySettings(f)...)
 	out = append(out, connections(f))
-	out = append(out, replication(f), analyticsSlots(f), files(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
+	out = append(out, replication(f), analyticsSlots(f), files(f), density(f), extensions(f), autovacuum(f), checkpoints(f), disk(f), statsTemp(f))
 	if f.Pooler != nil {
 		out = append(out, poolerCheck(f))
 	}
@@ -554,6 +555,32 @@ func files(f Facts) Check {
 			"of saas; docs/operations/capacity.md): drops, restarts and crash recovery grow with files; place new tenants on another cluster", f.Files, measuredFiles))
 	}
 	c.Fix = strings.Join(fixes, "; ")
+	return c
+}
+
+// The most tenants of each mode a cluster was measured with (bench density:
+// 10,000 schema tenants of saas in one shared database and 1,000 database
+// tenants, with claims, rollouts, the collector, reconcile and idle WAL
+// within their targets); docs/operations/capacity.md plans a cluster by it.
+const (
+	measuredSchemaTenants   = 10_000
+	measuredDatabaseTenants = 1_000
+)
+
+// density: the cluster's tenants against what was measured.
+func density(f Facts) Check {
+	s, d := f.Tenants[string(tenant.ModeSchema)], f.Tenants[string(tenant.ModeDatabase)]
+	c := Check{Name: "density", Why: "A cluster's tenants share its catalogs, files, WAL and checkpoints: a schema tenant of saas adds 159 " +
+		"pg_class and ~900 pg_attribute rows to its shared database, a database tenant ~300 files and its own catalogs. bench density " +
+		"measured a cluster up to 10,000 schema and 1,000 database tenants with claims, rollouts, the collector and reconcile within " +
+		"their targets; beyond that nothing was measured (docs/operations/capacity.md).",
+		Got:  fmt.Sprintf("%d schema tenants, %d database tenants", s, d),
+		Want: fmt.Sprintf("at most %d schema and %d database tenants (measured)", measuredSchemaTenants, measuredDatabaseTenants), Status: OK}
+	if s > measuredSchemaTenants || d > measuredDatabaseTenants {
+		c.Status = Warn
+		c.Fix = fmt.Sprintf("place new tenants on another cluster: pgtenant cluster set %s --max-tenants %d (and `pgtenant cluster add` one), "+
+			"or measure this size first with pgtenant bench density", f.Cluster, s+d)
+	}
 	return c
 }
 

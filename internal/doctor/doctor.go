@@ -166,7 +166,7 @@ func (d *Doctor) Facts(ctx context.Context, cl *cluster.Cluster) (Facts, error) 
 	if f.PurgesDay, err = jobs.SucceededSince(ctx, d.Store.Pool(), cl.Name(), jobs.TenantPurge, day); err != nil {
 		return f, err
 	}
-	if f.Spares, err = d.Store.SpareCounts(ctx, cl.Name()); err != nil {
+	if f.Spares, f.Tenants, err = d.Store.ModeCounts(ctx, cl.Name()); err != nil {
 		return f, err
 	}
 	byCluster, err := d.Store.TierCounts(ctx)

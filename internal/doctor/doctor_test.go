@@ -164,6 +164,11 @@ func TestDoctor_ConnectionsCountsClaimedTenants(t *testing.T) {
 	if got.Status != doctor.OK || !strings.Contains(got.Got, "2 tenants whose connection limits add up to 80 of 91") {
 		t.Errorf("two tenants of 40 connections of 91: %+v", got)
 	}
+	// density counts the same claimed tenants by mode (the pools are empty).
+	if d := check(t, rep.Clusters[0], "density"); d.Status != doctor.OK ||
+		!(strings.Contains(d.Got, "0 schema tenants, 2 database tenants") || strings.Contains(d.Got, "2 schema tenants, 0 database tenants")) {
+		t.Errorf("density of two claimed tenants: %+v", d)
+	}
 
 	reg := pg.Registry(t, false)
 	for _, tc := range []struct {
@@ -247,6 +252,11 @@ func TestChecks(t *testing.T) {
 		{"open-file limit below max_files_per_process", "files", doctor.Warn, func(f *doctor.Facts) { f.OpenFilesLimit = 512 }},
 		{"files of 10,000 schema tenants, as measured", "files", doctor.OK, func(f *doctor.Facts) { f.Files = 1_900_000 }},
 		{"files beyond what was measured", "files", doctor.Warn, func(f *doctor.Facts) { f.Files = 3_000_000 }},
+		{"10,000 schema + 1,000 database tenants, as measured", "density", doctor.OK, func(f *doctor.Facts) {
+			f.Tenants = map[string]int{"schema": 10_000, "database": 1_000}
+		}},
+		{"schema tenants beyond what was measured", "density", doctor.Warn, func(f *doctor.Facts) { f.Tenants = map[string]int{"schema": 12_000} }},
+		{"database tenants beyond what was measured", "density", doctor.Warn, func(f *doctor.Facts) { f.Tenants = map[string]int{"database": 1_500} }},
 		{"FILE_COPY creates force checkpoints", "checkpoints", doctor.Warn, func(f *doctor.Facts) {
 			f.LargestSize, f.BuildsDay = 1<<30, 600
 		}},
