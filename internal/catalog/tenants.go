@@ -219,7 +219,7 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter) ([]Tenant, erro
 // listTenantsQuery is ListTenants's statement for f. Only the filters
 // given reach it, so that the planner sees them: a search uses the trigram
 // indexes, a cluster's page its index (at a million tenants a filter
-// folded into "$n = ” OR …" scanned them all).
+// folded into "the parameter is empty OR …" scanned them all).
 func listTenantsQuery(f TenantFilter) (string, []any) {
 	var args []any
 	arg := func(v any) string {
