@@ -185,9 +185,12 @@ func simulateCatalogTenants(ctx context.Context, cat *pgxpool.Pool, clusters []s
 				modes[i], dbs[i] = "database", tenant.PhysicalName(ids[i])
 			}
 		}
+		// Created and claimed at one moment of the last year each (claimed
+		// all at once, they would all count as the pools' recent demand).
 		if _, err := cat.Exec(ctx, `INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, state, database, created_at, claimed_at, size_bytes)
-			SELECT id, name, 'ext-' || id, mode, cluster, 'tiny', 1, 'active', db, now() - random() * interval '365 days', now(), (random() * 50e6)::bigint
-			FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, name, cluster, mode, db)`,
+			SELECT id, name, 'ext-' || id, mode, cluster, 'tiny', 1, 'active', db, at, at, (random() * 50e6)::bigint
+			FROM (SELECT u.*, now() - random() * interval '365 days' AS at
+			      FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(id, name, cluster, mode, db)) s`,
 			ids, names, cl, modes, dbs); err != nil {
 			return fmt.Errorf("simulated tenants: %w", err)
 		}
@@ -195,13 +198,14 @@ func simulateCatalogTenants(ctx context.Context, cat *pgxpool.Pool, clusters []s
 	return nil
 }
 
-// simulateJobs adds n finished jobs created over the last 30 days, of the
-// kinds a fleet runs most: purges, builds, prewarms and rollout steps.
+// simulateJobs adds n finished jobs created over the last 30 days (each at
+// a moment of its own), of the kinds a fleet runs most: purges, builds,
+// prewarms and rollout steps.
 func simulateJobs(ctx context.Context, cat *pgxpool.Pool, n int, clusters []string) error {
 	_, err := cat.Exec(ctx, `INSERT INTO jobs (type, target_kind, target, cluster, state, attempts, created_at, updated_at, started_at, finished_at)
 		SELECT (ARRAY['purge','build_template','prewarm','backup'])[1 + g % 4], 'tenant', 'sim' || g, ($2::text[])[1 + g % cardinality($2::text[])],
 		       CASE WHEN g % 50 = 0 THEN 'failed' ELSE 'succeeded' END, 1, ts, ts, ts, ts + interval '2 seconds'
-		FROM generate_series(1, $1) g, LATERAL (SELECT now() - random() * interval '30 days' AS ts) x`, n, clusters)
+		FROM (SELECT g, now() - random() * interval '30 days' AS ts FROM generate_series(1, $1) g) x`, n, clusters)
 	if err != nil {
 		return fmt.Errorf("simulated jobs: %w", err)
 	}
@@ -210,7 +214,8 @@ func simulateJobs(ctx context.Context, cat *pgxpool.Pool, n int, clusters []stri
 
 // densityPoint measures one scale point: a daemon started on the catalog
 // (its start, its API, its memory), the placement query, one cluster's
-// pooler config, /metrics, and a second daemon on the same catalog.
+// pooler config, /metrics, a placement decision, a reconcile of the real
+// cluster, and more daemons on the same catalog.
 func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Config, store *catalog.Store, cat *pgxpool.Pool, clusters []string, n int, o DensityOptions) (DensityPoint, error) {
 	p := DensityPoint{Tenants: n}
 	if err := cat.QueryRow(ctx, `SELECT pg_total_relation_size('tenants') + pg_total_relation_size('jobs'), pg_total_relation_size('jobs')`).Scan(&p.CatalogBytes, &p.JobsBytes); err != nil {
@@ -238,7 +243,13 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 
 	// Creates (pool claims) once the daemon's placement cache is older
 	// than its 10 s: the first of them starts its reload, none waits for it.
+	// Placement passes over the clusters its monitor found down, so the
+	// creates wait for its first probe of each (the simulated ones answer
+	// nothing): else one placed there would wait for ever for its template.
 	if err := waitPool(ctx, d, "tiny", tenant.ModeSchema, densityCreates+10); err != nil {
+		return p, err
+	}
+	if err := waitProbed(ctx, d, len(clusters)-1); err != nil {
 		return p, err
 	}
 	create := func() error {
@@ -350,6 +361,28 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 		p.OtherDaemonsShowP95 = append(p.OtherDaemonsShowP95, p95)
 	}
 	return p, nil
+}
+
+// waitProbed waits (a minute at most) until d's /healthz says down
+// clusters down: its monitor has probed each.
+func waitProbed(ctx context.Context, d *benchDaemon, down int) error {
+	n := 0
+	for wait := time.Now(); time.Since(wait) < time.Minute; time.Sleep(time.Second) {
+		h, err := d.client.Health(ctx)
+		if err != nil {
+			return err
+		}
+		n = 0
+		for _, st := range h.Clusters {
+			if strings.HasPrefix(st, "down") {
+				n++
+			}
+		}
+		if n >= down {
+			return nil
+		}
+	}
+	return fmt.Errorf("density: the daemon's monitor found %d of the %d simulated clusters down within a minute", n, down)
 }
 
 // densityDaemons is how many daemons share the simulated catalog.
