@@ -19,7 +19,8 @@ func TestMain(m *testing.M) { pgtest.Main(m, pgtest.Options{}, &pg) }
 // generic plan of ListTenants's statement for a search uses the trigram indexes
 // (and the id's), a cluster's page its (cluster, id) index; and the search
 // finds by part of a name or external id, with LIKE's wildcards matched as
-// themselves.
+// themselves; several states are listed at once (the front door's read),
+// spares only when asked for.
 func TestListTenants_FiltersReachTheirIndexes(t *testing.T) {
 	ctx := pgtest.Context(t)
 	s, err := Open(ctx, pg.PrimaryDSN(pg.NewDatabase(t)), nil)
@@ -31,7 +32,9 @@ func TestListTenants_FiltersReachTheirIndexes(t *testing.T) {
 		INSERT INTO templates (name, current_version) VALUES ('tiny', 1);
 		INSERT INTO tenants (id, name, external_id, mode, cluster, template, version, state, database)
 		VALUES ('t1', 'Acme 100% Ltd', 'ext-acme', 'schema', 'c1', 'tiny', 1, 'active', 'shared'),
-		       ('t2', 'Globex', 'ext-globex', 'schema', 'c1', 'tiny', 1, 'active', 'shared')`); err != nil {
+		       ('t2', 'Globex', 'ext-globex', 'schema', 'c1', 'tiny', 1, 'active', 'shared'),
+		       ('t3', 'Initech', NULL, 'schema', 'c1', 'tiny', 1, 'suspended', 'shared'),
+		       ('t4', '', NULL, 'schema', 'c1', 'tiny', 1, 'spare', 'shared')`); err != nil {
 		t.Fatal(err)
 	}
 	for i, tc := range []struct {
@@ -82,8 +85,12 @@ func TestListTenants_FiltersReachTheirIndexes(t *testing.T) {
 			}
 		}
 	}
-	for search, want := range map[string]string{"cme 100": "t1", "EXT-GLOB": "t2", "100%": "t1", "1_0": ""} {
-		ts, err := s.ListTenants(ctx, TenantFilter{Search: search})
+	// The front door's one read of what it serves: several states at once.
+	for f, want := range map[*TenantFilter]string{
+		{Search: "cme 100"}: "t1", {Search: "EXT-GLOB"}: "t2", {Search: "100%"}: "t1", {Search: "1_0"}: "",
+		{States: []TenantState{StateSuspended, StateSpare}, Front: "c1"}: "t3t4", {}: "t1t2t3",
+	} {
+		ts, err := s.ListTenants(ctx, *f)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +99,7 @@ func TestListTenants_FiltersReachTheirIndexes(t *testing.T) {
 			got += tn.ID
 		}
 		if got != want {
-			t.Errorf("search %q found %q, want %q", search, got, want)
+			t.Errorf("%+v listed %q, want %q", *f, got, want)
 		}
 	}
 }
