@@ -306,15 +306,12 @@ func (e *Env) densityPoint(ctx context.Context, fc *fleet.Cluster, cfg config.Co
 	if p.Placement, err = timePlacement(ctx, store, cfg); err != nil {
 		return p, err
 	}
-	b := time.Now()
-	rep, err := d.client.Reconcile(ctx, api.ReconcileRequest{Cluster: fc.Name()})
-	if err != nil {
+	if p.Reconcile, p.ReconcileFindings, err = timeReconcile(ctx, d, fc.Name()); err != nil {
 		return p, err
 	}
-	p.Reconcile, p.ReconcileFindings = time.Since(b), len(rep.Findings)
 
 	// One simulated cluster's tenants and its pooler config.
-	b = time.Now()
+	b := time.Now()
 	ts, err := store.ListTenantsOnCluster(ctx, clusters[len(clusters)-1])
 	if err != nil {
 		return p, err
@@ -383,6 +380,14 @@ func waitProbed(ctx context.Context, d *benchDaemon, down int) error {
 		}
 	}
 	return fmt.Errorf("density: the daemon's monitor found %d of the %d simulated clusters down within a minute", n, down)
+}
+
+// timeReconcile reconciles a cluster through d's API (report only): how
+// long it took and what it found.
+func timeReconcile(ctx context.Context, d *benchDaemon, cluster string) (time.Duration, int, error) {
+	b := time.Now()
+	rep, err := d.client.Reconcile(ctx, api.ReconcileRequest{Cluster: cluster})
+	return time.Since(b), len(rep.Findings), err
 }
 
 // densityDaemons is how many daemons share the simulated catalog.

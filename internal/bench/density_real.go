@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
-	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/backup"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon"
@@ -323,12 +322,9 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	if p.Rollout, err = e.densityRollout(ctx, fc, d, schema+database, step); err != nil {
 		return p, err
 	}
-	b := time.Now()
-	rep, err := d.client.Reconcile(ctx, api.ReconcileRequest{Cluster: fc.Name()})
-	if err != nil {
+	if p.Reconcile, p.ReconcileFindings, err = timeReconcile(ctx, d, fc.Name()); err != nil {
 		return p, err
 	}
-	p.Reconcile, p.ReconcileFindings = time.Since(b), len(rep.Findings)
 	body, took, err := scrape(ctx, d.client.BaseURL+"/metrics")
 	if err != nil {
 		return p, err
@@ -386,7 +382,7 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	if err != nil {
 		return p, err
 	}
-	b = time.Now()
+	b := time.Now()
 	col, done, err := timePasses(ctx, fc, cfg, &p.Passes, true)
 	if err != nil {
 		return p, err
