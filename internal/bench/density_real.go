@@ -411,6 +411,11 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	if p.IdleSettle, p.IdleSettled, err = settleAutovacuum(ctx, admin, o.Settle, 0); err != nil {
 		return p, err
 	}
+	// What growth, the rollout and autovacuum left dirty in shared
+	// buffers is written now, not by a spread checkpoint in the windows.
+	if _, err := admin.Exec(ctx, "CHECKPOINT"); err != nil {
+		return p, err
+	}
 	primary, _, err := postmasters(fc)
 	if err != nil {
 		return p, err
@@ -767,7 +772,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 		fmt.Sprintf("tenants of the shipped saas template (111 relations), grown through pgtenant's pools and claims; columns are schema+database tenants; each step's %d claims per mode are of spares built for them (claimed 300 ms apart, through a daemon with the cluster's PgBouncer, once autovacuum is done with them, --settle, and the front door has their entries, as spares that waited in their pool have; a claim answers once PgBouncer has the tenant's entry), and those tenants are dropped and purged again (the purge row is the first's).", o.Claims),
 		"cold builds: after the claims, creates until the pool has no spare left, the first built from the template in a job timed through the API (the create waits for it); they are dropped and purged with the claimed ones.",
 		"backend memory: a server process's own (anonymous) memory, Pss_Anon of /proc/<pid>/smaps_rollup: its caches and work memory, not shared buffers; the pooled session read each table of one schema tenant in a transaction through PgBouncer, the superuser session the users table of every schema of the shared database, 100 a statement. Process RSS: VmRSS of the bench's process, which runs the daemon.",
-		"idle writes: /proc/<pid>/io write_bytes over the primary's postmaster and its children in the last idle window (bytes handed to the OS; PostgreSQL 15 keeps its statistics in shared memory, so seed 002's statistics-file storm has no file to write).",
+		"idle writes: /proc/<pid>/io write_bytes over the primary's postmaster and its children in the last idle window (bytes handed to the OS; PostgreSQL 15 keeps its statistics in shared memory, so seed 002's statistics-file storm has no file to write); the windows begin after a CHECKPOINT, so that what earlier work left dirty is not counted.",
 		"the collector's passes run with the daemon stopped, a collector of their own: the first round of sizes sizes every tenant (as after a restart), the passes after it only the tenants whose clients did something (none here) and those idle for metrics.idle_size_interval; the restart and crash rows end when the primary accepts connections again.",
 		fmt.Sprintf("idle WAL is measured with a daemon running again after the collector's round, in three windows of 10 s once no job is left and no autovacuum worker has worked on a table for autovacuum_naptime and 5 s, so that every database's turn came and what growth left is done (waited for %s at most, --settle; a figure after '>' is one where autovacuum still ran); the round's WAL has its own row: its first reads of the catalog rows growth and the rollout wrote set their hint bits, each page's image in the WAL once with data checksums on, which a daemon's collector does once over metrics.size_interval after such a change; the target is checked on the last window.", o.Settle),
 	}
