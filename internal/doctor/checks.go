@@ -571,7 +571,7 @@ const (
 func density(f Facts) Check {
 	s, d := f.Tenants[string(tenant.ModeSchema)], f.Tenants[string(tenant.ModeDatabase)]
 	c := Check{Name: "density", Why: "A cluster's tenants share its catalogs, files, WAL and checkpoints: a schema tenant of saas adds 159 " +
-		"pg_class and ~900 pg_attribute rows to its shared database, a database tenant ~300 files and its own catalogs. bench density " +
+		"pg_class and ~900 pg_attribute rows to its shared database, a database tenant ~470 files and its own catalogs. bench density " +
 		"measured a cluster up to 10,000 schema and 1,000 database tenants with claims, rollouts, the collector and reconcile within " +
 		"their targets; beyond that nothing was measured (docs/operations/capacity.md).",
 		Got:  fmt.Sprintf("%d schema tenants, %d database tenants", s, d),
