@@ -246,9 +246,35 @@ func (s *Stanza) Setup(ctx context.Context) error {
 	if s.created() {
 		return nil
 	}
-	_, err := s.run(ctx, "stanza-create")
-	return err
+	return s.createStanza(ctx)
 }
+
+// createStanza runs stanza-create, again while it finds the archive lock
+// taken (pgBackRest's error 50): a new cluster archives from its first
+// segments, and the archiver's async archive-push holds that lock for a
+// moment, even while its push fails for want of the stanza.
+func (s *Stanza) createStanza(ctx context.Context) error {
+	deadline := time.Now().Add(lockWait)
+	for {
+		_, err := s.run(ctx, "stanza-create")
+		var exit *exec.ExitError
+		if err == nil || !errors.As(err, &exit) || exit.ExitCode() != lockBusy || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// lockBusy is pgBackRest's exit code when a lock it needs is held
+// (LockAcquireError); lockWait is how long stanza-create waits for one.
+const (
+	lockBusy = 50
+	lockWait = 30 * time.Second
+)
 
 // created reports whether the repository holds the stanza (its archive
 // and backup info files, which stanza-create writes).

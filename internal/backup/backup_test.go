@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,5 +137,40 @@ func waitFor(t *testing.T, ctx context.Context, cond func() bool) {
 			t.Fatal("timed out waiting")
 		case <-time.After(200 * time.Millisecond):
 		}
+	}
+}
+
+// TestStanzaCreate_WaitsForTheArchiveLock: stanza-create takes the archive
+// lock, which the archiver's async archive-push holds for a moment (a new
+// cluster archives its first segments while up makes its stanza: up failed
+// on it once in CI). Held by another process for a second, the lock delays
+// the stanza's creation; it does not fail it.
+func TestStanzaCreate_WaitsForTheArchiveLock(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, st := backuptest.Cluster(t, ctx, 0)
+	path := filepath.Join(st.Dir, "lock", st.Name+"-archive.lock")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := os.Chmod(path, 0o666); err != nil { // pgBackRest opens it as the server's OS user
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	var released atomic.Int64
+	go func() {
+		time.Sleep(time.Second)
+		released.Store(time.Now().UnixNano())
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	}()
+	if err := st.CreateStanza(ctx); err != nil {
+		t.Fatalf("stanza-create with the archive lock held a second: %v", err)
+	}
+	if r := released.Load(); r == 0 || time.Now().UnixNano() < r {
+		t.Errorf("stanza-create succeeded while the archive lock was held: it did not take it")
 	}
 }

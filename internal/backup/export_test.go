@@ -1,0 +1,7 @@
+package backup
+
+import "context"
+
+// CreateStanza is createStanza, which Setup runs only for a stanza not
+// made yet.
+func (s *Stanza) CreateStanza(ctx context.Context) error { return s.createStanza(ctx) }
