@@ -334,7 +334,7 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
 	p.HeapBytes = mem.HeapInuse
-	if p.RSSBytes, err = procKB("/proc/self/status", "VmRSS:"); err != nil {
+	if p.RSSBytes, err = procValue("/proc/self/status", "VmRSS:"); err != nil {
 		return p, err
 	}
 
@@ -948,7 +948,7 @@ func pooledSessionMemory(ctx context.Context, dsn string) (int64, error) {
 	if err := tx.Commit(ctx); err != nil {
 		return 0, err
 	}
-	return procKB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss_Anon:")
+	return procValue(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss_Anon:")
 }
 
 // adminSessionMemory reads the users table of every schema of the shared
@@ -979,21 +979,27 @@ func adminSessionMemory(ctx context.Context, dsn string) (int64, int, error) {
 	if err := conn.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return 0, 0, err
 	}
-	mem, err := procKB(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss_Anon:")
+	mem, err := procValue(fmt.Sprintf("/proc/%d/smaps_rollup", pid), "Pss_Anon:")
 	return mem, len(tables), err
 }
 
-// procKB reads the line of a /proc file that starts with key (a figure in
-// kB: VmRSS in status, Pss_Anon in smaps_rollup), in bytes.
-func procKB(path, key string) (int64, error) {
+// procValue reads the figure on the line of a /proc file that starts with
+// key: write_bytes in io (bytes), VmRSS in status and Pss_Anon in
+// smaps_rollup (kB, returned in bytes).
+func procValue(path, key string) (int64, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, key); ok {
-			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return n << 10, err
+			v = strings.TrimSpace(v)
+			kB := strings.HasSuffix(v, " kB")
+			n, err := strconv.ParseInt(strings.TrimSuffix(v, " kB"), 10, 64)
+			if kB {
+				n <<= 10
+			}
+			return n, err
 		}
 	}
 	return 0, fmt.Errorf("%s: no %s line", path, key)

@@ -87,3 +87,18 @@ func TestDensityDisk(t *testing.T) {
 		t.Errorf("a run of 100 M database tenants: %v, want a refusal naming the flags", err)
 	}
 }
+
+// TestProcValue: the figures the bench reads from /proc, in bytes (kB
+// lines scaled, io's bytes as they are).
+func TestProcValue(t *testing.T) {
+	rss, err := procValue("/proc/self/status", "VmRSS:")
+	if err != nil || rss < 1<<20 {
+		t.Errorf("VmRSS of this process: %d, %v (want bytes, over 1 MB)", rss, err)
+	}
+	if _, err := procValue("/proc/self/io", "write_bytes:"); err != nil {
+		t.Errorf("write_bytes: %v", err)
+	}
+	if _, err := procValue("/proc/self/status", "NoSuchLine:"); err == nil {
+		t.Error("a missing line must be an error")
+	}
+}

@@ -3,7 +3,6 @@ package bench
 // `bench idle-io` (issue 8): what per-tenant metrics cost an idle fleet.
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -569,20 +568,10 @@ func statFields(stat string) []string {
 	return strings.Fields(stat[i+1:])
 }
 
+// ioWriteBytes is a process's write_bytes (0 when it cannot be read).
 func ioWriteBytes(pid int) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/io", pid))
-	if err != nil {
-		return 0
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "write_bytes: "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
+	n, _ := procValue(fmt.Sprintf("/proc/%d/io", pid), "write_bytes:")
+	return n
 }
 
 type selfStat struct {
