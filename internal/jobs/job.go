@@ -363,36 +363,70 @@ func SucceededSince(ctx context.Context, q Querier, cluster string, typ Type, si
 	return n, err
 }
 
-// TargetJobs is what the jobs table holds of one target: whether one of
+// historyQuery reads through jobs_target, jobs_args_into and jobs_data_into.
+const historyQuery = `SELECT x.id, bool_or(j.state IN ` + UnfinishedStates + `),
+	coalesce((array_agg(j.id ORDER BY j.id DESC) FILTER (WHERE j.type = $2 AND j.target = x.id))[1], 0),
+	coalesce((array_agg(j.state ORDER BY j.id DESC) FILTER (WHERE j.type = $2 AND j.target = x.id))[1], ''),
+	coalesce((array_agg(j.last_error ORDER BY j.id DESC) FILTER (WHERE j.type = $2 AND j.target = x.id))[1], '')
+	FROM jobs j CROSS JOIN LATERAL (VALUES (j.target), (j.args->>'into'), (j.data->>'into')) AS x(id)
+	WHERE j.target_kind = 'tenant' AND (j.target = ANY($1) OR j.args->>'into' = ANY($1) OR j.data->>'into' = ANY($1))
+	  AND x.id = ANY($1)
+	GROUP BY x.id`
+
+// atWorkQuery reads through jobs_unfinished.
+const atWorkQuery = `SELECT DISTINCT x.id FROM jobs j
+	CROSS JOIN LATERAL (VALUES (j.target), (CASE WHEN j.target_kind = 'tenant' THEN j.args->>'tenant' END),
+		(CASE WHEN j.target_kind = 'tenant' THEN j.args->>'into' END), (CASE WHEN j.target_kind = 'tenant' THEN j.data->>'into' END)) AS x(id)
+	WHERE j.state IN ` + UnfinishedStates + ` AND x.id <> ''`
+
+// AtWork is what the unfinished jobs work on: their targets (tenants,
+// templates, clusters), and the tenants a tenant job names besides its
+// target (History's). It reads those jobs only, not the history.
+func AtWork(ctx context.Context, q Querier) (map[string]bool, error) {
+	rows, err := q.Query(ctx, atWorkQuery)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, err
+}
+
+// TenantJobs is what the jobs table holds of one tenant: whether one of
 // its jobs is unfinished, and its newest job of one type.
-type TargetJobs struct {
+type TenantJobs struct {
 	Active    bool
-	Last      int64 // id of the newest job of the type; 0 if none
+	Last      int64 // id of the newest job of the type that targets it; 0 if none
 	LastState State
 	LastError string
 }
 
-// Targets summarises the jobs of every target (jobs without a target left
-// out), the newest job of type typ included: reconcile tells by it what
-// pgtenant ever had a job for.
-func Targets(ctx context.Context, q Querier, typ Type) (map[string]TargetJobs, error) {
-	rows, err := q.Query(ctx, `SELECT target, bool_or(state IN `+UnfinishedStates+`),
-		       coalesce((array_agg(id ORDER BY id DESC) FILTER (WHERE type = $1))[1], 0),
-		       coalesce((array_agg(state ORDER BY id DESC) FILTER (WHERE type = $1))[1], ''),
-		       coalesce((array_agg(last_error ORDER BY id DESC) FILTER (WHERE type = $1))[1], '')
-		FROM jobs WHERE target <> '' GROUP BY target`, typ)
+// History summarises the jobs that name each of ids, tenants that have at
+// least one (reconcile tells by it what pgtenant ever had a job for): as
+// their target (a tenant job's args.tenant is its target), or as the new
+// tenant of a fork or an import (args.into) or a rewind's copy
+// (data.into), with the newest job of type typ that targets it. It reads
+// those tenants' jobs only, through indexes, not the whole history.
+func History(ctx context.Context, q Querier, typ Type, ids []string) (map[string]TenantJobs, error) {
+	out := map[string]TenantJobs{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, historyQuery, ids, typ)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	out := map[string]TargetJobs{}
 	for rows.Next() {
-		var target string
-		var t TargetJobs
-		if err := rows.Scan(&target, &t.Active, &t.Last, &t.LastState, &t.LastError); err != nil {
+		var id string
+		var t TenantJobs
+		if err := rows.Scan(&id, &t.Active, &t.Last, &t.LastState, &t.LastError); err != nil {
 			return nil, err
 		}
-		out[target] = t
+		out[id] = t
 	}
 	return out, rows.Err()
 }
