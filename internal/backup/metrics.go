@@ -73,6 +73,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				gauge(c.age, now.Sub(b.Stop).Seconds(), n, typ)
 			}
 		}
+		if !c.answered(n) {
+			continue
+		}
 		a, err := c.s.Archiver(ctx, n)
 		if err != nil {
 			continue // the primary is down: the cluster collector says so
@@ -83,6 +86,21 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(c.lag, float64(lag), n)
 		}
 	}
+}
+
+// answered says whether the cluster's primary answered its last probe
+// (or was not probed yet): a scrape does not wait on one that did not, on
+// each of a fleet's clusters down (the cluster collector says so).
+func (c *Collector) answered(name string) bool {
+	if c.s.Clusters == nil {
+		return true // Archiver says why it cannot read
+	}
+	cl, err := c.s.Clusters.Get(name)
+	if err != nil {
+		return false
+	}
+	_, err = cl.LastProbeResult()
+	return err == nil
 }
 
 func b2f(b bool) float64 {

@@ -1,6 +1,7 @@
 package provision
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ type placement struct {
 	fleet     *Fleet
 	at        time.Time
 	reloading bool
+	ttl       time.Duration // placementTTL when 0
 }
 
 const placementTTL = 10 * time.Second
@@ -182,7 +184,7 @@ func (s *Service) place(ctx context.Context, name, tier string, pins []string) (
 			return nil, err
 		}
 		p.fleet, p.at = f, time.Now()
-	case time.Since(p.at) > placementTTL && !p.reloading:
+	case time.Since(p.at) > cmp.Or(p.ttl, placementTTL) && !p.reloading:
 		p.reloading = true
 		go s.reloadFleet(context.WithoutCancel(ctx))
 	}
