@@ -5,3 +5,6 @@ const (
 	HistoryQuery = historyQuery
 	AtWorkQuery  = atWorkQuery
 )
+
+// ListQuery is List's statement for f.
+func ListQuery(f Filter) (string, []any) { return listQuery(f) }
