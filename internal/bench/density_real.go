@@ -726,7 +726,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 		return fmt.Sprintf("%s (%.0f tenants/s)", ms(p.Rollout.NoOp), float64(p.Schema+p.Database)/p.Rollout.NoOp.Seconds())
 	})
 	row("rollout: peak standby replay lag", func(p DensityRealPoint) string { return kb(p.Rollout.Cost.PeakLagBytes) })
-	row("reconcile of the cluster", d(func(p DensityRealPoint) time.Duration { return p.Reconcile }))
+	row(fmt.Sprintf("reconcile of the cluster, p50 of %d", reconciles), d(func(p DensityRealPoint) time.Duration { return p.Reconcile }))
 	row("reconcile findings", n(func(p DensityRealPoint) int64 { return int64(p.ReconcileFindings) }))
 	row("API show p95", d(func(p DensityRealPoint) time.Duration { return p.ShowP95 }))
 	row("API list (page of 100) p95", d(func(p DensityRealPoint) time.Duration { return p.ListP95 }))
