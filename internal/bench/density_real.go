@@ -94,6 +94,7 @@ type DensityRealPoint struct {
 	IdleImages       int64         `json:"idle_page_images"`                       // and in the last
 	IdleWritesPerSec float64       `json:"idle_write_bytes_per_second"`            // the primary's processes, the last window (/proc/<pid>/io)
 	IdleWALWhat      string        `json:"idle_wal_what"`                          // the last window's WAL by kind of record and database (pg_waldump)
+	IdleWriters      string        `json:"idle_writers"`                           // the last window's writes by process (treeWriters), the largest first
 	// IdleSettle is how long autovacuum kept working after growth
 	// before the idle WAL was measured (Settle at most).
 	IdleSettle    time.Duration `json:"idle_settle"`
@@ -427,12 +428,12 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 		if from, err = walNow(ctx, admin); err != nil {
 			return p, err
 		}
-		w := treeSample(primary).write
+		w, by := treeSample(primary).write, treeWriters(primary)
 		time.Sleep(10 * time.Second)
 		if windows[i], err = walNow(ctx, admin); err != nil {
 			return p, err
 		}
-		written = treeSample(primary).write - w
+		written, p.IdleWriters = treeSample(primary).write-w, topWriters(by, treeWriters(primary), 3)
 		windows[i].bytes, windows[i].images = windows[i].bytes-from.bytes, windows[i].images-from.images
 	}
 	first, last := windows[0], windows[len(windows)-1]
@@ -780,7 +781,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 		t.Notes = append(t.Notes, fmt.Sprintf("with --backup the cluster archives its WAL (pgBackRest, async): archive_timeout (%s) ends a segment that has any WAL in it, and the rest of that segment (up to 16 MB, XLOG/SWITCH in the WAL notes) counts in the window it falls in; the two full backups of a step run one after the other, from the standby (the bundled one first, so that the other's reads are not the colder), with a stanza as up makes it otherwise (one process, lz4).", fleet.ArchiveTimeout))
 	}
 	for _, p := range ps {
-		t.Notes = append(t.Notes, fmt.Sprintf("WAL at %d+%d by kind of record and database (pg_waldump): the collector's first round %s; idle, the last window %s", p.Schema, p.Database, p.RoundWALWhat, p.IdleWALWhat))
+		t.Notes = append(t.Notes, fmt.Sprintf("WAL at %d+%d by kind of record and database (pg_waldump): the collector's first round %s; idle, the last window %s; its writes by process: %s", p.Schema, p.Database, p.RoundWALWhat, p.IdleWALWhat, p.IdleWriters))
 	}
 	if len(ps) > 0 {
 		l := ps[len(ps)-1]

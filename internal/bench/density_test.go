@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -100,5 +101,31 @@ func TestProcValue(t *testing.T) {
 	}
 	if _, err := procValue("/proc/self/status", "NoSuchLine:"); err == nil {
 		t.Error("a missing line must be an error")
+	}
+}
+
+// TestWriters: the idle window's writes are named by process, the
+// largest first, from /proc/<pid>/cmdline as PostgreSQL sets it.
+func TestWriters(t *testing.T) {
+	for cmd, want := range map[string]string{
+		"postgres: checkpointer ":                                 "checkpointer",
+		"postgres: autovacuum worker pgt_shared_saas":             "autovacuum worker",
+		"postgres: pgtenant pgt_shared_saas 127.0.0.1(4242) idle": "pgtenant pgt_shared_saas",
+		"/usr/bin/python3\x00-m\x00x":                             "other",
+	} {
+		if got := writerName(cmd, false); got != want {
+			t.Errorf("writerName(%q) = %q, want %q", cmd, got, want)
+		}
+	}
+	before := map[string]int64{"checkpointer": 10, "walwriter": 5, "pgtenant pgtenant": 0}
+	after := map[string]int64{"checkpointer": 10, "walwriter": 2053, "pgtenant pgtenant": 40960, "autovacuum worker": 1024}
+	if got, want := topWriters(before, after, 2), "pgtenant pgtenant 40.0 KB, walwriter 2048 B"; got != want {
+		t.Errorf("topWriters = %q, want %q", got, want)
+	}
+	if got := topWriters(after, after, 3); got != "nothing written" {
+		t.Errorf("topWriters of no change = %q", got)
+	}
+	if w := treeWriters(os.Getpid()); len(w) == 0 {
+		t.Error("treeWriters of this process: nothing")
 	}
 }

@@ -531,6 +531,23 @@ func treeSample(pid int) procSample {
 	if pid == 0 {
 		return s
 	}
+	for _, p := range tree(pid) {
+		s.write += ioWriteBytes(p)
+		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p)); err == nil {
+			// Fields after the command: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
+			if f := statFields(string(st)); len(f) > 14 {
+				for _, i := range []int{11, 12, 13, 14} {
+					v, _ := strconv.ParseInt(f[i], 10, 64)
+					s.ticks += v
+				}
+			}
+		}
+	}
+	return s
+}
+
+// tree is a process and its children.
+func tree(pid int) []int {
 	entries, _ := os.ReadDir("/proc")
 	pids := []int{pid}
 	for _, e := range entries {
@@ -544,19 +561,66 @@ func treeSample(pid int) procSample {
 			}
 		}
 	}
-	for _, p := range pids {
-		s.write += ioWriteBytes(p)
-		if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p)); err == nil {
-			// Fields after the command: state(0) ppid(1) … utime(11) stime(12) cutime(13) cstime(14).
-			if f := statFields(string(st)); len(f) > 14 {
-				for _, i := range []int{11, 12, 13, 14} {
-					v, _ := strconv.ParseInt(f[i], 10, 64)
-					s.ticks += v
-				}
-			}
+	return pids
+}
+
+// treeWriters is write_bytes of a postmaster's processes by what each is
+// (writerName): which of them write while the fleet is idle.
+func treeWriters(pid int) map[string]int64 {
+	out := map[string]int64{}
+	if pid == 0 {
+		return out
+	}
+	for _, p := range tree(pid) {
+		cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		out[writerName(string(cmd), p == pid)] += ioWriteBytes(p)
+	}
+	return out
+}
+
+// writerName is what a PostgreSQL process is, from its command line: its
+// type ("checkpointer", "autovacuum worker") or a backend's user and
+// database ("pgtenant pgt_shared_saas"); the postmaster's own counter
+// holds its children that exited.
+func writerName(cmdline string, postmaster bool) string {
+	if postmaster {
+		return "postmaster (and the children that exited)"
+	}
+	rest, ok := strings.CutPrefix(strings.TrimRight(strings.ReplaceAll(cmdline, "\x00", " "), " "), "postgres: ")
+	if !ok {
+		return "other"
+	}
+	f := strings.Fields(rest)
+	if len(f) > 2 {
+		f = f[:2]
+	}
+	return strings.Join(f, " ")
+}
+
+// topWriters names the largest of the writes between two treeWriters
+// samples, n at most: "autovacuum worker 1.2 MB, checkpointer 300 KB".
+func topWriters(before, after map[string]int64, n int) string {
+	type w struct {
+		name  string
+		bytes int64
+	}
+	var ws []w
+	for name, b := range after {
+		if d := b - before[name]; d > 0 {
+			ws = append(ws, w{name, d})
 		}
 	}
-	return s
+	sort.Slice(ws, func(i, j int) bool {
+		return ws[i].bytes > ws[j].bytes || ws[i].bytes == ws[j].bytes && ws[i].name < ws[j].name
+	})
+	var parts []string
+	for _, x := range ws[:min(n, len(ws))] {
+		parts = append(parts, x.name+" "+kb(x.bytes))
+	}
+	if len(parts) == 0 {
+		return "nothing written"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // statFields are the fields of /proc/<pid>/stat after "(comm)".
