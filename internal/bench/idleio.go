@@ -580,7 +580,8 @@ func treeWriters(pid int) map[string]int64 {
 
 // writerName is what a PostgreSQL process is, from its command line: its
 // type ("checkpointer", "autovacuum worker") or a backend's user and
-// database ("pgtenant pgt_shared_saas"); the postmaster's own counter
+// database ("pgtenant pgt_shared_saas"), after the cluster_name that
+// PostgreSQL puts first when it is set; the postmaster's own counter
 // holds its children that exited.
 func writerName(cmdline string, postmaster bool) string {
 	if postmaster {
@@ -589,6 +590,9 @@ func writerName(cmdline string, postmaster bool) string {
 	rest, ok := strings.CutPrefix(strings.TrimRight(strings.ReplaceAll(cmdline, "\x00", " "), " "), "postgres: ")
 	if !ok {
 		return "other"
+	}
+	if i := strings.Index(rest, ": "); i >= 0 {
+		rest = rest[i+2:] // "<cluster_name>: " first when cluster_name is set
 	}
 	f := strings.Fields(rest)
 	if len(f) > 2 {
