@@ -108,10 +108,12 @@ func TestProcValue(t *testing.T) {
 // largest first, from /proc/<pid>/cmdline as PostgreSQL sets it.
 func TestWriters(t *testing.T) {
 	for cmd, want := range map[string]string{
-		"postgres: checkpointer ":                                 "checkpointer",
-		"postgres: autovacuum worker pgt_shared_saas":             "autovacuum worker",
-		"postgres: pgtenant pgt_shared_saas 127.0.0.1(4242) idle": "pgtenant pgt_shared_saas",
-		"/usr/bin/python3\x00-m\x00x":                             "other",
+		"postgres: checkpointer ":                                   "checkpointer",
+		"postgres: autovacuum worker pgt_shared_saas":               "autovacuum worker",
+		"postgres: pgtenant pgt_shared_saas 127.0.0.1(4242) idle":   "pgtenant pgt_shared_saas",
+		"/usr/bin/python3\x00-m\x00x":                               "other",
+		"postgres: density/primary: pgtenant pgtenant [local] idle": "pgtenant pgtenant",
+		"postgres: density/primary: checkpointer ":                  "checkpointer",
 	} {
 		if got := writerName(cmd, false); got != want {
 			t.Errorf("writerName(%q) = %q, want %q", cmd, got, want)
