@@ -636,10 +636,15 @@ func statFields(stat string) []string {
 	return strings.Fields(stat[i+1:])
 }
 
-// ioWriteBytes is a process's write_bytes (0 when it cannot be read).
+// ioWriteBytes is what a process wrote that reaches storage: its
+// write_bytes less its cancelled_write_bytes, the pages of files it
+// truncated or deleted before they were written back, such as a query's
+// temp files (0 when they cannot be read).
 func ioWriteBytes(pid int) int64 {
-	n, _ := procValue(fmt.Sprintf("/proc/%d/io", pid), "write_bytes:")
-	return n
+	path := fmt.Sprintf("/proc/%d/io", pid)
+	n, _ := procValue(path, "write_bytes:")
+	cancelled, _ := procValue(path, "cancelled_write_bytes:")
+	return n - cancelled
 }
 
 type selfStat struct {
