@@ -71,7 +71,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		// each (199 refused connections were ~450 ms of every scrape in
 		// bench density's simulated fleet; a host that drops packets
 		// would take the whole timeout). The cluster collector says it is down.
-		if _, err := cl.LastProbeResult(); err != nil {
+		if !cl.Answering() {
 			continue
 		}
 		admin, err := cl.Admin(ctx)

@@ -96,11 +96,7 @@ func (c *Collector) answered(name string) bool {
 		return true // Archiver says why it cannot read
 	}
 	cl, err := c.s.Clusters.Get(name)
-	if err != nil {
-		return false
-	}
-	_, err = cl.LastProbeResult()
-	return err == nil
+	return err == nil && cl.Answering()
 }
 
 func b2f(b bool) float64 {

@@ -428,12 +428,13 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 		if from, err = walNow(ctx, admin); err != nil {
 			return p, err
 		}
-		w, by := treeSample(primary).write, treeWriters(primary)
+		before := treeWriters(primary)
 		time.Sleep(10 * time.Second)
 		if windows[i], err = walNow(ctx, admin); err != nil {
 			return p, err
 		}
-		written, p.IdleWriters = treeSample(primary).write-w, topWriters(by, treeWriters(primary), 3)
+		after := treeWriters(primary)
+		written, p.IdleWriters = total(after)-total(before), topWriters(before, after, 3)
 		windows[i].bytes, windows[i].images = windows[i].bytes-from.bytes, windows[i].images-from.images
 	}
 	first, last := windows[0], windows[len(windows)-1]

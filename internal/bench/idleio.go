@@ -601,6 +601,15 @@ func writerName(cmdline string, postmaster bool) string {
 	return strings.Join(f, " ")
 }
 
+// total is what treeWriters counted over all processes.
+func total(by map[string]int64) int64 {
+	var n int64
+	for _, b := range by {
+		n += b
+	}
+	return n
+}
+
 // topWriters names the largest of the writes between two treeWriters
 // samples, n at most: "autovacuum worker 1.2 MB, checkpointer 300 KB".
 func topWriters(before, after map[string]int64, n int) string {

@@ -144,6 +144,14 @@ func (c *Cluster) LastProbeResult() (Health, error) {
 	return c.lastProbe, c.lastErr
 }
 
+// Answering says whether the cluster's last probe succeeded, or none has
+// run yet: work that can pass over a cluster that is down (a scrape,
+// placement) does not wait on one that did not answer.
+func (c *Cluster) Answering() bool {
+	_, err := c.LastProbeResult()
+	return err == nil
+}
+
 // Monitor probes every cluster of a registry periodically so that metrics and
 // the console read fresh health without touching the clusters themselves.
 type Monitor struct {

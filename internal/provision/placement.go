@@ -236,7 +236,7 @@ func (s *Service) reloadFleet(ctx context.Context) {
 func (s *Service) down() []string {
 	out := s.Poolers.Down()
 	for _, cl := range s.Clusters.All() {
-		if _, err := cl.LastProbeResult(); err != nil {
+		if !cl.Answering() {
 			out = append(out, cl.Name())
 		}
 	}
