@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"sync"
 	"time"
 
@@ -86,6 +87,9 @@ type Stanza struct {
 	cluster     string
 	scratchRoot string
 	repoPath    string
+	// infoRuns counts its `info` commands; changes its other commands
+	// (backups, expires, stanza changes), after which a cached info is stale.
+	infoRuns, changes atomic.Int64
 }
 
 // Node is one server pgBackRest reads: its data dir and port.
@@ -355,6 +359,11 @@ func (s *Stanza) runLines(ctx context.Context, onLine func(string), args ...stri
 	all := append([]string{"--config=" + s.ConfigPath(), "--stanza=" + s.Name}, s.externalArgs()...)
 	all = append(all, args...)
 	cmd := s.user.Command(s.Program, all...)
+	if args[len(args)-1] == "info" {
+		s.infoRuns.Add(1)
+	} else {
+		defer s.changes.Add(1)
+	}
 	if s.External {
 		// pgBackRest reaches the servers as the operator's config says
 		// (pg1-socket-path, pg1-port, pg1-user, pg1-host), with the OS

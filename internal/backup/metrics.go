@@ -2,19 +2,24 @@ package backup
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 )
 
 // Collector exports each backed-up cluster's backups on /metrics: the age
 // of its newest backup of each type, the archive lag, the repository's
-// size and whether archiving is failing. Each scrape runs `pgbackrest
-// info` and one query on the primary per cluster; the repository's size
-// is walked at most once a minute.
+// size and whether archiving is failing. Each scrape runs one query on
+// the primary per cluster and reads `pgbackrest info` at most once per
+// infoTTL (at once after this daemon changed the repository), infoParallel
+// clusters at a time; the repository's size is walked at most once a
+// minute.
 type Collector struct {
 	s     *Service
 	sizes sizeCache
+	infos infoCache
 
 	up, age, lag, failing, failures, size, running *prometheus.Desc
 }
@@ -56,36 +61,84 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
 	now := time.Now()
+	var g errgroup.Group
+	g.SetLimit(infoParallel)
 	for _, n := range c.s.clusters() {
-		st := c.s.Stanzas[n]
-		info, err := st.Info(ctx)
-		if err != nil {
-			gauge(c.up, 0, n)
-			continue
-		}
-		gauge(c.up, 1, n)
-		if size, err := c.sizes.get(st, info); err == nil {
-			gauge(c.size, float64(size), n)
-		}
-		gauge(c.running, b2f(info.Running), n)
-		for _, typ := range []string{Full, Diff, Incr} {
-			if b := newest(info, typ); b != nil {
-				gauge(c.age, now.Sub(b.Stop).Seconds(), n, typ)
+		g.Go(func() error {
+			st := c.s.Stanzas[n]
+			info, err := c.infos.get(ctx, st)
+			if err != nil {
+				gauge(c.up, 0, n)
+				return nil
 			}
-		}
-		if !c.answered(n) {
-			continue
-		}
-		a, err := c.s.Archiver(ctx, n)
-		if err != nil {
-			continue // the primary is down: the cluster collector says so
-		}
-		gauge(c.failing, b2f(a.Failing()), n)
-		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(a.FailedCount), n)
-		if lag, ok := ArchiveLag(info, a); ok {
-			gauge(c.lag, float64(lag), n)
-		}
+			gauge(c.up, 1, n)
+			if size, err := c.sizes.get(st, info); err == nil {
+				gauge(c.size, float64(size), n)
+			}
+			gauge(c.running, b2f(info.Running), n)
+			for _, typ := range []string{Full, Diff, Incr} {
+				if b := newest(info, typ); b != nil {
+					gauge(c.age, now.Sub(b.Stop).Seconds(), n, typ)
+				}
+			}
+			if !c.answered(n) {
+				return nil
+			}
+			a, err := c.s.Archiver(ctx, n)
+			if err != nil {
+				return nil // the primary is down: the cluster collector says so
+			}
+			gauge(c.failing, b2f(a.Failing()), n)
+			ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(a.FailedCount), n)
+			if lag, ok := ArchiveLag(info, a); ok {
+				gauge(c.lag, float64(lag), n)
+			}
+			return nil
+		})
 	}
+	_ = g.Wait()
+}
+
+const (
+	// infoTTL is how old the pgbackrest info behind a scrape may be. Each
+	// read runs a process (20–30 ms): a daemon backing up 200 clusters
+	// would otherwise spend seconds of every scrape on them.
+	infoTTL = 15 * time.Second
+	// infoParallel is how many clusters a scrape reads at once.
+	infoParallel = 4
+)
+
+// infoCache keeps each stanza's info for infoTTL, or until the stanza ran
+// another command than info (a backup, an expire) in this daemon.
+// Another daemon's backup shows within infoTTL.
+type infoCache struct {
+	mu sync.Mutex
+	m  map[*Stanza]infoAt
+}
+
+type infoAt struct {
+	info    Info
+	err     error
+	at      time.Time
+	changes int64
+}
+
+func (c *infoCache) get(ctx context.Context, st *Stanza) (Info, error) {
+	changes := st.changes.Load()
+	c.mu.Lock()
+	v, ok := c.m[st]
+	c.mu.Unlock()
+	if ok && time.Since(v.at) < infoTTL && v.changes == changes {
+		return v.info, v.err
+	}
+	info, err := st.Info(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[*Stanza]infoAt{}
+	}
+	c.m[st] = infoAt{info: info, err: err, at: time.Now(), changes: changes}
+	return info, err
 }
 
 // answered says whether the cluster's primary answered its last probe

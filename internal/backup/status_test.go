@@ -152,11 +152,17 @@ func TestBackup_MetricsDoctorRetention(t *testing.T) {
 	c := map[string]string{"cluster": name}
 
 	// No backup yet.
+	runs := st.InfoRuns()
 	if v, ok := metric(t, reg, "pgtenant_backup_up", c); !ok || v != 1 {
 		t.Errorf("pgtenant_backup_up = %v (%v), want 1", v, ok)
 	}
 	if _, ok := metric(t, reg, "pgtenant_backup_last_age_seconds", c); ok {
 		t.Error("pgtenant_backup_last_age_seconds before any backup: want no series")
+	}
+	// The second scrape read no pgbackrest info: it is read once per
+	// infoTTL, or after a command of this daemon's changed the repository.
+	if n := st.InfoRuns() - runs; n != 1 {
+		t.Errorf("two scrapes ran pgbackrest info %d times, want once", n)
 	}
 	if got := doctorCheck(t, ctx, doc, name, "backup_age"); got.Status != doctor.Warn || !strings.Contains(got.Got, "no backup") || got.Fix == "" {
 		t.Errorf("backup_age check before any backup = %+v, want a warning that there is none, with the fix", got)
@@ -195,8 +201,12 @@ func TestBackup_MetricsDoctorRetention(t *testing.T) {
 		info, err := st.Info(ctx)
 		return err == nil && info.ArchiveMax >= seg
 	})
+	runs = st.InfoRuns()
 	if v, ok := metric(t, reg, "pgtenant_backup_last_age_seconds", map[string]string{"cluster": name, "type": "full"}); !ok || v < 0 || v > 120 {
-		t.Errorf("age of the full backup = %v (%v), want 0..120 s", v, ok)
+		t.Errorf("age of the full backup = %v (%v), want 0..120 s (the backup did not make the scrape read pgbackrest info again)", v, ok)
+	}
+	if n := st.InfoRuns() - runs; n != 1 {
+		t.Errorf("the scrape after the backup ran pgbackrest info %d times, want once", n)
 	}
 	if v, ok := metric(t, reg, "pgtenant_backup_repository_size_bytes", c); !ok || v < 1<<20 {
 		t.Errorf("repository size = %v (%v), want at least a backup's MB", v, ok)

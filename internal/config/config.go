@@ -358,6 +358,9 @@ type JobsConfig struct {
 	MaxAttempts int      `yaml:"max_attempts"` // then the job ends failed
 	Backoff     Duration `yaml:"backoff"`      // first retry delay, doubled each attempt
 	MaxBackoff  Duration `yaml:"max_backoff"`
+	// Retention: finished jobs (succeeded, failed, cancelled) older than
+	// this are deleted, with their step records; 0 keeps them for ever.
+	Retention Duration `yaml:"retention"`
 }
 
 // Tier is a set of limits applied to a tenant's role. The timeouts and
@@ -611,6 +614,7 @@ func Default() Config {
 			MaxAttempts: 5,
 			Backoff:     Duration(time.Second),
 			MaxBackoff:  Duration(time.Minute),
+			Retention:   Duration(30 * 24 * time.Hour),
 		},
 		Tiers: map[string]Tier{
 			"default": {ConnectionLimit: 10, StatementTimeout: Duration(30 * time.Second),
@@ -849,6 +853,9 @@ func (c Config) Validate() error {
 	}
 	if c.Jobs.MaxAttempts < 1 {
 		bad("jobs.max_attempts", "must be at least 1")
+	}
+	if r := c.Jobs.Retention.D(); r < 0 || (r > 0 && r < 24*time.Hour) {
+		bad("jobs.retention", "must be 0 (keep finished jobs for ever) or at least 24h (the doctor counts a day of them)")
 	}
 	for name, t := range c.Tiers {
 		f := "tiers." + name

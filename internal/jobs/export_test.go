@@ -4,6 +4,7 @@ package jobs
 const (
 	HistoryQuery = historyQuery
 	AtWorkQuery  = atWorkQuery
+	PruneQuery   = pruneQuery
 )
 
 // ListQuery is List's statement for f.

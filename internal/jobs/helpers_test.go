@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,6 +156,30 @@ func (h *harness) execs(t *testing.T, id int64) []string {
 		t.Fatal(err)
 	}
 	return got
+}
+
+// genericPlan is EXPLAIN of sql as a generic plan, the one pgx's
+// statement cache gets after five runs.
+func (h *harness) genericPlan(t *testing.T, sql string, args ...any) string {
+	t.Helper()
+	ctx := testCtx(t)
+	tx, err := h.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // count runs a query returning one integer.

@@ -117,6 +117,10 @@ type Querier = catalog.Querier
 // (Finished's complement), for queries on the jobs table.
 const UnfinishedStates = `('queued', 'running', 'waiting', 'paused')`
 
+// finishedStates is the SQL list of the states of a finished job
+// (Finished's), as jobs_finished's predicate spells it.
+const finishedStates = `('succeeded', 'failed', 'cancelled')`
+
 // ErrNotFound is returned for an unknown job id.
 var ErrNotFound = errors.New("job not found")
 
@@ -187,7 +191,7 @@ func Enqueue(ctx context.Context, q Querier, s Spec, defaultAttempts int) (Job, 
 func Get(ctx context.Context, q Querier, id int64) (Job, error) {
 	j, err := scanJob(q.QueryRow(ctx, `SELECT `+jobColumns+` FROM jobs WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Job{}, fmt.Errorf("job %d: %w", id, ErrNotFound)
+		return Job{}, fmt.Errorf("job %d: %w (finished jobs are deleted after jobs.retention)", id, ErrNotFound)
 	}
 	if err != nil {
 		return Job{}, err
@@ -391,6 +395,20 @@ func SucceededSince(ctx context.Context, q Querier, cluster string, typ Type, si
 	err := q.QueryRow(ctx, `SELECT count(*) FROM jobs WHERE cluster = $1 AND type = $2 AND state = 'succeeded'
 		AND finished_at >= $3`, cluster, typ, since).Scan(&n)
 	return n, err
+}
+
+// pruneQuery finds its jobs through jobs_finished and deletes them by id
+// (an array, so that no plan joins them with the whole table); rows
+// another daemon is deleting are skipped, not waited for.
+const pruneQuery = `DELETE FROM jobs WHERE id = ANY (ARRAY (SELECT id FROM jobs WHERE state IN ` + finishedStates + `
+	AND finished_at < $1 ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED))`
+
+// Prune deletes up to batch jobs that finished before a time, oldest
+// first, with their step records, and returns how many it deleted. An
+// unfinished job is never deleted, however old.
+func Prune(ctx context.Context, q Querier, before time.Time, batch int) (int64, error) {
+	tag, err := q.Exec(ctx, pruneQuery, before, batch)
+	return tag.RowsAffected(), err
 }
 
 // historyQuery reads through jobs_target, jobs_args_into and jobs_data_into.

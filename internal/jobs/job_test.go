@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgtenant/pgtenant/internal/jobs"
 )
 
@@ -127,30 +125,74 @@ func TestJobReads_ReadTheirJobsOnly(t *testing.T) {
 		"List of the active moves": {active, activeArgs},
 		"List of a tenant's purge": {last, lastArgs},
 	} {
-		// A generic plan, as pgx's statement cache gets after five runs.
-		tx, err := h.pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, "SET LOCAL plan_cache_mode = force_generic_plan"); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := tx.Query(ctx, "EXPLAIN "+q.sql, q.args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		tx.Rollback(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan := strings.Join(lines, "\n")
-		if strings.Contains(plan, "Seq Scan on jobs") || strings.Contains(plan, "jobs_pkey") || !strings.Contains(plan, "Index") {
+		if plan := h.genericPlan(t, q.sql, q.args...); strings.Contains(plan, "Seq Scan on jobs") || strings.Contains(plan, "jobs_pkey") || !strings.Contains(plan, "Index") {
 			t.Errorf("%s scans the jobs:\n%s", name, plan)
 		}
+	}
+	// Prune deletes by id, but finds what to delete through jobs_finished.
+	if plan := h.genericPlan(t, jobs.PruneQuery, time.Now(), 1000); strings.Contains(plan, "Seq Scan on jobs") || !strings.Contains(plan, "jobs_finished") {
+		t.Errorf("Prune scans the jobs:\n%s", plan)
 	}
 	got, err := jobs.History(ctx, h.pool, "tenant.purge", []string{"a7", "b8", "c9", "zz"})
 	if err != nil || len(got) != 3 {
 		t.Errorf("History(a7, b8, c9, zz) = %+v, %v: want a7, b8 and c9", got, err)
+	}
+}
+
+// TestPrune_DeletesFinishedJobsPastRetention: the jobs that finished
+// before the cut are deleted oldest first, a batch at a time, with their
+// step records; unfinished jobs stay however old, and so do the recent
+// ones. A daemon's runner prunes when it starts.
+func TestPrune_DeletesFinishedJobsPastRetention(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	aged := func(state jobs.State, finishedDaysAgo int) int64 {
+		t.Helper()
+		j := h.enqueue(t, jobs.Spec{Type: "warm", TargetKind: "tenant", Target: "t1"})
+		if _, err := h.pool.Exec(ctx, `UPDATE jobs SET state = $2, created_at = now() - interval '60 days',
+			finished_at = CASE WHEN $3::int > 0 THEN now() - make_interval(days => $3::int) END WHERE id = $1`,
+			j.ID, state, finishedDaysAgo); err != nil {
+			t.Fatal(err)
+		}
+		return j.ID
+	}
+	stepped := aged(jobs.Succeeded, 40)
+	if _, err := h.pool.Exec(ctx, `INSERT INTO job_steps (job_id, step, worker, attempt, started_at) VALUES ($1, 's', 'w', 1, now())`, stepped); err != nil {
+		t.Fatal(err)
+	}
+	aged(jobs.Failed, 39)
+	aged(jobs.Cancelled, 38)
+	paused := aged(jobs.Paused, 0)
+	queued := aged(jobs.Queued, 0)
+	recent := aged(jobs.Succeeded, 1)
+
+	cut := time.Now().Add(-30 * 24 * time.Hour)
+	for i, want := range []int64{2, 1, 0} {
+		if n, err := jobs.Prune(ctx, h.pool, cut, 2); err != nil || n != want {
+			t.Fatalf("Prune #%d = %d, %v; want %d", i+1, n, err, want)
+		}
+		if i == 0 && h.count(t, `SELECT count(*) FROM jobs WHERE id = $1`, stepped) != 0 {
+			t.Errorf("the first batch kept the oldest job %d", stepped)
+		}
+	}
+	if n := h.count(t, `SELECT count(*) FROM job_steps WHERE job_id = $1`, stepped); n != 0 {
+		t.Errorf("%d step records of a deleted job remain", n)
+	}
+	left := h.count(t, `SELECT count(*) FROM jobs WHERE id IN ($1, $2, $3)`, paused, queued, recent)
+	if all := h.count(t, `SELECT count(*) FROM jobs`); left != 3 || all != 3 {
+		t.Errorf("%d jobs left, %d of them the unfinished and the recent one: want those 3 only", all, left)
+	}
+
+	old := aged(jobs.Succeeded, 31)
+	h.startDaemon(t, 1, func(string) map[string]jobs.Handler { return nil })
+	deadline := time.Now().Add(30 * time.Second)
+	for h.count(t, `SELECT count(*) FROM jobs WHERE id = $1`, old) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the runner did not delete job %d, finished 31 days ago (jobs.retention %s)", old, h.jobsCfg.Retention)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := h.count(t, `SELECT count(*) FROM jobs`); n != 3 {
+		t.Errorf("the runner left %d jobs, want 3", n)
 	}
 }

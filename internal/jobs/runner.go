@@ -59,6 +59,7 @@ type Runner struct {
 
 	finished *prometheus.CounterVec
 	stepTime *prometheus.HistogramVec
+	pruned   prometheus.Counter
 }
 
 // cancelledMsg ends a cancelled job.
@@ -88,9 +89,12 @@ func NewRunner(pool *pgxpool.Pool, cfg config.JobsConfig, pacer *Pacer, logger *
 			Name: "pgtenant_job_step_duration_seconds", Help: "Duration of completed job steps.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 4, 10),
 		}, []string{"type", "step"}),
+		pruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pgtenant_jobs_pruned_total", Help: "Finished jobs this daemon deleted past jobs.retention.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(r.finished, r.stepTime)
+		reg.MustRegister(r.finished, r.stepTime, r.pruned)
 	}
 	return r
 }
@@ -208,14 +212,22 @@ func (e *jobEnds) ended(id int64) {
 	}
 }
 
-// Run runs cfg.Workers workers until ctx is done. A job in progress at
-// shutdown is handed back to the queue (its completed steps stay recorded).
+// Run runs cfg.Workers workers until ctx is done, and deletes the jobs
+// past cfg.Retention at once and every pruneInterval. A job in progress
+// at shutdown is handed back to the queue (its completed steps stay
+// recorded).
 func (r *Runner) Run(ctx context.Context) error {
 	types := make([]string, 0, len(r.handlers))
 	for t := range r.handlers {
 		types = append(types, string(t))
 	}
 	g, ctx := errgroup.WithContext(ctx)
+	if r.cfg.Retention > 0 {
+		g.Go(func() error {
+			background.Every(ctx, pruneInterval, r.prune)
+			return nil
+		})
+	}
 	down := cluster.Outage{What: "claim jobs"}
 	for i := 0; i < r.cfg.Workers; i++ {
 		g.Go(func() error {
@@ -244,6 +256,35 @@ func (r *Runner) Run(ctx context.Context) error {
 		})
 	}
 	return g.Wait()
+}
+
+const (
+	pruneInterval = 10 * time.Minute
+	pruneBatch    = 1000 // jobs deleted per statement: short transactions, whatever the backlog
+)
+
+// prune deletes the finished jobs older than cfg.Retention, a batch at a
+// time. Every daemon prunes; they skip each other's rows.
+func (r *Runner) prune(ctx context.Context) {
+	before := time.Now().Add(-r.cfg.Retention.D())
+	var total int64
+	for ctx.Err() == nil {
+		n, err := Prune(ctx, r.pool, before, pruneBatch)
+		total += n
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("deleting the finished jobs past jobs.retention", "err", err)
+			}
+			break
+		}
+		if n < pruneBatch {
+			break
+		}
+	}
+	if total > 0 {
+		r.pruned.Add(float64(total))
+		r.log.Info("deleted the finished jobs past jobs.retention", "jobs", total, "retention", r.cfg.Retention.String())
+	}
 }
 
 // claim takes the next runnable job: queued and due, or running with an
