@@ -22,8 +22,13 @@ run: deps build
 	./$(BIN) up $(ARGS)
 
 # -p 2: two test packages at a time, each with its own PostgreSQL cluster(s).
+# go test runs the packages two at a time in the order given: the longest
+# first (hostile 11 min, move and cmd/pgtenant 7 each, then analytics,
+# backup, failover), so that none is left running alone at the end.
+SLOW_TESTS = ./internal/hostile ./internal/move ./cmd/pgtenant ./internal/analytics ./internal/backup ./internal/failover
+
 test: deps-test
-	$(GO) test -count=1 -p 2 -timeout 20m ./...
+	$(GO) test -count=1 -p 2 -timeout 20m $(SLOW_TESTS) ./...
 
 # docs/cli.md is generated from the command tree (internal/cli/docs.go);
 # TestCLIDocs_UpToDate fails when it differs.
