@@ -233,9 +233,14 @@ func (c *Collector) Run(ctx context.Context) error {
 	}()
 	background.Every(ctx, interval, func(ctx context.Context) {
 		for _, cl := range c.Clusters.All() {
-			pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
-			err := c.Pass(pctx, cl.Name())
-			cancel()
+			// A cluster whose last health probe failed is not measured:
+			// its pass would read its tenants from the catalog for nothing.
+			err := fmt.Errorf("cluster %s did not answer its last health probe: not measured", cl.Name())
+			if cl.Answering() {
+				pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
+				err = c.Pass(pctx, cl.Name())
+				cancel()
+			}
 			if ctx.Err() != nil {
 				break
 			}

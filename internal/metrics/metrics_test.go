@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
 	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/metrics"
@@ -525,4 +527,43 @@ func ids(ts []api.Tenant) []string {
 		out = append(out, t.ID+"("+string(t.Mode)+")")
 	}
 	return out
+}
+
+// TestCollector_PassesOverAClusterThatIsDown: a cluster whose last health
+// probe failed gets no pass, so its tenants are not read from the catalog
+// (here closed: a pass would record the catalog's error) each interval
+// while it is down.
+func TestCollector_PassesOverAClusterThatIsDown(t *testing.T) {
+	ctx := pgtest.Context(t)
+	store, err := catalog.Open(ctx, pg.PrimaryDSN(pg.NewDatabase(t)), pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	down, err := net.Listen("tcp", "127.0.0.1:0") // a free port, closed: connections are refused
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := cluster.New("gone", "postgres://nobody@"+down.Addr().String()+"/postgres?sslmode=disable&connect_timeout=2", nil, nil)
+	down.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := cluster.NewRegistry()
+	reg.Put(cl)
+	t.Cleanup(reg.Close)
+	if _, err := cl.Probe(ctx); err == nil {
+		t.Fatal("a probe of a closed port succeeded")
+	}
+	m := config.Default().Metrics
+	m.Interval = config.Duration(50 * time.Millisecond)
+	c := &metrics.Collector{Store: store, Clusters: reg, Metrics: m, Logger: pgtest.Logger(t)}
+	rctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := c.Run(rctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := c.LastPass()["gone"]; ok {
+		t.Errorf("a cluster whose last probe failed got a pass: %+v", p)
+	}
 }

@@ -100,6 +100,11 @@ const timeoutMargin = 500 * time.Millisecond
 // it reads one row per tenant role and writes only what a tenant changed.
 const settingsEvery = 30
 
+// settingsParallel is how many clusters' settings passes run at once: each
+// reads its cluster's tenants from the catalog, and a fleet's all at once
+// would take every catalog connection the API needs.
+const settingsParallel = 4
+
 // nodeTimeout bounds one node check, settingsTimeout one settings pass.
 const (
 	nodeTimeout     = 10 * time.Second
@@ -209,6 +214,7 @@ func (c *Capper) Run(ctx context.Context) error {
 	}
 	var w inFlight
 	defer w.wg.Wait() // after the loop: the checks in flight end with ctx
+	settings := make(chan struct{}, settingsParallel)
 	tick := 0
 	background.Every(ctx, c.Metrics.CapInterval.D(), func(ctx context.Context) {
 		defer func() { tick++ }()
@@ -221,6 +227,12 @@ func (c *Capper) Run(ctx context.Context) error {
 			}
 			if tick%settingsEvery == 0 {
 				c.spawn(ctx, &w, cl.Name(), "settings", settingsTimeout, func(ctx context.Context) error {
+					select {
+					case settings <- struct{}{}:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					defer func() { <-settings }()
 					_, err := c.RestoreSettings(ctx, cl)
 					return err
 				})
@@ -504,9 +516,20 @@ const roleSettingsSQL = `
 // suspended, dropped), and of a tier the configuration knows: one whose
 // tier was removed from it keeps its settings rather than lose every limit.
 func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int, error) {
-	// The catalog first: a claim changes the spare's role on the cluster
-	// before its catalog transaction commits, so a tenant read here as
-	// active already has its tier's settings there.
+	// Whether the cluster answers, before its tenants are read from the
+	// catalog: thousands of rows a cluster, read for nothing when it is
+	// down (a million tenants' daemon, starting with clusters down, spent
+	// its catalog connections on them for 8 s).
+	admin, err := cl.Admin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := admin.Ping(ctx); err != nil {
+		return 0, fmt.Errorf("reach %s: %w", cl.Name(), cluster.Classify(err))
+	}
+	// The catalog, then the roles: a claim changes the spare's role on the
+	// cluster before its catalog transaction commits, so a tenant read
+	// here as active already has its tier's settings there.
 	ts, err := c.Store.MetricTenants(ctx, cl.Name())
 	if err != nil {
 		return 0, err
@@ -522,10 +545,6 @@ func (c *Capper) RestoreSettings(ctx context.Context, cl *cluster.Cluster) (int,
 	}
 	if len(tiers) == 0 {
 		return 0, nil
-	}
-	admin, err := cl.Admin(ctx)
-	if err != nil {
-		return 0, err
 	}
 	roles, err := readRoleSettings(ctx, admin)
 	if err != nil {

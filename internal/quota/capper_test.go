@@ -343,3 +343,34 @@ func TestCapper_SkipsADownStandby(t *testing.T) {
 		t.Errorf("the down standby was logged %d times, want once:\n%s", warned, logs.String())
 	}
 }
+
+// TestCapper_SettingsPassReadsNoCatalogForADownCluster: the settings pass
+// over a cluster that refuses connections ends with the cluster's error
+// before it reads that cluster's tenants from the catalog. A daemon of a
+// million tenants that started with clusters down spent every catalog
+// connection on those reads for 8 s, and its API waited. The catalog here
+// is closed, so a pass that read it would fail with the catalog's error.
+func TestCapper_SettingsPassReadsNoCatalogForADownCluster(t *testing.T) {
+	ctx := pgtest.Context(t)
+	store, err := catalog.Open(ctx, pg.PrimaryDSN(pg.NewDatabase(t)), pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Close()
+	down, err := net.Listen("tcp", "127.0.0.1:0") // a free port, closed: connections are refused
+	if err != nil {
+		t.Fatal(err)
+	}
+	downDSN := "postgres://nobody@" + down.Addr().String() + "/postgres?sslmode=disable&connect_timeout=2"
+	down.Close()
+	cl, err := cluster.New("gone", downDSN, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	capper := &quota.Capper{Store: store, Tiers: map[string]config.Tier{"default": {ConnectionLimit: 5}}}
+	n, err := capper.RestoreSettings(ctx, cl)
+	if !errors.Is(err, cluster.ErrUnavailable) || !strings.Contains(err.Error(), "reach gone") {
+		t.Errorf("RestoreSettings on a cluster that is down = %d, %v; want its cluster's error (unavailable), not the catalog's", n, err)
+	}
+}
