@@ -231,7 +231,9 @@ func List(ctx context.Context, q Querier, f Filter) ([]Job, error) {
 // "the parameter is empty OR …", its generic plan walked the jobs newest
 // first until it had a page: the whole history when nothing matched, as
 // for the active moves that /metrics reads (bench density, 500,000
-// finished jobs). Active reads through jobs_unfinished, a target through
+// finished jobs). Active, and any unfinished state, reads through
+// jobs_unfinished or jobs_unfinished_id (the state's list, spelled as
+// their predicate, lets a generic plan use them), a target through
 // jobs_target.
 func listQuery(f Filter) (string, []any) {
 	if f.Limit <= 0 || f.Limit > 10000 {
@@ -245,9 +247,10 @@ func listQuery(f Filter) (string, []any) {
 			where = append(where, fmt.Sprintf("%s = $%d", column, len(args)))
 		}
 	}
-	if f.State == Active {
+	if f.State == Active || (f.State != "" && !Finished(f.State)) {
 		where = append(where, "state IN "+UnfinishedStates)
-	} else {
+	}
+	if f.State != Active {
 		eq("state", string(f.State))
 	}
 	eq("type", string(f.Type))

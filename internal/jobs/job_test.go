@@ -116,6 +116,7 @@ func TestJobReads_ReadTheirJobsOnly(t *testing.T) {
 	h.enqueue(t, jobs.Spec{Type: "warm", TargetKind: "tenant", Target: "t1"})
 	active, activeArgs := jobs.ListQuery(jobs.Filter{Type: "tenant.move", State: jobs.Active})
 	last, lastArgs := jobs.ListQuery(jobs.Filter{Type: "tenant.purge", TargetKind: "tenant", Target: "a7", Limit: 1})
+	waiting, waitingArgs := jobs.ListQuery(jobs.Filter{State: jobs.Waiting, Limit: 1000})
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
@@ -124,6 +125,7 @@ func TestJobReads_ReadTheirJobsOnly(t *testing.T) {
 		"AtWork":                   {jobs.AtWorkQuery, nil},
 		"List of the active moves": {active, activeArgs},
 		"List of a tenant's purge": {last, lastArgs},
+		"List of the waiting jobs": {waiting, waitingArgs}, // the console's charts, every few seconds
 	} {
 		if plan := h.genericPlan(t, q.sql, q.args...); strings.Contains(plan, "Seq Scan on jobs") || strings.Contains(plan, "jobs_pkey") || !strings.Contains(plan, "Index") {
 			t.Errorf("%s scans the jobs:\n%s", name, plan)
