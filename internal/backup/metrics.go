@@ -57,46 +57,51 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
 	now := time.Now()
 	var g errgroup.Group
 	g.SetLimit(infoParallel)
 	for _, n := range c.s.clusters() {
 		g.Go(func() error {
-			st := c.s.Stanzas[n]
-			info, err := c.infos.get(ctx, st)
-			if err != nil {
-				gauge(c.up, 0, n)
-				return nil
-			}
-			gauge(c.up, 1, n)
-			if size, err := c.sizes.get(st, info); err == nil {
-				gauge(c.size, float64(size), n)
-			}
-			gauge(c.running, b2f(info.Running), n)
-			for _, typ := range []string{Full, Diff, Incr} {
-				if b := newest(info, typ); b != nil {
-					gauge(c.age, now.Sub(b.Stop).Seconds(), n, typ)
-				}
-			}
-			if !c.answered(n) {
-				return nil
-			}
-			a, err := c.s.Archiver(ctx, n)
-			if err != nil {
-				return nil // the primary is down: the cluster collector says so
-			}
-			gauge(c.failing, b2f(a.Failing()), n)
-			ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(a.FailedCount), n)
-			if lag, ok := ArchiveLag(info, a); ok {
-				gauge(c.lag, float64(lag), n)
-			}
+			c.collectCluster(ctx, ch, n, now)
 			return nil
 		})
 	}
 	_ = g.Wait()
+}
+
+// collectCluster sends one cluster's series.
+func (c *Collector) collectCluster(ctx context.Context, ch chan<- prometheus.Metric, n string, now time.Time) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	st := c.s.Stanzas[n]
+	info, err := c.infos.get(ctx, st)
+	if err != nil {
+		gauge(c.up, 0, n)
+		return
+	}
+	gauge(c.up, 1, n)
+	if size, err := c.sizes.get(st, info); err == nil {
+		gauge(c.size, float64(size), n)
+	}
+	gauge(c.running, b2f(info.Running), n)
+	for _, typ := range []string{Full, Diff, Incr} {
+		if b := newest(info, typ); b != nil {
+			gauge(c.age, now.Sub(b.Stop).Seconds(), n, typ)
+		}
+	}
+	if !c.answered(n) {
+		return
+	}
+	a, err := c.s.Archiver(ctx, n)
+	if err != nil {
+		return // the primary is down: the cluster collector says so
+	}
+	gauge(c.failing, b2f(a.Failing()), n)
+	ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(a.FailedCount), n)
+	if lag, ok := ArchiveLag(info, a); ok {
+		gauge(c.lag, float64(lag), n)
+	}
 }
 
 const (
