@@ -903,7 +903,29 @@ type Loop struct {
 	Interval time.Duration
 }
 
-// Run reconciles every Interval until ctx is done.
+// loopLockKey is the advisory lock a periodic round holds in the catalog
+// ("pgt\x06"): one daemon of a catalog reconciles at a time, rather than
+// each of them every cluster, repairs included.
+const loopLockKey = 0x70677406
+
+// round reconciles and repairs every cluster, unless another daemon's round
+// holds the lock: then ran is false.
+func (l *Loop) round(ctx context.Context) (ran bool, rep Report, err error) {
+	conn, err := l.R.Store.Pool().Acquire(ctx)
+	if err != nil {
+		return false, rep, err
+	}
+	defer conn.Release()
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(loopLockKey)).Scan(&ran); err != nil || !ran {
+		return false, rep, err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(loopLockKey))
+	rep, err = l.R.Run(ctx, "", true)
+	return true, rep, err
+}
+
+// Run reconciles every Interval until ctx is done (a round another
+// daemon is running is skipped).
 func (l *Loop) Run(ctx context.Context) error {
 	if l.Interval <= 0 {
 		<-ctx.Done()
@@ -917,11 +939,11 @@ func (l *Loop) Run(ctx context.Context) error {
 			return nil
 		case <-time.After(l.Interval):
 		}
-		rep, err := l.R.Run(ctx, "", true)
+		ran, rep, err := l.round(ctx)
 		if ctx.Err() == nil {
 			down.Report(log, err)
 		}
-		if err != nil {
+		if err != nil || !ran {
 			continue
 		}
 		for _, f := range rep.Findings {

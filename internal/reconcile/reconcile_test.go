@@ -10,6 +10,8 @@ import (
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/api"
+	"github.com/pgtenant/pgtenant/internal/catalog"
+	"github.com/pgtenant/pgtenant/internal/cluster"
 	"github.com/pgtenant/pgtenant/internal/config"
 	"github.com/pgtenant/pgtenant/internal/daemon/daemontest"
 	"github.com/pgtenant/pgtenant/internal/jobs"
@@ -508,5 +510,37 @@ func TestReconcile_CountsThePoolersEntries(t *testing.T) {
 	}
 	if len(rep.Errors) != 0 {
 		t.Errorf("reconcile could not check: %v", rep.Errors)
+	}
+}
+
+// TestLoop_OneDaemonOfACatalogAtATime: a periodic round runs only while no
+// other daemon's round holds the catalog's lock, so the daemons of a
+// catalog do not each reconcile, and repair, every cluster.
+func TestLoop_OneDaemonOfACatalogAtATime(t *testing.T) {
+	ctx := pgtest.Context(t)
+	log := pgtest.Logger(t)
+	store, err := catalog.Open(ctx, pg.PrimaryDSN(pg.NewDatabase(t)), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	clusters := cluster.NewRegistry()
+	t.Cleanup(clusters.Close)
+	loop := &reconcile.Loop{R: &reconcile.Reconciler{Store: store, Clusters: clusters, Logger: log}, Interval: time.Hour}
+	if ran, err := loop.Round(ctx); !ran || err != nil {
+		t.Fatalf("a round alone = %v, %v; want it run", ran, err)
+	}
+	other := pgtest.Connect(t, pg.PrimaryDSN(store.Pool().Config().ConnConfig.Database))
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, int64(reconcile.LoopLockKey)); err != nil {
+		t.Fatal(err)
+	}
+	if ran, err := loop.Round(ctx); ran || err != nil {
+		t.Errorf("a round while another daemon's holds the lock = %v, %v; want it skipped", ran, err)
+	}
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, int64(reconcile.LoopLockKey)); err != nil {
+		t.Fatal(err)
+	}
+	if ran, err := loop.Round(ctx); !ran || err != nil {
+		t.Errorf("a round once the other's ended = %v, %v; want it run", ran, err)
 	}
 }
