@@ -3,7 +3,6 @@ package metrics_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -540,12 +539,7 @@ func TestCollector_PassesOverAClusterThatIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.Close()
-	down, err := net.Listen("tcp", "127.0.0.1:0") // a free port, closed: connections are refused
-	if err != nil {
-		t.Fatal(err)
-	}
-	cl, err := cluster.New("gone", "postgres://nobody@"+down.Addr().String()+"/postgres?sslmode=disable&connect_timeout=2", nil, nil)
-	down.Close()
+	cl, err := cluster.New("gone", pgtest.RefusedDSN(t), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -328,6 +329,18 @@ func Context(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// RefusedDSN is the DSN of a local port nothing listens on (a free port,
+// closed again): a cluster that is down, whose connections are refused.
+func RefusedDSN(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return "postgres://nobody@" + ln.Addr().String() + "/postgres?sslmode=disable&connect_timeout=2"
 }
 
 // LogBuffer is a log destination safe for concurrent writers (a daemon's

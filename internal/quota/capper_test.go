@@ -302,12 +302,7 @@ func TestCapper_SkipsADownStandby(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	down, err := net.Listen("tcp", "127.0.0.1:0") // a free port, closed: connections are refused
-	if err != nil {
-		t.Fatal(err)
-	}
-	downDSN := "postgres://nobody@" + down.Addr().String() + "/postgres?sslmode=disable&connect_timeout=2"
-	down.Close()
+	downDSN := pgtest.RefusedDSN(t)
 	reg := cluster.NewRegistry()
 	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), []string{downDSN}, nil)
 	if err != nil {
@@ -357,12 +352,7 @@ func TestCapper_SettingsPassReadsNoCatalogForADownCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	store.Close()
-	down, err := net.Listen("tcp", "127.0.0.1:0") // a free port, closed: connections are refused
-	if err != nil {
-		t.Fatal(err)
-	}
-	downDSN := "postgres://nobody@" + down.Addr().String() + "/postgres?sslmode=disable&connect_timeout=2"
-	down.Close()
+	downDSN := pgtest.RefusedDSN(t)
 	cl, err := cluster.New("gone", downDSN, nil, nil)
 	if err != nil {
 		t.Fatal(err)
