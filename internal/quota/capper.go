@@ -100,6 +100,30 @@ const timeoutMargin = 500 * time.Millisecond
 // it reads one row per tenant role and writes only what a tenant changed.
 const settingsEvery = 30
 
+// settingsLockSpace is the advisory lock space ("pgt\x07") of the settings
+// passes: a cluster's pass runs in one daemon of the catalog at a time.
+const settingsLockSpace = 0x70677407
+
+// settingsPass restores a cluster's role settings (RestoreSettings) unless
+// another daemon's pass over it holds its lock in the catalog: then ran is
+// false. The daemons of a catalog would otherwise each read every
+// cluster's tenants and roles every 30 s.
+func (c *Capper) settingsPass(ctx context.Context, cl *cluster.Cluster) (ran bool, err error) {
+	conn, err := c.Store.Pool().Acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer conn.Release()
+	lock := `SELECT pg_catalog.pg_try_advisory_lock($1::int, pg_catalog.hashtext($2))`
+	if err := conn.QueryRow(ctx, lock, int32(settingsLockSpace), cl.Name()).Scan(&ran); err != nil || !ran {
+		return false, err
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_catalog.pg_advisory_unlock($1::int, pg_catalog.hashtext($2))`,
+		int32(settingsLockSpace), cl.Name())
+	_, err = c.RestoreSettings(ctx, cl)
+	return true, err
+}
+
 // settingsParallel is how many clusters' settings passes run at once: each
 // reads its cluster's tenants from the catalog, and a fleet's all at once
 // would take every catalog connection the API needs.
@@ -233,7 +257,7 @@ func (c *Capper) Run(ctx context.Context) error {
 						return ctx.Err()
 					}
 					defer func() { <-settings }()
-					_, err := c.RestoreSettings(ctx, cl)
+					_, err := c.settingsPass(ctx, cl)
 					return err
 				})
 			}

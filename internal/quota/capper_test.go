@@ -364,3 +364,40 @@ func TestCapper_SettingsPassReadsNoCatalogForADownCluster(t *testing.T) {
 		t.Errorf("RestoreSettings on a cluster that is down = %d, %v; want its cluster's error (unavailable), not the catalog's", n, err)
 	}
 }
+
+// TestCapper_SettingsPassOneDaemonAtATime: a cluster's settings pass runs
+// in one daemon of a catalog at a time; while another daemon's pass over
+// it holds its lock in the catalog, it is skipped.
+func TestCapper_SettingsPassOneDaemonAtATime(t *testing.T) {
+	ctx := pgtest.Context(t)
+	db := pg.NewDatabase(t)
+	store, err := catalog.Open(ctx, pg.PrimaryDSN(db), pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(store.Close)
+	cl, err := cluster.New("local", pg.PrimaryDSN("postgres"), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cl.Close)
+	capper := &quota.Capper{Store: store, Tiers: map[string]config.Tier{"default": {ConnectionLimit: 5}}}
+	if ran, err := capper.SettingsPass(ctx, cl); !ran || err != nil {
+		t.Fatalf("a pass alone = %v, %v; want it run", ran, err)
+	}
+	other := pgtest.Connect(t, pg.PrimaryDSN(db))
+	lock := func(fn string) {
+		t.Helper()
+		if _, err := other.Exec(ctx, `SELECT `+fn+`($1::int, hashtext('local'))`, int32(quota.SettingsLockSpace)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lock("pg_advisory_lock")
+	if ran, err := capper.SettingsPass(ctx, cl); ran || err != nil {
+		t.Errorf("a pass while another daemon's holds the cluster's lock = %v, %v; want it skipped", ran, err)
+	}
+	lock("pg_advisory_unlock")
+	if ran, err := capper.SettingsPass(ctx, cl); !ran || err != nil {
+		t.Errorf("a pass once the other's ended = %v, %v; want it run", ran, err)
+	}
+}
