@@ -172,23 +172,14 @@ func (p *Pool) sizes(clusterName, template string, mode tenant.Mode, d catalog.P
 	return size, Target(p.Svc.Provision, size, d.Recent)
 }
 
-// Refill runs one pass over every pool.
+// Refill runs one pass over every pool, unless another daemon is refilling.
 func (p *Pool) Refill(ctx context.Context) error {
-	s := p.Svc
-	conn, err := s.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	var locked bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(poolLockKey)).Scan(&locked); err != nil {
-		return err
-	}
-	if !locked {
-		return nil // another daemon is refilling
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(poolLockKey))
+	_, err := p.Svc.Store.Exclusively(ctx, poolLockKey, p.refill)
+	return err
+}
 
+func (p *Pool) refill(ctx context.Context) error {
+	s := p.Svc
 	tpls, err := s.Store.Templates(ctx)
 	if err != nil {
 		return err

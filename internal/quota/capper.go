@@ -109,19 +109,10 @@ const settingsLockSpace = 0x70677407
 // false. The daemons of a catalog would otherwise each read every
 // cluster's tenants and roles every 30 s.
 func (c *Capper) settingsPass(ctx context.Context, cl *cluster.Cluster) (ran bool, err error) {
-	conn, err := c.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return false, err
-	}
-	defer conn.Release()
-	lock := `SELECT pg_catalog.pg_try_advisory_lock($1::int, pg_catalog.hashtext($2))`
-	if err := conn.QueryRow(ctx, lock, int32(settingsLockSpace), cl.Name()).Scan(&ran); err != nil || !ran {
-		return false, err
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_catalog.pg_advisory_unlock($1::int, pg_catalog.hashtext($2))`,
-		int32(settingsLockSpace), cl.Name())
-	_, err = c.RestoreSettings(ctx, cl)
-	return true, err
+	return c.Store.Exclusively(ctx, catalog.LockKey(settingsLockSpace, cl.Name()), func(ctx context.Context) error {
+		_, err := c.RestoreSettings(ctx, cl)
+		return err
+	})
 }
 
 // settingsParallel is how many clusters' settings passes run at once: each

@@ -388,7 +388,7 @@ func TestCapper_SettingsPassOneDaemonAtATime(t *testing.T) {
 	other := pgtest.Connect(t, pg.PrimaryDSN(db))
 	lock := func(fn string) {
 		t.Helper()
-		if _, err := other.Exec(ctx, `SELECT `+fn+`($1::int, hashtext('local'))`, int32(quota.SettingsLockSpace)); err != nil {
+		if _, err := other.Exec(ctx, `SELECT `+fn+`($1)`, catalog.LockKey(quota.SettingsLockSpace, "local")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -7,7 +7,7 @@ import (
 )
 
 // SettingsLockSpace is the advisory lock space of the settings passes.
-const SettingsLockSpace = settingsLockSpace
+const SettingsLockSpace uint32 = settingsLockSpace
 
 // SettingsPass is one cluster's settings pass as Run makes it: whether it
 // ran, and its error.

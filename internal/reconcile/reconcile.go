@@ -911,17 +911,11 @@ const loopLockKey = 0x70677406
 // round reconciles and repairs every cluster, unless another daemon's round
 // holds the lock: then ran is false.
 func (l *Loop) round(ctx context.Context) (ran bool, rep Report, err error) {
-	conn, err := l.R.Store.Pool().Acquire(ctx)
-	if err != nil {
-		return false, rep, err
-	}
-	defer conn.Release()
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, int64(loopLockKey)).Scan(&ran); err != nil || !ran {
-		return false, rep, err
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, int64(loopLockKey))
-	rep, err = l.R.Run(ctx, "", true)
-	return true, rep, err
+	ran, err = l.R.Store.Exclusively(ctx, loopLockKey, func(ctx context.Context) error {
+		rep, err = l.R.Run(ctx, "", true)
+		return err
+	})
+	return ran, rep, err
 }
 
 // Run reconciles every Interval until ctx is done (a round another
