@@ -235,11 +235,13 @@ func (c *Collector) Run(ctx context.Context) error {
 		for _, cl := range c.Clusters.All() {
 			// A cluster whose last health probe failed is not measured:
 			// its pass would read its tenants from the catalog for nothing.
-			err := fmt.Errorf("cluster %s did not answer its last health probe: not measured", cl.Name())
+			var err error
 			if cl.Answering() {
 				pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
 				err = c.Pass(pctx, cl.Name())
 				cancel()
+			} else {
+				err = fmt.Errorf("cluster %s did not answer its last health probe: not measured", cl.Name())
 			}
 			if ctx.Err() != nil {
 				break
