@@ -397,6 +397,64 @@ func TestCollector_IdleTenantsSizedLessOften(t *testing.T) {
 	}
 }
 
+// TestCollector_SpillsNothing: a pass reads the sizes of a shared database's
+// schema tenants in memory, however small the server's work_mem, and after
+// as many passes as turn a prepared statement generic: nothing goes to temp
+// files. (The statistics query's generic plan spilled at 1,000 schema
+// tenants, not at this size: see schemaStats.)
+func TestCollector_SpillsNothing(t *testing.T) {
+	f := startFleet(t, nil)
+	ctx := pgtest.Context(t)
+	for range 10 { // 12 schema tenants: 12,000 catalog rows to size
+		if _, err := f.c.CreateTenant(ctx, provision.Request{Template: "saas", Mode: tenant.ModeSchema}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shared := f.tenants["sc1"].Tenant.Database
+	admin := pg.Conn(t, "postgres")
+	exec(t, admin, `ALTER SYSTEM SET work_mem = '64kB'`)
+	exec(t, admin, `SELECT pg_reload_conf()`)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), `ALTER SYSTEM RESET work_mem`)
+		_, _ = admin.Exec(context.Background(), `SELECT pg_reload_conf()`)
+	})
+	// temp_files of the shared database, once no session is left in it
+	// (a session's counts reach pg_stat_database when it ends).
+	tempFiles := func() int64 {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			var sessions, files int64
+			if err := admin.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = $1),
+				(SELECT temp_files FROM pg_stat_database WHERE datname = $1)`, shared).Scan(&sessions, &files); err != nil {
+				t.Fatal(err)
+			}
+			if sessions == 0 {
+				return files
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d sessions still in %s", sessions, shared)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	clock := pgtest.NewClock(time.Now())
+	c := f.collector(t, clock)
+	before := tempFiles()
+	sized := 0
+	for range 8 {
+		clock.Add(15 * time.Second)
+		sized += pass(t, c).Sizes
+	}
+	c.Clusters.Close()
+	if sized < 14 {
+		t.Fatalf("%d sizes taken in 8 passes, want every tenant's at least once", sized)
+	}
+	if n := tempFiles() - before; n != 0 {
+		t.Errorf("8 passes wrote %d temp files in %s, want 0", n, shared)
+	}
+}
+
 // TestTenantCollector_CardinalityGuard: per-tenant series only for the top N
 // by activity plus opted-in tenants; the API sorts by size and activity.
 func TestTenantCollector_CardinalityGuard(t *testing.T) {

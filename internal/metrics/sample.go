@@ -407,7 +407,13 @@ func statisticsTurn(tenants []catalog.MetricTenant, pass int) []catalog.MetricTe
 }
 
 func schemaStats(ctx context.Context, pool *pgxpool.Pool, schemas []string, byPhysical map[string]catalog.MetricTenant, out map[string]counters) error {
-	rows, err := pool.Query(ctx, schemaStatsSQL, schemas)
+	// Planned for its schemas on each pass (QueryExecModeExec: an unnamed
+	// statement). A prepared statement turns generic after five passes, and
+	// the generic plan, which guesses a few schemas for any array, sorts the
+	// relations for the GROUP BY: at 1,000 schema tenants that sort spilled
+	// 3.7 MB to temp files on every pass, with parallel workers, where the
+	// plan for the real array aggregates 1,000 groups in memory.
+	rows, err := pool.Query(ctx, schemaStatsSQL, pgx.QueryExecModeExec, schemas)
 	if err != nil {
 		return cluster.Classify(err)
 	}
@@ -445,6 +451,14 @@ func sizes(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, 
 // own size stale, never the pass fail.
 const sizeTimeout = 10 * time.Second
 
+// sizeWorkMem is the size query's work_mem. It reads each tenant's catalog
+// rows twice (sizes, then comments), so PostgreSQL keeps them in a
+// tuplestore: about 100 bytes for each of a schema tenant's ~1,000 rows
+// (its columns, mostly). Under the server's default 4 MB, a batch of 50
+// tenants wrote that store to a temp file on every pass (4.4 MB at 25
+// tables a tenant).
+const sizeWorkMem = 64 << 20
+
 func sizeBatch(ctx context.Context, pool *pgxpool.Pool, sql string, names []string, byPhysical map[string]catalog.MetricTenant, out map[string]int64) error {
 	got := map[string]int64{}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -452,8 +466,9 @@ func sizeBatch(ctx context.Context, pool *pgxpool.Pool, sql string, names []stri
 		// probed through the catalogs' indexes, not merge joins that read
 		// whole indexes of a shared database's hundreds of thousands of
 		// relations (a third of the query's time at 2,000 schema tenants).
-		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d; SET LOCAL enable_mergejoin = off; SET LOCAL random_page_cost = 1.1",
-			sizeTimeout.Milliseconds())); err != nil {
+		// The catalog rows it sums are kept in memory too (sizeWorkMem).
+		if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL statement_timeout = %d; SET LOCAL enable_mergejoin = off; SET LOCAL random_page_cost = 1.1; SET LOCAL work_mem = '%dkB'",
+			sizeTimeout.Milliseconds(), sizeWorkMem>>10)); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, sql, names)
