@@ -234,7 +234,8 @@ func List(ctx context.Context, q Querier, f Filter) ([]Job, error) {
 // finished jobs). Active, and any unfinished state, reads through
 // jobs_unfinished or jobs_unfinished_id (the state's list, spelled as
 // their predicate, lets a generic plan use them), a target through
-// jobs_target.
+// jobs_target, a finished state through jobs_state_id, a type through
+// jobs_type_id.
 func listQuery(f Filter) (string, []any) {
 	if f.Limit <= 0 || f.Limit > 10000 {
 		f.Limit = 100

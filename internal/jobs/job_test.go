@@ -117,6 +117,8 @@ func TestJobReads_ReadTheirJobsOnly(t *testing.T) {
 	active, activeArgs := jobs.ListQuery(jobs.Filter{Type: "tenant.move", State: jobs.Active})
 	last, lastArgs := jobs.ListQuery(jobs.Filter{Type: "tenant.purge", TargetKind: "tenant", Target: "a7", Limit: 1})
 	waiting, waitingArgs := jobs.ListQuery(jobs.Filter{State: jobs.Waiting, Limit: 1000})
+	failed, failedArgs := jobs.ListQuery(jobs.Filter{State: jobs.Failed})         // `job list --state failed`: none here
+	restores, restoresArgs := jobs.ListQuery(jobs.Filter{Type: "tenant.restore"}) // `job list --type …` of a type with no job
 	for name, q := range map[string]struct {
 		sql  string
 		args []any
@@ -126,6 +128,8 @@ func TestJobReads_ReadTheirJobsOnly(t *testing.T) {
 		"List of the active moves": {active, activeArgs},
 		"List of a tenant's purge": {last, lastArgs},
 		"List of the waiting jobs": {waiting, waitingArgs}, // the console's charts, every few seconds
+		"List of the failed jobs":  {failed, failedArgs},
+		"List of one type of job":  {restores, restoresArgs},
 	} {
 		if plan := h.genericPlan(t, q.sql, q.args...); strings.Contains(plan, "Seq Scan on jobs") || strings.Contains(plan, "jobs_pkey") || !strings.Contains(plan, "Index") {
 			t.Errorf("%s scans the jobs:\n%s", name, plan)
