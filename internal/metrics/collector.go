@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/pgtenant/pgtenant/internal/background"
 	"github.com/pgtenant/pgtenant/internal/catalog"
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -232,28 +234,52 @@ func (c *Collector) Run(ctx context.Context) error {
 		c.flushUsage(fctx)
 	}()
 	background.Every(ctx, interval, func(ctx context.Context) {
-		for _, cl := range c.Clusters.All() {
-			// A cluster whose last health probe failed is not measured:
-			// its pass would read its tenants from the catalog for nothing.
-			var err error
-			if cl.Answering() {
-				pctx, cancel := context.WithTimeout(ctx, max(interval, 10*time.Second))
-				err = c.Pass(pctx, cl.Name())
-				cancel()
-			} else {
-				err = fmt.Errorf("cluster %s did not answer its last health probe: not measured", cl.Name())
-			}
-			if ctx.Err() != nil {
-				break
-			}
+		all := c.Clusters.All()
+		errs := c.round(ctx, all, max(interval, 10*time.Second))
+		if ctx.Err() != nil {
+			return
+		}
+		for i, cl := range all {
 			if down[cl.Name()] == nil {
 				down[cl.Name()] = &cluster.Outage{What: "metrics pass"}
 			}
-			down[cl.Name()].Report(c.log(), err, "cluster", cl.Name())
+			down[cl.Name()].Report(c.log(), errs[i], "cluster", cl.Name())
 		}
 		c.retention(ctx)
 	})
 	return nil
+}
+
+// passParallel is how many clusters a round passes over at once. A pass
+// mostly waits for its cluster's server (0.5 s at 10,000 tenants): one
+// cluster after another, a daemon with 100 such clusters took 50 s for a
+// round of metrics.interval (15 s), and one cluster slow to answer held
+// up every cluster after it. Each pass holds at most one catalog
+// connection at a time.
+const passParallel = 8
+
+// round passes over the clusters, passParallel at a time, each within
+// timeout, and returns each one's error. A cluster whose last health probe
+// failed is not measured: its pass would read its tenants from the
+// catalog for nothing.
+func (c *Collector) round(ctx context.Context, clusters []*cluster.Cluster, timeout time.Duration) []error {
+	errs := make([]error, len(clusters))
+	var g errgroup.Group
+	g.SetLimit(passParallel)
+	for i, cl := range clusters {
+		if !cl.Answering() {
+			errs[i] = fmt.Errorf("cluster %s did not answer its last health probe: not measured", cl.Name())
+			continue
+		}
+		g.Go(func() error {
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			errs[i] = c.Pass(pctx, cl.Name())
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return errs
 }
 
 // retention deletes old history once an hour (a DELETE that finds nothing

@@ -1,6 +1,12 @@
 package metrics
 
-import "strings"
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/pgtenant/pgtenant/internal/cluster"
+)
 
 // SchemaSizes and SchemaSizesSQL are the schema tenants' size query, over a
 // definition of their objects and as the collector runs it; SchemaObjects
@@ -15,4 +21,9 @@ func SchemaObjectsQuery(definition string) string {
 	return q[:strings.Index(q, "files (name, path")] + `_ AS (SELECT 1)
 		SELECT name || ' pg_class ' || oid::pg_catalog.regclass::text || ' ' || relkind::text FROM relations
 		UNION ALL SELECT name || ' ' || classid::pg_catalog.regclass::text || ' ' || objid::text FROM owned`
+}
+
+// Round is one round of the collector's loop over clusters, in their order.
+func (c *Collector) Round(ctx context.Context, clusters []*cluster.Cluster, timeout time.Duration) []error {
+	return c.round(ctx, clusters, timeout)
 }

@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -394,6 +395,68 @@ func TestCollector_IdleTenantsSizedLessOften(t *testing.T) {
 	clock.Add(time.Hour)
 	if p := pass(t, c); p.Sizes != len(f.tenants) {
 		t.Errorf("an hour later, %d of %d tenants were sized", p.Sizes, len(f.tenants))
+	}
+}
+
+// TestCollector_RoundPassesOverClustersAtOnce: a cluster that accepts
+// connections and never answers holds up its own pass only. In a round
+// that takes it first, the next cluster is measured while its pass still
+// waits.
+func TestCollector_RoundPassesOverClustersAtOnce(t *testing.T) {
+	f := startFleet(t, nil)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() { // accept, and say nothing
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	silent, err := cluster.New("silent", "postgres://nobody@"+ln.Addr().String()+"/postgres?sslmode=disable&connect_timeout=120", nil, pgtest.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := pgtest.NewClock(time.Now())
+	c := f.collector(t, clock)
+	c.Clusters.Put(silent)
+	local, err := c.Clusters.Get("local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(pgtest.Context(t))
+	defer cancel()
+	done := make(chan []error, 1)
+	go func() { done <- c.Round(ctx, []*cluster.Cluster{silent, local}, time.Minute) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.LastPass()["local"].At.IsZero() {
+		if time.Now().After(deadline) {
+			t.Fatal("the cluster after a silent one was not measured in 30 s: the round waits for the silent one")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	select {
+	case errs := <-done:
+		t.Fatalf("the round ended before its silent cluster's pass timed out: %v", errs)
+	default:
+	}
+	if p := c.LastPass()["local"]; p.Err != "" || p.Tenants < len(f.tenants) {
+		t.Errorf("local's pass: %+v, want its %d tenants measured", p, len(f.tenants))
+	}
+	cancel()
+	if errs := <-done; errs[0] == nil || errs[1] != nil {
+		t.Errorf("round errors = %v, want the silent cluster's only", errs)
 	}
 }
 
