@@ -2,8 +2,10 @@ package cluster_test
 
 import (
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgtenant/pgtenant/internal/cluster"
@@ -81,6 +83,46 @@ func TestConnect_PinnedSettingsBeatDatabaseAndRoleSettings(t *testing.T) {
 		if got, err := c.run("SELECT current_user::text"); err != nil || got != c.user {
 			t.Errorf("%s: current_user = %q (%v), want %s: ALTER DATABASE … SET role reached the session", c.who, got, err, c.user)
 		}
+	}
+}
+
+// TestInstallExtension_SessionsAtOnce: sessions that install extensions in
+// one database at the same moment (two daemons' starts, a collector, a
+// prewarm capture) all succeed: each run rewrites the schema's row, and the
+// loser of that race ("tuple concurrently updated") runs again.
+func TestInstallExtension_SessionsAtOnce(t *testing.T) {
+	ctx := pgtest.Context(t)
+	db := pg.NewDatabase(t)
+	const sessions, runs = 4, 15
+	conns := make([]*pgx.Conn, sessions)
+	for i := range conns {
+		conns[i] = pg.Conn(t, db)
+	}
+	start := make(chan struct{})
+	errs := make(chan error, sessions*runs)
+	var wg sync.WaitGroup
+	for i, conn := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			for j := range runs {
+				errs <- cluster.InstallExtension(ctx, conn, []string{"pg_buffercache", "pg_prewarm"}[(i+j)%2], db)
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var n int
+	if err := conns[0].QueryRow(ctx, `SELECT count(*) FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace
+		WHERE n.nspname = $1 AND e.extname IN ('pg_buffercache', 'pg_prewarm')`, cluster.ExtensionSchemaName).Scan(&n); err != nil || n != 2 {
+		t.Errorf("extensions in %s: %d, %v; want both", cluster.ExtensionSchemaName, n, err)
 	}
 }
 

@@ -434,16 +434,38 @@ func RevokePublicConnect(ctx context.Context, cl *Cluster, databases ...string) 
 }
 
 // CreateExtension installs an extension in the maintenance database if it
-// is missing (CreateExtensionSQL).
+// is missing (InstallExtension).
 func CreateExtension(ctx context.Context, cl *Cluster, name string) error {
 	admin, err := cl.Admin(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := admin.Exec(ctx, CreateExtensionSQL(name)); err != nil {
-		return ExtensionError(name, cl.Name(), err)
+	return InstallExtension(ctx, admin, name, cl.Name())
+}
+
+// InstallExtension runs createExtensionSQL in q's session, a maintenance
+// database's; where names it in an error (ExtensionError). Each run
+// rewrites the schema's row (its REVOKE), so of two sessions that install
+// extensions at the same moment (a daemon's start, another daemon's
+// collector or prewarm capture) the later fails with "tuple concurrently
+// updated" and nothing of its statement is done: it is run again.
+func InstallExtension(ctx context.Context, q Execer, name, where string) error {
+	for attempt := 1; ; attempt++ {
+		_, err := q.Exec(ctx, createExtensionSQL(name))
+		if err == nil {
+			return nil
+		}
+		if attempt == 5 || !concurrentlyUpdated(err) {
+			return ExtensionError(name, where, err)
+		}
 	}
-	return nil
+}
+
+// concurrentlyUpdated: the statement lost a race to update a catalog row
+// (an internal error, XX000, whose message is all that tells it apart).
+func concurrentlyUpdated(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "XX000" && strings.Contains(pgErr.Message, "concurrently updated")
 }
 
 // ExtensionError explains a failed CREATE EXTENSION: the contrib package is
@@ -465,8 +487,8 @@ func ExtensionError(name, where string, err error) error {
 // (PinnedSettings), so what they use from it they qualify.
 const ExtensionSchemaName = "pgtenant"
 
-// CreateExtensionSQL installs an extension, if missing, in ExtensionSchemaName.
-func CreateExtensionSQL(name string) string {
+// createExtensionSQL installs an extension, if missing, in ExtensionSchemaName.
+func createExtensionSQL(name string) string {
 	return fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s; REVOKE ALL ON SCHEMA %[1]s FROM PUBLIC;
 		CREATE EXTENSION IF NOT EXISTS %[2]s SCHEMA %[1]s`, Ident(ExtensionSchemaName), Ident(name))
 }

@@ -160,10 +160,8 @@ func findKcache(ctx context.Context, admin *pgxpool.Pool) (string, int, error) {
 		return "", 2, nil
 	}
 	for _, ext := range []string{"pg_stat_statements", "pg_stat_kcache"} {
-		if _, err := admin.Exec(ctx, cluster.CreateExtensionSQL(ext)); err != nil {
-			if err := cluster.ExtensionError(ext, "the maintenance database", err); err != nil {
-				return "", 4, err
-			}
+		if err := cluster.InstallExtension(ctx, admin, ext, "the maintenance database"); err != nil {
+			return "", 4, err
 		}
 	}
 	if schema, err = cluster.ExtensionSchema(ctx, admin, "pg_stat_kcache"); err != nil {

@@ -124,10 +124,8 @@ func identity(ctx context.Context, conn *pgx.Conn) (nodeID, error) {
 // of its view.
 func ensureBufferCache(ctx context.Context, conn *pgx.Conn, node string) (string, error) {
 	if node == "primary" {
-		if _, err := conn.Exec(ctx, cluster.CreateExtensionSQL("pg_buffercache")); err != nil {
-			if err := cluster.ExtensionError("pg_buffercache", node, err); err != nil {
-				return "", err
-			}
+		if err := cluster.InstallExtension(ctx, conn, "pg_buffercache", node); err != nil {
+			return "", err
 		}
 	}
 	schema, err := cluster.ExtensionSchema(ctx, conn, "pg_buffercache")
