@@ -12,9 +12,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"golang.org/x/sync/errgroup"
 
 	examples "github.com/pgtenant/pgtenant/examples/templates"
 	"github.com/pgtenant/pgtenant/internal/backup"
@@ -104,6 +106,11 @@ type DensityRealPoint struct {
 	// Rollout: every tenant moved to a new version of one statement,
 	// then the same rollout again with nothing to do (its NoOp).
 	Rollout MigrateRow `json:"rollout"`
+	// ConnectsPerSec: new connections a second to the primary, 4 at a
+	// time, each closed again (pgbench -C's select-nothing): what this
+	// machine's process start allows the rollout, whose every tenant's
+	// migration opens a session of its own.
+	ConnectsPerSec float64 `json:"connects_per_sec"`
 	// The statement capper: one check of the primary's sessions (p50),
 	// one pass over every tenant's role settings.
 	CapperCheck    time.Duration `json:"capper_check"`
@@ -318,6 +325,9 @@ func (e *Env) densityRealPoint(ctx context.Context, fc *fleet.Cluster, st *backu
 		return p, err
 	}
 	if p.SearchP95, err = p95(func() error { _, err := d.client.Tenants(ctx, url.Values{"q": {pick()[:6]}}); return err }); err != nil {
+		return p, err
+	}
+	if p.ConnectsPerSec, err = connectRate(ctx, fc.PrimaryDSN("postgres")); err != nil {
 		return p, err
 	}
 	if p.Rollout, err = e.densityRollout(ctx, fc, d, schema+database, step); err != nil {
@@ -720,6 +730,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 	row("/metrics size", func(p DensityRealPoint) string { return kb(int64(p.ScrapeBytes)) })
 	row("front door: one sync (tenants, verifiers, files, RELOAD)", d(func(p DensityRealPoint) time.Duration { return p.FrontSync }))
 	row("rollout of every tenant, one statement (tenants/s)", func(p DensityRealPoint) string { return fmt.Sprintf("%.0f", p.Rollout.PerSec) })
+	row("new connections per second, 4 at a time (this machine's process start)", func(p DensityRealPoint) string { return fmt.Sprintf("%.0f", p.ConnectsPerSec) })
 	row("rollout: failed tenants", n(func(p DensityRealPoint) int64 { return int64(p.Rollout.Failed) }))
 	row("rollout again, nothing to do", func(p DensityRealPoint) string {
 		if p.Rollout.NoOp <= 0 {
@@ -795,7 +806,7 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 			Check{Target: at + "a metrics pass <= 1 s", Got: fmt.Sprintf("%s after a round of sizes, %s in the first (%d statements)", ms(l.Passes.SteadyPass), ms(l.Passes.Pass), l.Passes.Queries),
 				Met: l.Passes.SteadyPass <= time.Second},
 			Check{Target: at + "the idle fleet writes <= 64 KB/s of WAL", Got: kb(int64(l.IdleWALPerSec)) + "/s", Met: l.IdleWALPerSec <= 64<<10},
-			Check{Target: at + "a rollout of every tenant keeps >= 50 tenants/s", Got: fmt.Sprintf("%.0f tenants/s (%d failed)", l.Rollout.PerSec, l.Rollout.Failed),
+			Check{Target: at + "a rollout of every tenant keeps >= 50 tenants/s", Got: fmt.Sprintf("%.0f tenants/s (%d failed; this machine opened %.0f new connections/s, and each tenant's migration opens one)", l.Rollout.PerSec, l.Rollout.Failed, l.ConnectsPerSec),
 				Met: l.Rollout.PerSec >= 50 && l.Rollout.Failed == 0},
 			Check{Target: at + "reconcile of the cluster <= 30 s", Got: ms(l.Reconcile), Met: l.Reconcile <= 30*time.Second},
 			Check{Target: at + "the daemon's memory <= 512 MB", Got: fmt.Sprintf("%s resident (bench and daemon; %s of Go heap in use)", kb(l.RSSBytes), kb(int64(l.HeapBytes))), Met: l.RSSBytes <= 512<<20})
@@ -839,6 +850,32 @@ func densityRealTable(ps []DensityRealPoint, o DensityRealOptions) Table {
 		t.Notes = append(t.Notes, growthNotes(grow, fmt.Sprintf("%.1f", grow), cases)...)
 	}
 	return t
+}
+
+// connectRate opens and closes connections to dsn, 4 at a time, for a
+// second, and returns how many a second it opened.
+func connectRate(ctx context.Context, dsn string) (float64, error) {
+	const at, window = 4, time.Second
+	var opened atomic.Int64
+	start := time.Now()
+	g, gctx := errgroup.WithContext(ctx)
+	for range at {
+		g.Go(func() error {
+			for time.Since(start) < window {
+				conn, err := pgx.Connect(gctx, dsn)
+				if err != nil {
+					return fmt.Errorf("connect: %w", err)
+				}
+				opened.Add(1)
+				if err := conn.Close(gctx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	return float64(opened.Load()) / time.Since(start).Seconds(), err
 }
 
 // densityRollout pushes the step-th version of saas, one statement more

@@ -41,7 +41,8 @@ func TestDensityTable(t *testing.T) {
 func TestDensityRealTable(t *testing.T) {
 	ps := []DensityRealPoint{{Schema: 1000, Database: 200, Reconcile: 10 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: 4 * time.Second, IdleSettled: true,
 		SharedCatalogBytes: 100 << 20, Rollout: MigrateRow{NoOp: 60 * time.Millisecond}},
-		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: time.Minute, SharedCatalogBytes: 200 << 20}}
+		{Schema: 2000, Database: 400, Reconcile: 50 * time.Millisecond, CrashRecovery: time.Second, IdleSettle: time.Minute, SharedCatalogBytes: 200 << 20,
+			Rollout: MigrateRow{PerSec: 13}, ConnectsPerSec: 45.4}}
 	tb := densityRealTable(ps, DensityRealOptions{Claims: 20})
 	if !slices.Equal(tb.Columns, []string{"measure", "1000+200", "2000+400"}) {
 		t.Errorf("columns %v", tb.Columns)
@@ -53,6 +54,12 @@ func TestDensityRealTable(t *testing.T) {
 		if strings.HasPrefix(r[0], "rollout again") && !slices.Equal(r[1:], []string{"60.0 ms (20000 tenants/s)", "-"}) {
 			t.Errorf("a no-op rollout is a time and a rate of tenants (none measured: -): %v", r)
 		}
+		if strings.HasPrefix(r[0], "new connections per second") && !slices.Equal(r[1:], []string{"0", "45"}) {
+			t.Errorf("the machine's connection rate goes next to the rollout's: %v", r)
+		}
+	}
+	if c := tb.Checks[3]; !strings.Contains(c.Target, "rollout") || !strings.Contains(c.Got, "13 tenants/s (0 failed; this machine opened 45 new connections/s") {
+		t.Errorf("the rollout's check says what the machine allows: %+v", c)
 	}
 	notes := strings.Join(tb.Notes, "\n")
 	for _, want := range []string{"reconcile: ×5.0 for ×2.0 tenants (10.0 ms → 50.0 ms): faster than the tenants: a bend (lists every tenant's",
