@@ -225,7 +225,9 @@ that first round (its first reads of what growth and the rollout wrote set hint 
 each page's image in the WAL once), the statement
 capper's check of the primary's sessions and its pass over every tenant's role settings,
 a /metrics scrape, a rollout of every tenant to a version of one statement more (and again, with
-nothing to do: tenants/s both), reconcile of the cluster, API show/list/search p95 (--requests calls),
+nothing to do: tenants/s both) next to the new connections a second the primary takes
+(4 at a time: each tenant's migration opens a session of its own, so a machine whose
+process start is slow bounds it), reconcile of the cluster, API show/list/search p95 (--requests calls),
 the daemon's heap and its process's RSS, the server's relation files, disk, the shared
 database's pg_class and pg_attribute, shared memory, the own memory of two server
 backends (a pooled session that served one schema tenant, a superuser session that read
