@@ -107,9 +107,9 @@ type DensityRealPoint struct {
 	// then the same rollout again with nothing to do (its NoOp).
 	Rollout MigrateRow `json:"rollout"`
 	// ConnectsPerSec: new connections a second to the primary, 4 at a
-	// time, each closed again (pgbench -C's select-nothing): what this
-	// machine's process start allows the rollout, whose every tenant's
-	// migration opens a session of its own.
+	// time, each closed again at once (as pgbench -C, with no statement):
+	// what this machine's process start allows the rollout, whose every
+	// tenant's migration opens a session of its own.
 	ConnectsPerSec float64 `json:"connects_per_sec"`
 	// The statement capper: one check of the primary's sessions (p50),
 	// one pass over every tenant's role settings.
