@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,7 +304,7 @@ func (m *mirror) run(ctx context.Context) error {
 	defer conn.Close()
 	w := newWriter(conn)
 
-	repl, err := cl.ConnectReplication(ctx, t.Database)
+	repl, err := cl.ConnectReplication(ctx, t.Database, paced)
 	if err != nil {
 		return err
 	}
@@ -337,7 +338,7 @@ func (m *mirror) run(ctx context.Context) error {
 			return err
 		}
 		repl.Close(context.WithoutCancel(ctx))
-		if repl, err = cl.ConnectReplication(ctx, t.Database); err != nil {
+		if repl, err = cl.ConnectReplication(ctx, t.Database, paced); err != nil {
 			return err
 		}
 		if st, err = readState(ctx, db); err != nil {
@@ -1032,7 +1033,7 @@ func (m *mirror) resync(ctx context.Context, w *writer, cl *cluster.Cluster, t c
 		return 0, err
 	}
 	defer release()
-	repl, err := cl.ConnectReplication(ctx, t.Database)
+	repl, err := cl.ConnectReplication(ctx, t.Database, nil)
 	if err != nil {
 		return 0, err
 	}
@@ -1110,6 +1111,32 @@ const keepalive = 5 * time.Second
 // changed); the stream starts again from the file's LSN, which copies them
 // first, and drops what it had read ahead.
 var errRestream = errors.New("tables to copy again")
+
+// streamPace: once a read of the replication stream has emptied the
+// socket, the next one waits this long first, so that a stream of small
+// transactions wakes the daemon once per pace rather than once per
+// transaction. A wake-up (the poller, the scheduler, a read) costs more
+// CPU than a change's decoding and apply on a busy machine (bench
+// analytics); a batch gathers for the flush interval anyway, so the pace
+// adds at most its own length to the mirror's lag.
+const streamPace = 5 * time.Millisecond
+
+// pacedConn is a replication connection's socket read at streamPace.
+type pacedConn struct {
+	net.Conn
+	drained bool
+}
+
+func paced(c net.Conn) net.Conn { return &pacedConn{Conn: c} }
+
+func (c *pacedConn) Read(p []byte) (int, error) {
+	if c.drained {
+		time.Sleep(streamPace)
+	}
+	n, err := c.Conn.Read(p)
+	c.drained = n < len(p)
+	return n, err
+}
 
 // receive reads the next replication message, waiting until deadline.
 // It sets the connection's read deadline instead of passing a context,

@@ -61,8 +61,10 @@ type AnalyticsUpsert struct {
 	// DecodingOnly: mirror off, but pg_recvlogical streams a pgoutput
 	// slot of the table to /dev/null, so the primary pays logical
 	// decoding and nothing else: the ceiling of any mirror's "on" on
-	// these cores. WalsenderCPU is the decoding's CPU, Changes the
-	// upserts it decoded.
+	// these cores. WalsenderCPU is the decoding's CPU, ReceiverCPU
+	// pg_recvlogical's (receiving the stream and nothing else: a floor
+	// under any mirror's CPU on this machine), Changes the upserts it
+	// decoded.
 	DecodingOnly bool          `json:"decoding_only,omitempty"`
 	TPS          float64       `json:"tps"`
 	MinWindow    float64       `json:"min_window_tps"` // the slowest 1 s window
@@ -80,9 +82,14 @@ type AnalyticsUpsert struct {
 	// process) and by the walsender that decodes the slot.
 	Changes   int64         `json:"changes,omitempty"`
 	DaemonCPU time.Duration `json:"daemon_cpu,omitempty"`
-	// CheckpointCPU: the part of DaemonCPU the checkpoint after the run took.
+	// CheckpointCPU: the part of DaemonCPU the checkpoint after the run
+	// took. DaemonIdleCPU: the part the daemon's other loops would have
+	// taken over the same span with no mirror to apply (its rate over a
+	// second before the run).
 	CheckpointCPU time.Duration `json:"checkpoint_cpu,omitempty"`
+	DaemonIdleCPU time.Duration `json:"daemon_idle_cpu,omitempty"`
 	WalsenderCPU  time.Duration `json:"walsender_cpu,omitempty"`
+	ReceiverCPU   time.Duration `json:"receiver_cpu,omitempty"`
 }
 
 // AnalyticsResult is what bench analytics measured.
@@ -282,6 +289,13 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 	res.Queries = queries
 
 	for _, c := range o.Clients {
+		// What the daemon spends with nothing to apply (its other loops),
+		// over a second just before the run: their share of the run's
+		// figure.
+		idle, err := idleCPU(ctx, time.Second)
+		if err != nil {
+			return res, Table{}, err
+		}
 		e.logf("analytics: upserts, %d clients, mirror on", c)
 		var lags []time.Duration
 		var pending []time.Duration // bytes, in a Duration for percentile
@@ -307,7 +321,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 			return res, Table{}, err
 		}
 		p0, _ := d.d.Analytics().Progress(id)
-		selfCPU0, walCPU0 := processCPU(0), processCPU(walPID)
+		selfCPU0, walCPU0, start := processCPU(0), processCPU(walPID), time.Now()
 		run, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
 		close(done)
 		wg.Wait()
@@ -341,6 +355,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		row.CheckpointCPU = processCPU(0) - ckpt0
 		p1, _ := d.d.Analytics().Progress(id)
 		row.Changes, row.DaemonCPU, row.WalsenderCPU = p1.Rows-p0.Rows, processCPU(0)-selfCPU0-run.parseCPU, processCPU(walPID)-walCPU0
+		row.DaemonIdleCPU = time.Duration(idle * float64(time.Since(start)))
 		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
 		row.LagP50, row.LagP99 = percentile(lags, 50), percentile(lags, 99)
 		if len(lags) > 0 {
@@ -381,14 +396,14 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 	for _, c := range o.Clients {
 		e.logf("analytics: upserts, %d clients, decoding only (pg_recvlogical to /dev/null)", c)
 		var row AnalyticsUpsert
-		err := decodingOnly(ctx, fc, db, func(walPID int) error {
-			cpu0 := processCPU(walPID)
+		err := decodingOnly(ctx, fc, db, func(walPID, recvPID int) error {
+			cpu0, recv0 := processCPU(walPID), processCPU(recvPID)
 			u, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
 			if err != nil {
 				return err
 			}
 			row = u.upsert(c, false)
-			row.DecodingOnly, row.WalsenderCPU, row.Changes = true, processCPU(walPID)-cpu0, u.transactions
+			row.DecodingOnly, row.WalsenderCPU, row.ReceiverCPU, row.Changes = true, processCPU(walPID)-cpu0, processCPU(recvPID)-recv0, u.transactions
 			return nil
 		})
 		if err != nil {
@@ -401,10 +416,11 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 
 // decodingOnly runs fn while pg_recvlogical streams a pgoutput slot of
 // table public.t of database db (the publication and the slot made for
-// it, dropped after) to /dev/null, and passes fn the slot's walsender pid.
+// it, dropped after) to /dev/null, and passes fn the slot's walsender pid
+// and pg_recvlogical's.
 // Its admin session is the control plane's (cluster.Connect: pinned
 // settings, bounded lock waits).
-func decodingOnly(ctx context.Context, fc *fleet.Cluster, db string, fn func(walPID int) error) error {
+func decodingOnly(ctx context.Context, fc *fleet.Cluster, db string, fn func(walPID, recvPID int) error) error {
 	const name = "bench_decoding"
 	cl, err := cluster.New(fc.Name(), fc.PrimaryDSN("postgres"), nil, nil)
 	if err != nil {
@@ -443,7 +459,7 @@ func decodingOnly(ctx context.Context, fc *fleet.Cluster, db string, fn func(wal
 			return err
 		}
 		if pid != 0 {
-			return fn(pid)
+			return fn(pid, cmd.Process.Pid)
 		}
 		select {
 		case <-exited:
@@ -580,11 +596,11 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		case u.Mirror:
 			row[2] = fmt.Sprintf("lag p50 %s, p99 %s, max %s; caught up %s after; received, not applied: p99 %s", ms(u.LagP50), ms(u.LagP99), ms(u.LagMax), ms(u.CatchUp), mb(u.PendingP99))
 			if u.Changes > 0 {
-				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs (its checkpoint %.0f), walsender %.0f µs", perChange(u.DaemonCPU, u.Changes), perChange(u.CheckpointCPU, u.Changes), perChange(u.WalsenderCPU, u.Changes))
+				row[3] = fmt.Sprintf("CPU per change: daemon %.0f µs (its checkpoint %.0f; its other loops, as when idle, %.0f), walsender %.0f µs", perChange(u.DaemonCPU, u.Changes), perChange(u.CheckpointCPU, u.Changes), perChange(u.DaemonIdleCPU, u.Changes), perChange(u.WalsenderCPU, u.Changes))
 			}
 		case u.DecodingOnly && u.Changes > 0 && offMean[u.Clients] > 0:
 			row[2] = fmt.Sprintf("%s of off: the ceiling of mirror on", pct(u.TPS/offMean[u.Clients]))
-			row[3] = fmt.Sprintf("CPU per change: walsender %.0f µs", perChange(u.WalsenderCPU, u.Changes))
+			row[3] = fmt.Sprintf("CPU per change: walsender %.0f µs, pg_recvlogical %.0f µs (receiving alone)", perChange(u.WalsenderCPU, u.Changes), perChange(u.ReceiverCPU, u.Changes))
 		}
 		t.Rows = append(t.Rows, row)
 	}
@@ -615,6 +631,17 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 		"decoding only: the mirror disabled, a pgoutput slot of the table streamed by pg_recvlogical to /dev/null: what logical decoding alone costs the primary, so no mirror's tps can be above it on these cores.",
 		"PostgreSQL, pgbench, the daemon and DuckDB share the machine's cores.")
 	return t
+}
+
+// idleCPU is the share of a core this process uses over span.
+func idleCPU(ctx context.Context, span time.Duration) (float64, error) {
+	cpu0 := processCPU(0)
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(span):
+	}
+	return float64(processCPU(0)-cpu0) / float64(span), nil
 }
 
 // processCPU is the user and system CPU a process has used: this one

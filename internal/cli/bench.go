@@ -139,12 +139,14 @@ mirror is enabled (initial copy timed) and the same queries run on it through th
 analytics port, and the upserts again with the mirror on: tps, the slowest 1 s window,
 the mirror's lag (p50, p99, max), its catch-up after the load, and the CPU per change
 of the daemon (its apply, Go and DuckDB, and a checkpoint of the mirror taken once it
-has caught up, so that the compression of the run's changes counts) and of the
+has caught up, so that the compression of the run's changes counts; the share its
+other loops take, at its rate in a second before the run, is shown) and of the
 walsender; last the mirror is disabled and the upserts run once more with it off.
 Then once more with decoding only: a pgoutput slot of the table streamed by
 pg_recvlogical to /dev/null, no mirror, which is what logical decoding alone costs the
 primary: the mirror-on tps is compared with it (no mirror's tps can be above it on the
-same cores). Exits non-zero if a target is not met.`,
+same cores), and pg_recvlogical's CPU per change is what receiving the stream alone
+costs on the machine. Exits non-zero if a target is not met.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			env.Log = g.stderr

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"slices"
 	"sync"
@@ -147,9 +148,19 @@ func (c *Cluster) ConnectAs(ctx context.Context, database, user, password, appli
 // ConnectReplication opens a logical replication connection (replication
 // = database) to a database of the primary as the admin, with the pinned
 // settings: pgoutput's text values then come in the formats they pin.
-func (c *Cluster) ConnectReplication(ctx context.Context, database string) (*pgconn.PgConn, error) {
+// wrap, unless nil, wraps the socket once dialled (under TLS).
+func (c *Cluster) ConnectReplication(ctx context.Context, database string, wrap func(net.Conn) net.Conn) (*pgconn.PgConn, error) {
 	cc := c.connConfig(database).Config.Copy()
 	cc.RuntimeParams["replication"] = "database"
+	if dial := cc.DialFunc; wrap != nil {
+		cc.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			conn, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return wrap(conn), nil
+		}
+	}
 	conn, err := pgconn.ConnectConfig(ctx, cc)
 	if err != nil {
 		return nil, fmt.Errorf("replication connection to %s/%s: %w", c.name, database, Classify(err))

@@ -87,7 +87,7 @@ func (m *mover) copy(ctx context.Context, r *jobs.Run, e *env) error {
 		return cluster.Classify(err)
 	}
 
-	repl, err := e.src.ConnectReplication(ctx, e.t.Database)
+	repl, err := e.src.ConnectReplication(ctx, e.t.Database, nil)
 	if err != nil {
 		return err
 	}
