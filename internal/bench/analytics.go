@@ -84,8 +84,8 @@ type AnalyticsUpsert struct {
 	DaemonCPU time.Duration `json:"daemon_cpu,omitempty"`
 	// CheckpointCPU: the part of DaemonCPU the checkpoint after the run
 	// took. DaemonIdleCPU: the part the daemon's other loops would have
-	// taken over the same span with no mirror to apply (its rate over a
-	// second before the run).
+	// taken over the same span (their rate over two seconds before the
+	// mirror was enabled).
 	CheckpointCPU time.Duration `json:"checkpoint_cpu,omitempty"`
 	DaemonIdleCPU time.Duration `json:"daemon_idle_cpu,omitempty"`
 	WalsenderCPU  time.Duration `json:"walsender_cpu,omitempty"`
@@ -224,6 +224,13 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		res.Upserts = append(res.Upserts, u.upsert(c, false))
 	}
 
+	// What the daemon spends without a mirror (its other loops), over two
+	// seconds with nothing else running: their share of each run's
+	// figure.
+	idle, err := idleCPU(ctx, 2*time.Second)
+	if err != nil {
+		return res, Table{}, err
+	}
 	e.logf("analytics: enabling the mirror (initial copy of %d rows)", o.Rows)
 	start := time.Now()
 	if _, err := d.client.EnableAnalytics(ctx, id, nil); err != nil {
@@ -289,13 +296,6 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 	res.Queries = queries
 
 	for _, c := range o.Clients {
-		// What the daemon spends with nothing to apply (its other loops),
-		// over a second just before the run: their share of the run's
-		// figure.
-		idle, err := idleCPU(ctx, time.Second)
-		if err != nil {
-			return res, Table{}, err
-		}
 		e.logf("analytics: upserts, %d clients, mirror on", c)
 		var lags []time.Duration
 		var pending []time.Duration // bytes, in a Duration for percentile

@@ -140,7 +140,7 @@ analytics port, and the upserts again with the mirror on: tps, the slowest 1 s w
 the mirror's lag (p50, p99, max), its catch-up after the load, and the CPU per change
 of the daemon (its apply, Go and DuckDB, and a checkpoint of the mirror taken once it
 has caught up, so that the compression of the run's changes counts; the share its
-other loops take, at its rate in a second before the run, is shown) and of the
+other loops take, at their rate before the mirror is enabled, is shown) and of the
 walsender; last the mirror is disabled and the upserts run once more with it off.
 Then once more with decoding only: a pgoutput slot of the table streamed by
 pg_recvlogical to /dev/null, no mirror, which is what logical decoding alone costs the
