@@ -1116,9 +1116,9 @@ var errRestream = errors.New("tables to copy again")
 // socket, the next one waits this long first, so that a stream of small
 // transactions wakes the daemon once per pace rather than once per
 // transaction. A wake-up (the poller, the scheduler, a read) costs more
-// CPU than a change's decoding and apply on a busy machine (bench
-// analytics); a batch gathers for the flush interval anyway, so the pace
-// adds at most its own length to the mirror's lag.
+// CPU than decoding a change on a busy machine (bench analytics); a batch
+// gathers for the flush interval anyway, so the pace adds at most its own
+// length to the mirror's lag.
 const streamPace = 5 * time.Millisecond
 
 // pacedConn is a replication connection's socket read at streamPace.

@@ -321,7 +321,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 			return res, Table{}, err
 		}
 		p0, _ := d.d.Analytics().Progress(id)
-		selfCPU0, walCPU0, start := processCPU(0), processCPU(walPID), time.Now()
+		selfCPU0, walCPU0, runStart := processCPU(0), processCPU(walPID), time.Now()
 		run, err := runPgbench(ctx, pgbench, dir, upsert, dsn, c, o.Duration)
 		close(done)
 		wg.Wait()
@@ -355,7 +355,7 @@ func (e *Env) Analytics(ctx context.Context, o AnalyticsOptions) (AnalyticsResul
 		row.CheckpointCPU = processCPU(0) - ckpt0
 		p1, _ := d.d.Analytics().Progress(id)
 		row.Changes, row.DaemonCPU, row.WalsenderCPU = p1.Rows-p0.Rows, processCPU(0)-selfCPU0-run.parseCPU, processCPU(walPID)-walCPU0
-		row.DaemonIdleCPU = time.Duration(idle * float64(time.Since(start)))
+		row.DaemonIdleCPU = time.Duration(idle * float64(time.Since(runStart)))
 		sort.Slice(lags, func(i, j int) bool { return lags[i] < lags[j] })
 		row.LagP50, row.LagP99 = percentile(lags, 50), percentile(lags, 99)
 		if len(lags) > 0 {
