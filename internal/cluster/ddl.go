@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -448,15 +449,22 @@ func CreateExtension(ctx context.Context, cl *Cluster, name string) error {
 // rewrites the schema's row (its REVOKE), so of two sessions that install
 // extensions at the same moment (a daemon's start, another daemon's
 // collector or prewarm capture) the later fails with "tuple concurrently
-// updated" and nothing of its statement is done: it is run again.
+// updated" and nothing of its statement is done: it is run again, after a
+// random pause that grows with the attempts, so that sessions that keep
+// colliding fall out of step.
 func InstallExtension(ctx context.Context, q Execer, name, where string) error {
 	for attempt := 1; ; attempt++ {
 		_, err := q.Exec(ctx, createExtensionSQL(name))
 		if err == nil {
 			return nil
 		}
-		if attempt == 5 || !concurrentlyUpdated(err) {
+		if attempt == 10 || !concurrentlyUpdated(err) {
 			return ExtensionError(name, where, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ExtensionError(name, where, err)
+		case <-time.After(time.Duration(1+rand.IntN(5*attempt)) * time.Millisecond):
 		}
 	}
 }
