@@ -636,10 +636,8 @@ func analyticsTable(r AnalyticsResult, o AnalyticsOptions) Table {
 // idleCPU is the share of a core this process uses over span.
 func idleCPU(ctx context.Context, span time.Duration) (float64, error) {
 	cpu0 := processCPU(0)
-	select {
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-time.After(span):
+	if err := sleepCtx(ctx, span); err != nil {
+		return 0, err
 	}
 	return float64(processCPU(0)-cpu0) / float64(span), nil
 }
